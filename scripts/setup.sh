@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One-step set-up for a fresh machine, then either the default recipe or the test suite.
+#
+#   bash scripts/setup.sh fit    # set up, then train the default recipe (classify-fashion)
+#   bash scripts/setup.sh test   # set up, then run the test suite
+#   bash scripts/setup.sh        # set up only
+#
+# Idempotent: a stamp of pyproject.toml + constraints.txt skips pip when nothing changed.
+# torch is installed first and pinned through constraints.txt so that no package can pull in a
+# CUDA build of torch on a CPU-only machine.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+venv="${VISIONTRAIN_VENV:-$root/.venv}"
+py="${PYTHON:-python3}"
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "[setup] creating virtual environment $venv"
+  "$py" -m venv "$venv"
+fi
+stamp="$venv/.visiontrain-stamp"
+want="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[setup] installing packages (torch first, then the rest under constraints.txt)"
+  torch_pin="$(grep -E '^torch==' constraints.txt)"
+  "$venv/bin/pip" install -q --disable-pip-version-check "$torch_pin"
+  "$venv/bin/pip" install -q --disable-pip-version-check -c constraints.txt -e ".[test]"
+  echo "$want" > "$stamp"
+else
+  echo "[setup] packages up to date"
+fi
+
+# Fashion-MNIST ships as a Debian package; elsewhere visiontrain falls back to torchvision's download.
+fmnist=/usr/share/datasets/fashion-mnist
+if [ ! -f "$fmnist/train-images-idx3-ubyte.gz" ] && command -v apt-get >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "[setup] installing Debian package dataset-fashion-mnist"
+    apt-get update -qq >/dev/null && apt-get install -y -qq dataset-fashion-mnist >/dev/null
+  else
+    echo "[setup] not root: skipping dataset-fashion-mnist (fit will try torchvision's download)"
+  fi
+fi
+
+# Runs are faster with glibc keeping freed memory instead of returning it to the OS on every batch.
+export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=536870912
+
+case "${1:-}" in
+  fit)  shift; exec "$venv/bin/visiontrain" fit classify-fashion --run-dir runs/classify-fashion "$@" ;;
+  test) shift; exec "$venv/bin/python" -m pytest -q "$@" ;;
+  "")   echo "[setup] done: activate with 'source $venv/bin/activate'" ;;
+  *)    echo "usage: bash scripts/setup.sh [fit|test] [extra args]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,3 @@
+from visiontrain.cli import main
+
+raise SystemExit(main())

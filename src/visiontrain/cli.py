@@ -1,0 +1,142 @@
+"""The command line: parse, load the config, call the engine. Nothing else lives here.
+
+    visiontrain recipes
+    visiontrain fit RECIPE|FILE [k=v ...] [--run-dir DIR] [--resume auto|PATH] [--init PATH]
+    visiontrain validate RUN_DIR|CHECKPOINT [k=v ...]
+    visiontrain show-config RECIPE|FILE [k=v ...] [--docs]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import yaml
+
+from visiontrain import config as C
+
+EXIT_USAGE, EXIT_NONFINITE = 2, 3
+
+
+def _recipe_summary(path: Path) -> str:
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def cmd_recipes(_: argparse.Namespace) -> int:
+    names = C.list_recipes()
+    width = max(len(n) for n in names)
+    for name in names:
+        print(f"{name:<{width}}  {_recipe_summary(C.RECIPES_DIR / f'{name}.yaml')}")
+    return 0
+
+
+def cmd_show_config(args: argparse.Namespace) -> int:
+    cfg = C.load_config(args.recipe, args.overrides)
+    if args.docs:
+        for key, tp, text in C.describe_keys(cfg):
+            print(f"{key:<32} {tp:<28} {text}")
+    else:
+        print(C.dump_config(cfg), end="")
+    return 0
+
+
+def _default_run_dir(recipe: str) -> Path:
+    return Path("runs") / Path(recipe).stem
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from visiontrain.engine.trainer import Trainer
+    from visiontrain.tasks import build_task
+
+    cfg = C.load_config(args.recipe, args.overrides)
+    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(args.recipe)
+    last = run_dir / "checkpoints" / "last.pt"
+    resume = args.resume
+    if resume == "auto":
+        resume = str(last) if last.is_file() else None
+    elif resume is None and last.is_file():
+        raise C.ConfigError(f"run dir {run_dir} already holds a run ({last}); pass --resume auto to "
+                            f"continue it, or --run-dir DIR for a new run (nothing was overwritten)")
+    trainer = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=args.init)
+    summary = trainer.fit()
+    if summary:
+        print(json.dumps({"run_dir": str(run_dir), **summary}, indent=None))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
+    from visiontrain.engine.trainer import Trainer
+    from visiontrain.tasks import build_task
+
+    target = Path(args.target)
+    if target.is_dir():
+        ckpts = [target / "checkpoints" / n for n in ("best.pt", "last.pt")]
+        path = next((p for p in ckpts if p.is_file()), None)
+        if path is None:
+            raise CheckpointError(f"{target}: no checkpoints/best.pt or checkpoints/last.pt in this run dir")
+    else:
+        path = target
+    state = load_checkpoint(path)
+    if "config" not in state:
+        raise CheckpointError(f"{path}: not a visiontrain training checkpoint (no 'config')")
+    tree = state["config"]
+    for key, value in C.parse_overrides(args.overrides):
+        C._set_dotted(tree, key, value)
+    cfg = C.config_from_dict(tree, source=str(path))
+    cfg.ema.enabled = state.get("ema") is not None
+    trainer = Trainer(cfg, build_task(cfg), None)
+    trainer.raw_model.load_state_dict(state["model"])
+    if trainer.ema is not None:
+        trainer.ema.load_state_dict(state["ema"])
+    metrics = trainer.evaluate()
+    print(json.dumps({"checkpoint": str(path), "step": state["progress"]["step"], **metrics}))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="visiontrain", description="Train vision models from recipes.")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("recipes", help="list built-in recipes").set_defaults(fn=cmd_recipes)
+
+    fit = sub.add_parser("fit", help="train a recipe")
+    fit.add_argument("recipe", help="built-in recipe name or path to a YAML file")
+    fit.add_argument("overrides", nargs="*", help="key=value overrides, e.g. optim.lr=3e-4")
+    fit.add_argument("--run-dir", help="output directory (default runs/<recipe>)")
+    fit.add_argument("--resume", help="'auto' (the run dir's last.pt) or a checkpoint path")
+    fit.add_argument("--init", help="load weights only; tensors of another shape are skipped")
+    fit.set_defaults(fn=cmd_fit)
+
+    val = sub.add_parser("validate", help="evaluate a run dir's best (else last) checkpoint or a file")
+    val.add_argument("target", help="RUN_DIR or CHECKPOINT")
+    val.add_argument("overrides", nargs="*", help="key=value overrides (e.g. data.root=...)")
+    val.set_defaults(fn=cmd_validate)
+
+    show = sub.add_parser("show-config", help="print the resolved config")
+    show.add_argument("recipe")
+    show.add_argument("overrides", nargs="*")
+    show.add_argument("--docs", action="store_true", help="list every key with its type and meaning")
+    show.set_defaults(fn=cmd_show_config)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    args = build_parser().parse_args(argv)
+    from visiontrain.engine.checkpoint import CheckpointError
+    from visiontrain.engine.step import NonFiniteLossError
+    import visiontrain.tasks  # noqa: F401  (registers every task's config section)
+
+    try:
+        return args.fn(args)
+    except NonFiniteLossError as err:
+        print(f"visiontrain: error: {err}", file=sys.stderr)
+        return EXIT_NONFINITE
+    except (C.ConfigError, CheckpointError, FileNotFoundError, ValueError, yaml.YAMLError) as err:
+        print(f"visiontrain: error: {err}", file=sys.stderr)
+        return EXIT_USAGE

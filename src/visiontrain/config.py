@@ -1,0 +1,330 @@
+"""Recipes: YAML -> typed dataclasses, with `key=value` overrides and errors that name the key.
+
+Every key is a dataclass field with a type and a one-line doc (``field(metadata={"doc": ...})``).
+Unknown keys are errors that suggest the closest valid keys; wrong types name the key and the
+expected type. The ``task`` section is typed by the task named in ``task.name`` (each task
+registers its own dataclass), so task-specific keys are checked exactly like engine keys.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from visiontrain.engine.schedules import ScheduleConfig
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+
+
+class ConfigError(ValueError):
+    """A recipe or override does not fit the schema; the message names the key."""
+
+
+def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field with its documentation attached (shown by `show-config --docs`)."""
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+@dataclass
+class DataConfig:
+    name: str = doc("dataset: fashion-mnist | digits | image-folder", "fashion-mnist")
+    root: str | None = doc("dataset directory (image-folder: ROOT/train, ROOT/val)", None)
+    batch_size: int = doc("batch size per process (per micro-step under accumulation)", 256)
+    eval_batch_size: int | None = doc("evaluation batch size (default: 2 x batch_size)", None)
+    num_workers: int = doc("DataLoader worker processes (0 = load in the main process)", 0)
+    pin_memory: bool = doc("pin host memory for faster copies to the GPU", True)
+    persistent_workers: bool = doc("keep workers alive across epochs", True)
+    image_size: int | None = doc("model input side; None = the dataset's native size", None)
+    augment: str = doc("train augmentation: none | basic | imagenet", "none")
+    download: bool = doc("allow torchvision to download the dataset if it is not found", False)
+    limit_train: int | None = doc("use only the first N training samples (quick runs)", None)
+    limit_val: int | None = doc("use only the first N validation samples", None)
+
+
+@dataclass
+class OptimConfig:
+    name: Literal["sgd", "adam", "adamw"] = doc("optimizer", "adamw")
+    lr: float = doc("base learning rate (before the batch-size rule)", 1e-3)
+    weight_decay: float = doc("weight decay of the decayed parameter group", 0.0)
+    momentum: float = doc("SGD momentum / Adam beta1", 0.9)
+    beta2: float = doc("Adam beta2", 0.999)
+    eps: float = doc("Adam epsilon", 1e-8)
+    nesterov: bool = doc("SGD Nesterov momentum", False)
+    impl: Literal["auto", "fused", "foreach", "loop"] = doc(
+        "torch optimizer implementation; auto = fused where the device supports it", "auto")
+    no_decay_bias_norm: bool = doc("no weight decay on biases, norm layers and 1-D params", True)
+    lr_mult: dict[str, float] = doc("regex on parameter name -> lr multiplier (first match)", factory=dict)
+    freeze: list[str] = doc("regexes of parameter names to freeze (requires_grad False)", factory=list)
+    frozen_bn: bool = doc("replace BatchNorm in frozen modules by FrozenBatchNorm2d", True)
+    base_batch: int | None = doc("if set, lr *= global_batch / base_batch", None)
+
+
+@dataclass
+class TrainerConfig:
+    epochs: int = doc("number of epochs", 1)
+    max_steps: int | None = doc("stop after this many optimizer steps (mid-epoch is fine)", None)
+    log_every: int = doc("optimizer steps between log points (the only host syncs)", 50)
+    precision: Literal["fp32", "bf16", "fp16"] = doc("autocast dtype; fp16 adds a GradScaler", "fp32")
+    accum_steps: int = doc("micro-batches per optimizer step (gradient accumulation)", 1)
+    accum_after_epoch: int = doc("use accum_steps from this epoch on; before it 1", 0)
+    clip_grad: float | None = doc("gradient clipping threshold (None = off)", None)
+    clip_mode: Literal["norm", "param"] = doc(
+        "norm: global L2 norm (DETR, cvnets); param: each parameter's norm (DINO)", "norm")
+    nonfinite: Literal["raise", "skip"] = doc(
+        "on a non-finite loss: raise at the next log point, or skip the update and go on", "raise")
+    device: str = doc("auto | cpu | cuda | cuda:N", "auto")
+    channels_last: bool = doc("channels_last memory format for model and images", False)
+    compile: bool = doc("torch.compile the model", False)
+    threads: int | None = doc("torch intra-op threads (None = torch default)", None)
+    progress: Literal["auto", "bar", "plain"] = doc("rich bar on a terminal, plain lines otherwise", "auto")
+
+
+@dataclass
+class EmaConfig:
+    enabled: bool = doc("keep an exponential moving average of the weights", False)
+    decay: float = doc("EMA decay (weight of the old average; cvnets momentum m = 1 - decay)", 0.9998)
+    warmup: bool = doc("ramp the decay up from 0 early in training (timm ModelEmaV3)", False)
+    every: int = doc("update the EMA every k optimizer steps", 1)
+
+
+@dataclass
+class EvalConfig:
+    every: int = doc("evaluate every N units (0 = only at the end)", 1)
+    unit: Literal["epochs", "steps"] = doc("unit of eval.every", "epochs")
+    metric: str | None = doc("checkpoint metric (default: the task's)", None)
+    mode: Literal["max", "min"] | None = doc("max or min for the checkpoint metric", None)
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = doc("write checkpoints/last.pt every N units (0 = only at epoch ends/the end)", 1)
+    unit: Literal["epochs", "steps"] = doc("unit of checkpoint.every", "epochs")
+    keep_best: int = doc("also keep the k best checkpoints as best-stepS.pt (0 = only best.pt)", 0)
+    keep_every: int = doc("keep a copy step-S.pt every N steps (0 = off)", 0)
+
+
+@dataclass
+class TaskConfig:
+    """Base of every task's `task` section; each task subclasses it with its own keys."""
+    name: str = doc("task: classification | ...", "classification")
+    loss_weights: dict[str, float] = doc(
+        "weight per loss term; a term without a weight is logged, not optimised", factory=dict)
+
+
+@dataclass
+class Config:
+    seed: int = doc("seed for sampling, augmentation and initialisation", 0)
+    task: TaskConfig = doc("task section, typed by task.name", factory=TaskConfig)
+    data: DataConfig = doc("data section", factory=DataConfig)
+    optim: OptimConfig = doc("optimizer section", factory=OptimConfig)
+    schedules: dict[str, ScheduleConfig] = doc(
+        "per-step schedules: lr, weight_decay, momentum, ema_decay, bn_momentum, loss.<term>, "
+        "task.<scalar>", factory=dict)
+    trainer: TrainerConfig = doc("trainer section", factory=TrainerConfig)
+    ema: EmaConfig = doc("EMA section", factory=EmaConfig)
+    eval: EvalConfig = doc("evaluation section", factory=EvalConfig)
+    checkpoint: CheckpointConfig = doc("checkpoint section", factory=CheckpointConfig)
+
+
+_TASK_CONFIGS: dict[str, type[TaskConfig]] = {}
+
+
+def register_task_config(name: str, cls: type[TaskConfig]) -> None:
+    _TASK_CONFIGS[name] = cls
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in typing.get_args(tp))}]"
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _all_keys(cls: type, prefix: str = "") -> list[str]:
+    keys = []
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        keys.append(prefix + f.name)
+        if dataclasses.is_dataclass(tp):
+            keys += _all_keys(tp, f"{prefix}{f.name}.")
+    return keys
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`, converting only int -> float."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        for arg in args:
+            try:
+                return _convert(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value in args:
+            return value
+        close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{key}: expected one of {_type_name(tp)}, got {value!r}{hint}")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ConfigError(f"{key}: expected null, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} keys, got {value!r}")
+        return _build(tp, value, key + ".")
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_convert(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return {str(k): _convert(v, args[1], f"{key}.{k}") for k, v in value.items()}
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is bool and not isinstance(value, bool):
+        raise ConfigError(f"{key}: expected bool (true/false), got {value!r}")
+    if tp in (int, float) and isinstance(value, bool):
+        raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r}")
+    if isinstance(value, tp):
+        return value
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+
+
+def _build(cls: type, values: dict, prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in values:
+        if key not in names:
+            full = prefix + str(key)
+            close = difflib.get_close_matches(full, _all_keys(_ROOT, ""), n=3, cutoff=0.6)
+            close += [prefix + c for c in difflib.get_close_matches(str(key), sorted(names), n=3)
+                      if prefix + c not in close]
+            hint = f"; did you mean {', '.join(close[:3])}?" if close else ""
+            raise ConfigError(f"unknown config key {full!r}{hint} "
+                              f"(valid keys under {prefix or 'the top level'}: {', '.join(sorted(names))})")
+    kwargs = {k: _convert(v, hints[k], prefix + k) for k, v in values.items()}
+    return cls(**kwargs)
+
+
+_ROOT: type = Config
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted!r}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
+    """`a.b=3` -> ("a.b", 3); values are parsed as YAML so `x=[1,2]` and `x=null` work."""
+    out = []
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value (e.g. optim.lr=3e-4)")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        out.append((key.strip(), value))
+    return out
+
+
+def resolve_recipe_path(recipe: str) -> Path:
+    path = Path(recipe)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"recipe file {str(path)!r} does not exist")
+        return path
+    builtin = RECIPES_DIR / f"{recipe}.yaml"
+    if builtin.is_file():
+        return builtin
+    names = list_recipes()
+    close = difflib.get_close_matches(recipe, names, n=2)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise ConfigError(f"unknown recipe {recipe!r}{hint} (built-in: {', '.join(names)}; or a .yaml path)")
+
+
+def list_recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def config_from_dict(tree: dict, source: str = "config") -> Config:
+    """Validate a plain dict (a recipe after overrides) into a Config."""
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(tree).__name__}")
+    tree = dict(tree)
+    task_tree = dict(tree.pop("task", None) or {})
+    task_name = task_tree.get("name", TaskConfig.name)
+    task_cls = _TASK_CONFIGS.get(task_name)
+    if task_cls is None:
+        close = difflib.get_close_matches(str(task_name), list(_TASK_CONFIGS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{source}: task.name: unknown task {task_name!r}{hint}; "
+                          f"expected one of {', '.join(sorted(_TASK_CONFIGS))}")
+    try:
+        cfg = _build(Config, tree)
+        cfg.task = _build(task_cls, task_tree, "task.")
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    return cfg
+
+
+def load_config(recipe: str, overrides: list[str] | None = None) -> Config:
+    """Load a built-in recipe name or YAML path, apply `key=value` overrides, validate."""
+    path = resolve_recipe_path(recipe)
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    for key, value in parse_overrides(overrides or []):
+        _set_dotted(tree, key, value)
+    return config_from_dict(tree, source=str(path))
+
+
+def config_to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
+def describe_keys(cfg: Config) -> list[tuple[str, str, str]]:
+    """(dotted key, type, doc) for every key of this config, the task's keys included."""
+    rows: list[tuple[str, str, str]] = []
+
+    def walk(obj: Any, prefix: str) -> None:
+        hints = typing.get_type_hints(type(obj))
+        for f in dataclasses.fields(obj):
+            rows.append((prefix + f.name, _type_name(hints[f.name]), f.metadata.get("doc", "")))
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value, f"{prefix}{f.name}.")
+
+    walk(cfg, "")
+    return rows

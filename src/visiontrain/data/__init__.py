@@ -1,0 +1,1 @@
+"""Data: datasets (``visiontrain.data.datasets``) and samplers."""

@@ -1,0 +1,5 @@
+"""Datasets. Classification: ``build_classification_data(name, ...) -> ClassificationData``."""
+
+from visiontrain.data.datasets.classification import DATASETS, ClassificationData, build_classification_data
+
+__all__ = ["DATASETS", "ClassificationData", "build_classification_data"]

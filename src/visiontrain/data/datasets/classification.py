@@ -1,0 +1,110 @@
+"""Image-classification datasets: one entry point, ``build_classification_data``.
+
+=============  =========================================================================
+name           source
+=============  =========================================================================
+fashion-mnist  idx files (Debian ``dataset-fashion-mnist`` or ``root``), 60k/10k, 28x28 grey
+digits         ``sklearn.datasets.load_digits``: 1,797 8x8 grey, fixed stratified 80/20 split
+image-folder   ``root/train/<class>/*`` and ``root/val/<class>/*``, RGB
+=============  =========================================================================
+
+Augment policies: ``none`` (to float + normalise with the dataset mean/std), ``basic`` (RandomCrop
+with padding 2, or 1 for digits, + horizontal flip for Fashion-MNIST), ``imagenet``
+(RandomResizedCrop + flip + ImageNet mean/std; val: Resize(size/0.875) + CenterCrop).  Digits are
+never flipped (a flipped digit is another glyph).  All randomness comes from torch's global RNG.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from visiontrain.data.datasets.in_memory import check_augment, make_in_memory_pair
+
+DATASETS = ("fashion-mnist", "digits", "image-folder")
+DIGITS_VAL_FRACTION = 0.2
+DIGITS_SPLIT_SEED = 0
+
+
+@dataclass
+class ClassificationData:
+    train: Dataset  # items: (float32 Tensor [C,H,W], normalised; int label)
+    val: Dataset
+    num_classes: int
+    class_names: list[str]
+    in_channels: int
+    image_size: int  # side of the (square) model input
+    random_train_transforms: bool  # True when train items draw from torch's RNG (augmentation)
+
+
+@functools.lru_cache(maxsize=1)
+def digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(train_images uint8 [N,8,8] 0..16, train_labels, val_images, val_labels)``: fixed, stratified.
+
+    Cached: the arrays are shared between callers; copy before modifying.
+    """
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    images = bunch.images.astype(np.uint8)  # values 0..16
+    labels = bunch.target.astype(np.int64)
+    train_idx, val_idx = train_test_split(
+        np.arange(len(labels)), test_size=DIGITS_VAL_FRACTION, stratify=labels, random_state=DIGITS_SPLIT_SEED
+    )
+    return images[train_idx], labels[train_idx], images[val_idx], labels[val_idx]
+
+
+def _limit(ds, n: int | None, name: str):
+    if n is not None and n < 1:
+        raise ValueError(f"{name} must be >= 1, got {n}")
+    return ds.subset(n)
+
+
+def build_classification_data(
+    name: str,
+    *,
+    root: str | None,
+    image_size: int | None,
+    augment: str,
+    limit_train: int | None = None,
+    limit_val: int | None = None,
+    download: bool = False,
+) -> ClassificationData:
+    """Train/val datasets plus what a model needs to know about them (see the module doc)."""
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
+    check_augment(augment)
+    if name == "image-folder":
+        from visiontrain.data.datasets.image_folder import build_image_folder
+
+        train, val, classes, size = build_image_folder(
+            root, image_size=image_size, augment=augment, limit_train=limit_train, limit_val=limit_val
+        )
+        return ClassificationData(train, val, len(classes), classes, 3, size, augment != "none")
+
+    if name == "fashion-mnist":
+        from visiontrain.data.datasets.fashion_mnist import CLASS_NAMES, load_fashion_mnist
+
+        (tx, ty), (vx, vy) = load_fashion_mnist(root, download)
+        classes, max_value, padding, flip_ok = list(CLASS_NAMES), 255.0, 2, True
+    else:  # digits
+        a, b, c, d = digits_split()
+        tx, ty = torch.tensor(a).unsqueeze(1), torch.tensor(b)  # copies: the split is cached
+        vx, vy = torch.tensor(c).unsqueeze(1), torch.tensor(d)
+        classes, max_value, padding, flip_ok = [str(i) for i in range(10)], 16.0, 1, False
+
+    train, val, size = make_in_memory_pair(
+        tx, ty, vx, vy, classes=classes, max_value=max_value, image_size=image_size,
+        augment=augment, basic_padding=padding, flip_ok=flip_ok,
+    )
+    train = _limit(train, limit_train, "limit_train")
+    val = _limit(val, limit_val, "limit_val")
+    return ClassificationData(
+        train=train, val=val, num_classes=len(classes), class_names=classes,
+        in_channels=int(tx.shape[1]), image_size=size, random_train_transforms=train.random_transforms,
+    )

@@ -1,0 +1,256 @@
+"""An image-classification dataset held in memory as one uint8 tensor, with batched loading.
+
+``InMemoryClassification.__getitems__`` (called by ``torch.utils.data.DataLoader`` with a whole
+batch of indices) indexes the uint8 tensor once, converts and normalises the batch in one op and
+returns per-sample ``(image, label)`` tuples, so the loader pays no per-sample Python transform
+cost.  Random (augmenting) train transforms run per sample with ``torchvision.transforms.v2``, which
+draws from torch's global RNG only.
+
+torchvision is imported lazily (after ``ensure_torchvision()``), and the v2 transform objects are
+left out of the pickled state and rebuilt on unpickling, so spawned DataLoader workers never import
+torchvision before the compatibility shim has run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+AUGMENTS = ("none", "basic", "imagenet")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+VAL_CROP_RATIO = 0.875  # val: Resize(int(size / 0.875)) then CenterCrop(size)
+
+
+def tv_v2():
+    """``torchvision.transforms.v2``, imported after the torchvision compatibility shim."""
+    from visiontrain._tv_compat import ensure_torchvision
+
+    ensure_torchvision()
+    from torchvision.transforms import v2
+
+    return v2
+
+
+def check_augment(augment: str) -> None:
+    if augment not in AUGMENTS:
+        raise ValueError(f"unknown augment {augment!r}; valid values: {', '.join(AUGMENTS)}")
+
+
+def imagenet_stats(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """ImageNet mean/std; for 1-channel images the channel average (timm's convention)."""
+    if channels == 3:
+        return IMAGENET_MEAN, IMAGENET_STD
+    if channels == 1:
+        return (sum(IMAGENET_MEAN) / 3,), (sum(IMAGENET_STD) / 3,)
+    raise ValueError(f"ImageNet statistics need 1 or 3 channels, got {channels}")
+
+
+def channel_stats(images: Tensor, max_value: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Exact per-channel mean/std of a uint8 [N,C,H,W] tensor in [0, 1] units (via a histogram)."""
+    means, stds = [], []
+    values = torch.arange(256, dtype=torch.float64) / max_value
+    for c in range(images.shape[1]):
+        hist = torch.bincount(images[:, c].reshape(-1), minlength=256).to(torch.float64)
+        n = hist.sum()
+        mean = (hist * values).sum() / n
+        var = (hist * (values - mean) ** 2).sum() / n
+        means.append(float(mean))
+        stds.append(max(float(var.sqrt()), 1e-6))
+    return tuple(means), tuple(stds)
+
+
+class InMemoryClassification(Dataset):
+    """``images`` uint8 [N,C,H,W] (values 0..max_value), ``labels`` int64 [N].
+
+    Items are ``(float32 [C,S,S] normalised image, int label)``.  Deterministic preprocessing
+    (to float, optional resize / centre crop, normalise) is batched; ``train_spec`` (random
+    transforms) runs per sample.
+    """
+
+    def __init__(
+        self,
+        images: Tensor,
+        labels: Tensor,
+        *,
+        classes: Sequence[str],
+        max_value: float,
+        mean: Sequence[float],
+        std: Sequence[float],
+        image_size: int,
+        resize_to: int | None = None,
+        center_crop: bool = False,
+        train_spec: dict[str, Any] | None = None,
+    ) -> None:
+        if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[-1] != images.shape[-2]:
+            raise ValueError(f"images must be square uint8 [N,C,H,W], got {images.dtype} {list(images.shape)}")
+        if labels.shape != (images.shape[0],):
+            raise ValueError(f"labels shape {list(labels.shape)} does not match {images.shape[0]} images")
+        self.images = images
+        self.labels = labels.to(torch.int64)
+        self.classes = list(classes)
+        self.max_value = float(max_value)
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+        self.image_size = int(image_size)
+        self.resize_to = resize_to  # deterministic path: resize the short side to this (None: no resize)
+        self.center_crop = center_crop  # deterministic path: then centre-crop to image_size
+        # train_spec: {"kind": "basic", "padding": int, "flip": bool} or {"kind": "imagenet", "flip": bool}
+        self.train_spec = train_spec
+        c = images.shape[1]
+        self._scale = torch.tensor([1.0 / (self.max_value * s) for s in self.std]).view(1, c, 1, 1)
+        self._shift = torch.tensor([-m / s for m, s in zip(self.mean, self.std)]).view(1, c, 1, 1)
+        self._random_tf = None
+        self._deterministic_tf = None
+        self._build_transforms()
+
+    # ------------------------------------------------------------------ transforms
+    def _build_transforms(self) -> None:
+        native = self.images.shape[-1]
+        self._deterministic_tf = None
+        if self.resize_to is not None or self.center_crop:
+            v2 = tv_v2()
+            ops = []
+            if self.resize_to is not None:
+                ops.append(v2.Resize(self.resize_to, antialias=True))
+            if self.center_crop:
+                ops.append(v2.CenterCrop(self.image_size))
+            self._deterministic_tf = v2.Compose(ops)
+        self._random_tf = None
+        spec = self.train_spec
+        if spec is None:
+            return
+        v2 = tv_v2()
+        size = self.image_size
+        if spec["kind"] == "basic":
+            ops = []
+            if native != size:
+                ops.append(v2.Resize(size, antialias=True))
+            ops.append(v2.RandomCrop(size, padding=int(spec["padding"]), fill=0.0))
+        elif spec["kind"] == "imagenet":
+            ops = [v2.RandomResizedCrop(size, antialias=True)]
+        else:  # pragma: no cover - guarded by the builders
+            raise ValueError(f"unknown train transform kind {spec['kind']!r}")
+        if spec.get("flip"):
+            ops.append(v2.RandomHorizontalFlip())
+        ops.append(v2.Normalize(self.mean, self.std))
+        self._random_tf = v2.Compose(ops)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_random_tf"] = None  # torchvision objects: rebuilt after ensure_torchvision()
+        state["_deterministic_tf"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._build_transforms()
+
+    @property
+    def random_transforms(self) -> bool:
+        return self._random_tf is not None
+
+    @property
+    def targets(self) -> list[int]:
+        return self.labels.tolist()
+
+    # ------------------------------------------------------------------ access
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def _batch(self, indices: Sequence[int] | Tensor) -> Tensor:
+        """Deterministic preprocessing of a batch -> float32 [B,C,S,S], normalised."""
+        x = self.images[indices]
+        if self._deterministic_tf is None:
+            return x.float().mul_(self._scale).add_(self._shift)
+        x = x.float().mul_(1.0 / self.max_value)
+        x = self._deterministic_tf(x)
+        return x.sub_(torch.tensor(self.mean).view(1, -1, 1, 1)).div_(torch.tensor(self.std).view(1, -1, 1, 1))
+
+    def _random_item(self, index: int) -> tuple[Tensor, int]:
+        x = self.images[index].float().mul_(1.0 / self.max_value)
+        return self._random_tf(x).contiguous(), int(self.labels[index])
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        index = int(index)
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for a dataset of {len(self)} items")
+        if self._random_tf is not None:
+            return self._random_item(index)
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Tensor, int]]:
+        if self._random_tf is not None:
+            # Per-sample random transforms, in index order (each draws from torch's global RNG).
+            return [self._random_item(int(i)) for i in indices]
+        idx = torch.as_tensor(indices, dtype=torch.int64)
+        x = self._batch(idx)
+        return list(zip(x.unbind(0), self.labels[idx].tolist()))
+
+    def subset(self, n: int | None) -> "InMemoryClassification":
+        """The first ``n`` items as a dataset of the same kind (shares memory); ``None``: self."""
+        if n is None or n >= len(self):
+            return self
+        if n < 1:
+            raise ValueError(f"limit must be >= 1, got {n}")
+        return self.with_data(self.images[:n], self.labels[:n])
+
+    def with_data(self, images: Tensor, labels: Tensor) -> "InMemoryClassification":
+        return InMemoryClassification(
+            images, labels, classes=self.classes, max_value=self.max_value, mean=self.mean,
+            std=self.std, image_size=self.image_size, resize_to=self.resize_to,
+            center_crop=self.center_crop, train_spec=self.train_spec,
+        )
+
+
+def make_in_memory_pair(
+    train_images: Tensor,
+    train_labels: Tensor,
+    val_images: Tensor,
+    val_labels: Tensor,
+    *,
+    classes: Sequence[str],
+    max_value: float,
+    image_size: int | None,
+    augment: str,
+    basic_padding: int,
+    flip_ok: bool,
+) -> tuple[InMemoryClassification, InMemoryClassification, int]:
+    """Train/val datasets for an in-memory image set under one augment policy.
+
+    Returns ``(train, val, image_size)``.  Statistics for "none"/"basic" come from the whole
+    train split (before any limit); "imagenet" uses ImageNet mean/std.
+    """
+    check_augment(augment)
+    native = train_images.shape[-1]
+    size = native if image_size is None else int(image_size)
+    if size < 1:
+        raise ValueError(f"image_size must be positive, got {image_size}")
+    channels = train_images.shape[1]
+    if augment == "imagenet":
+        mean, std = imagenet_stats(channels)
+        val_resize, val_crop = int(size / VAL_CROP_RATIO), True
+        train_spec = {"kind": "imagenet", "flip": flip_ok}
+    else:
+        mean, std = channel_stats(train_images, max_value)
+        val_resize, val_crop = (None if size == native else size), False
+        train_spec = None if augment == "none" else {
+            "kind": "basic",
+            "padding": max(1, round(basic_padding * size / native)),
+            "flip": flip_ok,
+        }
+    common = dict(classes=classes, max_value=max_value, mean=mean, std=std, image_size=size)
+    train = InMemoryClassification(
+        train_images, train_labels, resize_to=val_resize, center_crop=val_crop,
+        train_spec=train_spec, **common,
+    )
+    val = InMemoryClassification(
+        val_images, val_labels, resize_to=val_resize, center_crop=val_crop, **common
+    )
+    return train, val, size

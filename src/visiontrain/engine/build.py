@@ -1,0 +1,122 @@
+"""Set-up pieces the trainer composes: device, loaders, optimizer, and the scheduled scalars."""
+from __future__ import annotations
+
+import random
+import re
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from visiontrain.config import Config
+from visiontrain.data.samplers import ResumableBatchSampler, SeededDataset
+from visiontrain.engine.distributed import DistInfo
+from visiontrain.engine.schedules import Schedule, ScheduleConfig, StepClock, build_schedule
+
+
+def pick_device(name: str, dist_info: DistInfo) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        name = f"cuda:{dist_info.local_rank}"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"trainer.device={name!r} but CUDA is not available (use trainer.device=cpu)")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def train_loader(ds: Dataset, sampler: ResumableBatchSampler, *, random_transforms: bool,
+                 collate: Callable | None, num_workers: int, pin_memory: bool,
+                 persistent_workers: bool) -> DataLoader:
+    # A private generator: creating an iterator draws worker base seeds from it, not from the global
+    # RNG, so a resumed run (which creates its iterator mid-epoch) keeps the same global RNG stream.
+    return DataLoader(SeededDataset(ds, random_transforms), batch_sampler=sampler,
+                      num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
+                      persistent_workers=persistent_workers and num_workers > 0,
+                      generator=torch.Generator().manual_seed(0))
+
+
+def eval_loader(ds: Dataset, batch_size: int, *, collate: Callable | None, num_workers: int,
+                pin_memory: bool, dist_info: DistInfo) -> DataLoader:
+    sampler = None
+    if dist_info.enabled:
+        from torch.utils.data.distributed import DistributedSampler
+
+        sampler = DistributedSampler(ds, dist_info.world_size, dist_info.rank, shuffle=False)
+    return DataLoader(ds, batch_size=batch_size, shuffle=False, sampler=sampler,
+                      num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
+                      generator=torch.Generator().manual_seed(0))
+
+
+def make_clock(cfg: Config, batches_per_epoch: int) -> StepClock:
+    """Optimizer steps per epoch (before / after accumulation switches on) and the run's total."""
+    t = cfg.trainer
+    accum_from = t.accum_after_epoch if t.accum_steps > 1 and t.accum_after_epoch > 0 else 0
+    first = batches_per_epoch if accum_from else batches_per_epoch // t.accum_steps
+    after = batches_per_epoch // t.accum_steps
+    if after == 0:
+        raise ValueError(f"trainer.accum_steps={t.accum_steps} exceeds the {batches_per_epoch} "
+                         f"batches of an epoch")
+    total = first * min(accum_from, t.epochs) + after * max(0, t.epochs - accum_from) if accum_from \
+        else first * t.epochs
+    if t.max_steps is not None:
+        total = min(total, t.max_steps)
+    if accum_from and accum_from < t.epochs:
+        return StepClock(first, total, change_epoch=accum_from, steps_per_epoch_after=after)
+    return StepClock(first, total)
+
+
+class ScheduledScalars:
+    """Applies every configured schedule for step s: pure functions of s, set on the host.
+
+    Targets: ``lr`` (x each group's lr_mult), ``weight_decay`` (decayed groups only),
+    ``momentum`` (SGD momentum / Adam beta1), ``ema_decay``, ``bn_momentum``, ``loss.<term>``
+    and ``task.<scalar>``.
+    """
+
+    def __init__(self, specs: dict[str, ScheduleConfig], bases: dict[str, float], clock: StepClock,
+                 optimizer: torch.optim.Optimizer, model: nn.Module, task: Any) -> None:
+        self.optimizer, self.task = optimizer, task
+        self.schedules: dict[str, Schedule] = {}
+        for name, spec in specs.items():
+            if name not in bases and not re.match(r"^(loss|task)\.\w+$", name):
+                raise ValueError(f"schedules.{name}: unknown scalar; expected one of "
+                                 f"{', '.join(sorted(bases))}, loss.<term> or task.<scalar>")
+            base = bases.get(name)
+            if name.startswith("task."):
+                base = float(getattr(task, name[5:], 0.0))
+            self.schedules[name] = build_schedule(spec, 0.0 if base is None else base, clock, name=name)
+        self.bn_layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)] \
+            if "bn_momentum" in self.schedules else []
+        self.values: dict[str, float] = {}
+
+    def apply(self, step: int, loss_weights: dict[str, float]) -> None:
+        for name, sched in self.schedules.items():
+            value = self.values[name] = sched(step)
+            if name == "lr":
+                for g in self.optimizer.param_groups:
+                    g["lr"] = value * g.get("lr_mult", 1.0)
+            elif name == "weight_decay":
+                for g in self.optimizer.param_groups:
+                    if g.get("decay", True):
+                        g["weight_decay"] = value
+            elif name == "momentum":
+                for g in self.optimizer.param_groups:
+                    if "betas" in g:
+                        g["betas"] = (value, g["betas"][1])
+                    else:
+                        g["momentum"] = value
+            elif name == "bn_momentum":
+                for m in self.bn_layers:
+                    m.momentum = value
+            elif name.startswith("loss."):
+                loss_weights[name[5:]] = value
+            elif name.startswith("task."):
+                self.task.set_scalar(name[5:], value)

@@ -1,0 +1,130 @@
+"""Checkpoints: atomic writes, weights_only loads, RNG capture, best-k bookkeeping.
+
+A write goes to a temporary file in the same directory, is flushed and fsync'ed, then renamed over
+the target with os.replace (atomic on POSIX) and the directory is fsync'ed: a crash at any moment
+leaves either the old or the new file, both complete. Loads use ``torch.load(weights_only=True)``:
+a checkpoint holds only tensors and plain containers, so nothing in it can run code.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; the message names the file."""
+
+
+def atomic_save(obj: Any, path: str | os.PathLike) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        if isinstance(err, OSError):
+            raise CheckpointError(f"could not write checkpoint {path}: {err.strerror or err} "
+                                  f"(the previous file, if any, is intact)") from err
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Load with weights_only=True onto the CPU; every failure names the file and the reason."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(f"checkpoint {path} holds objects other than tensors and plain "
+                              f"containers and was refused (weights_only load): {err}") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {err}") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"checkpoint {path} holds a {type(obj).__name__}, expected a dict")
+    return obj
+
+
+def capture_rng() -> dict[str, Any]:
+    """Python, NumPy, torch CPU and CUDA generator states, in weights_only-loadable form."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class BestTracker:
+    """best.pt / best_ema.pt and, optionally, the k best as best-stepS.pt files."""
+
+    def __init__(self, ckpt_dir: Path, mode: str, keep: int = 0) -> None:
+        self.dir, self.mode, self.keep = ckpt_dir, mode, keep
+        self.best: dict[str, float] = {}  # "model" / "ema" -> best value
+        self.kept: list[tuple[float, str]] = []  # (value, file) of the k best
+
+    def better(self, value: float, old: float | None) -> bool:
+        if value != value:  # NaN is never best
+            return False
+        return old is None or (value > old if self.mode == "max" else value < old)
+
+    def update(self, which: str, value: float, state: dict[str, Any], step: int) -> bool:
+        """Write best.pt (or best_ema.pt) when ``value`` beats the record; returns True if it did."""
+        if not self.better(value, self.best.get(which)):
+            return False
+        self.best[which] = value
+        atomic_save(state, self.dir / ("best.pt" if which == "model" else "best_ema.pt"))
+        if self.keep and which == "model":
+            name = f"best-step{step}.pt"
+            atomic_save(state, self.dir / name)
+            self.kept.append((value, name))
+            self.kept.sort(key=lambda t: -t[0] if self.mode == "max" else t[0])
+            for _, stale in self.kept[self.keep:]:
+                (self.dir / stale).unlink(missing_ok=True)
+            self.kept = self.kept[: self.keep]
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": dict(self.best), "kept": [[v, n] for v, n in self.kept]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best = {k: float(v) for k, v in state["best"].items()}
+        self.kept = [(float(v), str(n)) for v, n in state["kept"]]

@@ -1,0 +1,64 @@
+"""Process-group set-up from torchrun's environment, DDP wrapping, rank-0 I/O, reductions.
+
+With no torchrun variables this is a single process and every helper is a no-op.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(device_kind: str) -> DistInfo:
+    """Join torchrun's process group (NCCL on GPU, gloo on CPU) when WORLD_SIZE > 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    info = DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        backend = "nccl" if device_kind == "cuda" else "gloo"
+        if device_kind == "cuda":
+            torch.cuda.set_device(info.local_rank)
+        dist.init_process_group(backend=backend)
+    return info
+
+
+def wrap_ddp(model: nn.Module, info: DistInfo, device: torch.device,
+             find_unused_parameters: bool = False) -> nn.Module:
+    if not info.enabled:
+        return model
+    ids = [device.index] if device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids,
+                                               find_unused_parameters=find_unused_parameters)
+
+
+def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Mean over ranks (log points and evaluation only: a collective is a sync point)."""
+    if info.enabled:
+        t = t.clone()
+        dist.all_reduce(t)
+        t /= info.world_size
+    return t
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()

@@ -1,0 +1,104 @@
+"""What a run writes as it goes: metrics.jsonl, TensorBoard under tb/, and the console.
+
+On a terminal the console is a rich progress bar (epoch, step, loss, lr, samples/s, ETA); when
+stdout is not a terminal (CI, a log file) it is one plain line per log point. Only rank 0 writes.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+            return f"{value:.3e}"
+        return f"{value:.4f}"
+    return str(value)
+
+
+def format_eta(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+class RunLogger:
+    def __init__(self, run_dir: Path | None, *, total_steps: int, progress: str = "auto",
+                 enabled: bool = True) -> None:
+        self.enabled = enabled and run_dir is not None
+        self.total_steps = total_steps
+        self._jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1) if self.enabled else None
+        self._tb = None
+        if self.enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(run_dir / "tb"))
+        use_bar = progress == "bar" or (progress == "auto" and sys.stdout.isatty())
+        self._bar = None
+        if self.enabled and use_bar:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeRemainingColumn)
+
+            self._bar = Progress(TextColumn("[bold]epoch {task.fields[epoch]}"), BarColumn(),
+                                 MofNCompleteColumn(), TimeRemainingColumn(),
+                                 TextColumn("{task.fields[info]}"), transient=False)
+            self._bar.start()
+            self._task = self._bar.add_task("train", total=total_steps, epoch=0, info="")
+
+    def log(self, kind: str, step: int, epoch: int, values: dict[str, Any]) -> None:
+        """One event: a JSON line, TensorBoard scalars, and a console line or bar update."""
+        if not self.enabled:
+            return
+        record = {"kind": kind, "step": step, "epoch": epoch, "time": round(time.time(), 3), **values}
+        self._jsonl.write(json.dumps(record, allow_nan=True) + "\n")
+        for key, value in values.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._tb.add_scalar(f"{kind}/{key}", value, step)
+        if kind == "train":
+            info = "  ".join(f"{k} {_fmt(values[k])}" for k in ("total", "lr", "samples_per_s")
+                             if k in values)
+            eta = f"eta {format_eta(values.get('eta_s', float('nan')))}"
+            if self._bar is not None:
+                self._bar.update(self._task, completed=step, epoch=epoch, info=info)
+                return
+            self.print(f"step {step}/{self.total_steps}  epoch {epoch}  {info}  {eta}")
+        else:
+            self.print(f"[{kind}] step {step} epoch {epoch}  " +
+                       "  ".join(f"{k} {_fmt(v)}" for k, v in values.items()))
+
+    def table(self, title: str, rows: dict[str, Any]) -> None:
+        """A compact end-of-epoch / end-of-run table."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            from rich.table import Table
+
+            table = Table(title=title, show_header=False)
+            for k, v in rows.items():
+                table.add_row(k, _fmt(v))
+            self._bar.console.print(table)
+        else:
+            self.print(f"{title}: " + "  ".join(f"{k} {_fmt(v)}" for k, v in rows.items()))
+
+    def print(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.console.print(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+        if self._tb is not None:
+            self._tb.close()
+        if self._jsonl is not None:
+            self._jsonl.close()

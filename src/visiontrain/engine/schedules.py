@@ -1,0 +1,259 @@
+"""Per-iteration schedules for any named scalar (lr, weight decay, momentum, EMA decay, ...).
+
+Every schedule is a pure function of the global optimizer step. Nothing is stepped or
+stored between calls, so resuming from a checkpoint only needs the step counter: a
+resumed run cannot drift away from an uninterrupted one.
+
+Semantics (``W`` = warmup in steps, ``T`` = total steps of the run):
+
+* Warmup: linear from ``warmup_start`` (default 0.0) at step 0 to the main schedule's
+  starting value at step ``W`` (that is ``base``; for ``multistep`` with a milestone
+  inside the warmup it is the already-decayed value, so the curve never jumps).
+* The main schedule runs over ``[W, T]`` with ``t = (step - W) / (T - W)``, so cosine,
+  linear and poly reach ``end`` exactly at ``T``. At ``step >= T`` the value is clamped
+  to the value at ``T``.
+* ``constant``: ``base``.
+* ``cosine``: ``end + (base - end) * (1 + cos(pi * t)) / 2``.
+* ``linear``: ``base + (end - base) * t``.
+* ``poly``: ``end + (base - end) * (1 - t) ** power``.
+* ``step``: ``base * gamma ** floor((step - W) / S)``, ``S`` = ``step_size`` in steps (> 0).
+  With ``unit: epochs`` the decays fall at epochs ``warmup + k * step_size`` mapped
+  through the clock (the same thing when steps per epoch never change).
+* ``multistep``: ``base * gamma ** (number of milestones <= step)``. Milestones are
+  absolute, measured from step 0 and not from the end of warmup, like torch's
+  ``MultiStepLR`` epochs in published recipes.
+* ``end`` defaults to 0.0 and may be above ``base`` (weight decay 0.04 -> 0.4, EMA
+  0.996 -> 1.0).
+* ``unit: epochs`` converts warmup, milestones and step_size with :class:`StepClock`, so
+  epoch 3 means the first optimizer step of epoch 3, also when gradient accumulation
+  changes the number of optimizer steps per epoch partway through the run.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+SHAPES: tuple[str, ...] = ("constant", "cosine", "linear", "step", "multistep", "poly")
+UNITS: tuple[str, ...] = ("steps", "epochs")
+
+
+@dataclass
+class ScheduleConfig:
+    """One named scalar's schedule, as written in YAML.
+
+    ``schedules.<name>: {shape: cosine, end: 2e-4, warmup: 20000, warmup_start: 2e-4,
+    unit: steps}``. Fields a shape does not use are ignored.
+    """
+
+    shape: str = "constant"
+    end: float | None = None
+    milestones: list[float] = field(default_factory=list)
+    step_size: float = 0.0
+    gamma: float = 0.1
+    power: float = 0.9
+    warmup: float = 0.0
+    warmup_start: float | None = None
+    unit: str = "steps"
+    base: float | None = None
+
+
+class StepClock:
+    """Maps epochs to optimizer steps.
+
+    Optimizer steps, not epochs, are what schedules are evaluated on, but recipes
+    talk in epochs. When gradient accumulation switches on at ``change_epoch`` the
+    number of optimizer steps per epoch changes, so a plain ``epoch * steps_per_epoch``
+    would put every later milestone at the wrong step. ``total_steps`` is the run's
+    end (the engine passes min(epochs * steps, max_steps)).
+    """
+
+    def __init__(
+        self,
+        steps_per_epoch: int,
+        total_steps: int,
+        *,
+        change_epoch: int | None = None,
+        steps_per_epoch_after: int | None = None,
+    ) -> None:
+        if steps_per_epoch <= 0:
+            raise ValueError(f"StepClock: steps_per_epoch must be > 0, got {steps_per_epoch}")
+        if total_steps < 0:
+            raise ValueError(f"StepClock: total_steps must be >= 0, got {total_steps}")
+        if change_epoch is not None or steps_per_epoch_after is not None:
+            if (
+                change_epoch is None
+                or steps_per_epoch_after is None
+                or change_epoch < 0
+                or steps_per_epoch_after <= 0
+            ):
+                raise ValueError(
+                    "StepClock: change_epoch (>= 0) and steps_per_epoch_after (> 0) must be "
+                    f"given together, got {change_epoch} and {steps_per_epoch_after}"
+                )
+        self.steps_per_epoch = steps_per_epoch
+        self.total_steps = total_steps
+        self.change_epoch = change_epoch
+        self.steps_per_epoch_after = steps_per_epoch_after
+        self._after = steps_per_epoch_after or steps_per_epoch
+
+    def steps_in_epoch(self, epoch: int) -> int:
+        """Optimizer steps in (0-based) epoch ``epoch``."""
+        if self.change_epoch is not None and epoch >= self.change_epoch:
+            return self._after
+        return self.steps_per_epoch
+
+    def epoch_start(self, epoch: float) -> float:
+        """First step of ``epoch``; epoch 2.5 = start of epoch 2 + half of its steps."""
+        if epoch < 0 or not math.isfinite(epoch):
+            raise ValueError(f"StepClock: epoch must be finite and >= 0, got {epoch}")
+        whole = int(math.floor(epoch))
+        before = whole if self.change_epoch is None else min(whole, self.change_epoch)
+        start = before * self.steps_per_epoch + (whole - before) * self._after
+        return float(start + (epoch - whole) * self.steps_in_epoch(whole))
+
+    def to_steps(self, value: float, unit: str) -> float:
+        """Convert a position (warmup end, milestone) given in ``unit`` to optimizer steps."""
+        if unit == "steps":
+            return float(value)
+        if unit == "epochs":
+            return self.epoch_start(value)
+        raise ValueError(f"unknown unit {unit!r}; expected one of {', '.join(UNITS)}")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Built once with everything resolved to steps; ``__call__(step) -> float`` is pure.
+
+    Frozen so that nothing can mutate it mid-run: the value at a step depends on the
+    step alone, which is what makes resume exact.
+    """
+
+    shape: str
+    base: float
+    end: float
+    total_steps: float
+    warmup_steps: float = 0.0
+    warmup_start: float = 0.0
+    step_size: float = 0.0  # `step` in steps; 0 with unit epochs (decays are in milestones)
+    milestones: tuple[float, ...] = ()
+    gamma: float = 0.1
+    power: float = 0.9
+    name: str = "value"
+
+    def __call__(self, step: int) -> float:
+        if step < 0:
+            raise ValueError(f"schedule {self.name!r}: step must be >= 0, got {step}")
+        w, total = self.warmup_steps, self.total_steps
+        if step >= total:  # clamp; t = 1 even when warmup fills the whole run
+            return self._main(total, 1.0)
+        if step < w:
+            target = self._main(w, 0.0)
+            return self.warmup_start + (target - self.warmup_start) * (step / w)
+        return self._main(step, (step - w) / (total - w))
+
+    def _main(self, step: float, t: float) -> float:
+        """Main schedule at ``step``, ``t`` = progress through ``[W, T]`` in [0, 1]."""
+        base, end, w = self.base, self.end, self.warmup_steps
+        if self.shape == "constant":
+            return base
+        if self.shape == "cosine":
+            return end + (base - end) * (1.0 + math.cos(math.pi * t)) / 2.0
+        if self.shape == "linear":
+            return base + (end - base) * t
+        if self.shape == "poly":
+            return end + (base - end) * (1.0 - t) ** self.power
+        if self.shape == "step" and self.step_size > 0:
+            return base * self.gamma ** math.floor((step - w) / self.step_size)
+        if self.shape in ("step", "multistep"):  # `step` in epochs: decays precomputed
+            return base * self.gamma ** bisect_right(self.milestones, step)
+        raise ValueError(f"schedule {self.name!r}: unknown shape {self.shape!r}")
+
+
+def _finite(name: str, fld: str, value: float, *, min_value: float | None = None) -> float:
+    """Reject NaN/inf (and values below ``min_value``) with a message naming the field."""
+    if not math.isfinite(value):
+        raise ValueError(f"schedule {name!r}: {fld} must be finite, got {value}")
+    if min_value is not None and value < min_value:
+        raise ValueError(f"schedule {name!r}: {fld} must be >= {min_value}, got {value}")
+    return float(value)
+
+
+def build_schedule(
+    cfg: ScheduleConfig, base: float, clock: StepClock, *, name: str = "value"
+) -> Schedule:
+    """Validate ``cfg`` and resolve it to steps on ``clock``.
+
+    ``base`` is the engine's default starting value (e.g. ``optim.lr``); ``cfg.base``
+    overrides it. All mistakes surface here, at startup, rather than as a silent wrong
+    value thousands of steps into a run.
+    """
+    if cfg.shape not in SHAPES:
+        raise ValueError(
+            f"schedule {name!r}: unknown shape {cfg.shape!r}; expected one of {', '.join(SHAPES)}"
+        )
+    if cfg.unit not in UNITS:
+        raise ValueError(
+            f"schedule {name!r}: unknown unit {cfg.unit!r}; expected one of {', '.join(UNITS)}"
+        )
+    start = _finite(name, "base", cfg.base if cfg.base is not None else base)
+    end = _finite(name, "end", cfg.end if cfg.end is not None else 0.0)
+    warmup_start = _finite(
+        name, "warmup_start", cfg.warmup_start if cfg.warmup_start is not None else 0.0
+    )
+    gamma = _finite(name, "gamma", cfg.gamma, min_value=0.0)
+    power = _finite(name, "power", cfg.power, min_value=0.0)
+    warmup = _finite(name, "warmup", cfg.warmup, min_value=0.0)
+    step_size = _finite(name, "step_size", cfg.step_size, min_value=0.0)
+    for m in cfg.milestones:
+        _finite(name, "milestones", m, min_value=0.0)
+
+    total = clock.total_steps
+    warmup_steps = clock.to_steps(warmup, cfg.unit)
+    if warmup_steps > total:
+        where = f"{warmup:g} epochs = " if cfg.unit == "epochs" else ""
+        raise ValueError(
+            f"schedule {name!r}: warmup ({where}{warmup_steps:g} steps) is longer than "
+            f"the run ({total} steps)"
+        )
+
+    step_size_steps = 0.0
+    milestones: tuple[float, ...] = ()
+    if cfg.shape == "step" and step_size <= 0:
+        raise ValueError(f"schedule {name!r}: shape 'step' needs step_size > 0, got {step_size}")
+    if cfg.shape == "step" and cfg.unit == "steps":
+        step_size_steps = step_size
+    elif cfg.shape == "step":
+        # Decay at epochs warmup + k * step_size, each mapped through the clock, so
+        # "every 30 epochs" stays epoch-aligned when steps per epoch change mid-run.
+        k, pos = 1, clock.to_steps(warmup + step_size, "epochs")
+        while pos <= total:
+            milestones += (pos,)
+            k += 1
+            pos = clock.to_steps(warmup + k * step_size, "epochs")
+    if cfg.shape == "multistep":
+        if not cfg.milestones:
+            raise ValueError(f"schedule {name!r}: shape 'multistep' needs non-empty milestones")
+        milestones = tuple(sorted(clock.to_steps(m, cfg.unit) for m in cfg.milestones))
+
+    return Schedule(
+        shape=cfg.shape, base=start, end=end, total_steps=float(total),
+        warmup_steps=warmup_steps, warmup_start=warmup_start, step_size=step_size_steps,
+        milestones=milestones, gamma=gamma, power=power, name=name,
+    )  # fmt: skip
+
+
+def scale_lr_by_batch(lr: float, global_batch: int, base_batch: int | None) -> float:
+    """Linear scaling rule: ``lr * global_batch / base_batch``; ``lr`` when base_batch is None.
+
+    Recipes quote lr for a reference batch (e.g. 0.1 per 256); scaling here keeps one
+    recipe valid across GPU counts.
+    """
+    if base_batch is None:
+        return lr
+    if base_batch <= 0:
+        raise ValueError(f"base_batch must be > 0, got {base_batch}")
+    if global_batch <= 0:
+        raise ValueError(f"global_batch must be > 0, got {global_batch}")
+    return lr * global_batch / base_batch

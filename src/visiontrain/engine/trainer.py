@@ -1,0 +1,328 @@
+"""fit(): epochs -> steps -> TrainStep; log points, evaluation, checkpoints, exact resume.
+
+Host-device syncs happen only at: log points (metrics + non-finite check), evaluation, checkpoint
+writes, and the end of the run. Every one is marked ``# host sync``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from visiontrain.config import Config, config_to_dict, dump_config
+from visiontrain.engine import build
+from visiontrain.engine.checkpoint import BestTracker, atomic_save, capture_rng, load_checkpoint, restore_rng
+from visiontrain.engine.distributed import DistInfo, all_reduce_mean, init_distributed, wrap_ddp
+from visiontrain.engine.ema import ModelEma, unwrap
+from visiontrain.engine.hooks import Hook, HookList
+from visiontrain.engine.logging import RunLogger
+from visiontrain.engine.metrics import DeviceMeter
+from visiontrain.engine.param_groups import build_optimizer, build_param_groups, check_coverage, freeze_parameters
+from visiontrain.engine.precision import make_scaler
+from visiontrain.engine.schedules import scale_lr_by_batch
+from visiontrain.engine.step import NonFiniteLossError, TrainStep
+from visiontrain.engine.weights import load_init_weights, save_safetensors
+from visiontrain.tasks.base import Task
+
+CHECKPOINT_FORMAT = 1
+
+
+class Trainer:
+    def __init__(self, cfg: Config, task: Task, run_dir: str | Path | None, *,
+                 resume: str | None = None, init: str | None = None, hooks: list[Hook] = ()) -> None:
+        self.cfg, self.task, t = cfg, task, cfg.trainer
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        self.dist: DistInfo = init_distributed("cuda" if t.device.startswith("cuda") or
+                                               (t.device == "auto" and torch.cuda.is_available()) else "cpu")
+        self.device = build.pick_device(t.device, self.dist)
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.ckpt_dir = self.run_dir / "checkpoints" if self.run_dir else None
+        writes = self.dist.is_main and self.run_dir is not None
+        if writes:
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+        build.seed_everything(cfg.seed)
+
+        data = task.build_data()
+        d = cfg.data
+        pin = d.pin_memory and self.device.type == "cuda"
+        self.sampler = build.ResumableBatchSampler(len(data.train), d.batch_size, seed=cfg.seed,
+                                                   rank=self.dist.rank, world_size=self.dist.world_size)
+        self.train_loader = build.train_loader(data.train, self.sampler, random_transforms=data.random_transforms,
+                                               collate=data.train_collate, num_workers=d.num_workers,
+                                               pin_memory=pin, persistent_workers=d.persistent_workers)
+        self.val_loader = build.eval_loader(data.val, d.eval_batch_size or 2 * d.batch_size,
+                                            collate=data.eval_collate, num_workers=d.num_workers,
+                                            pin_memory=pin, dist_info=self.dist)
+
+        model = task.build_model(data.info)
+        if init:
+            self.init_report = load_init_weights(model, init)
+        frozen = freeze_parameters(model, cfg.optim.freeze, cfg.optim.frozen_bn)
+        model.to(self.device)
+        if t.channels_last:
+            model.to(memory_format=torch.channels_last)
+        o = cfg.optim
+        groups = task.param_groups(model) or build_param_groups(
+            model, o.weight_decay, no_decay_bias_norm=o.no_decay_bias_norm, lr_mult=o.lr_mult)
+        check_coverage(model, groups)
+        global_batch = d.batch_size * self.dist.world_size * t.accum_steps
+        self.base_lr = scale_lr_by_batch(o.lr, global_batch, o.base_batch)
+        self.optimizer = build_optimizer(groups, o.name, lr=self.base_lr, momentum=o.momentum, beta2=o.beta2,
+                                         eps=o.eps, nesterov=o.nesterov, impl=o.impl)
+        self.ema = ModelEma(model, cfg.ema.decay, warmup=cfg.ema.warmup, every=cfg.ema.every) \
+            if cfg.ema.enabled else None
+        self.raw_model = model
+        self.model: nn.Module = wrap_ddp(model, self.dist, self.device)
+        if t.compile:
+            self.model = torch.compile(self.model)
+        self.scaler = make_scaler(t.precision, self.device)
+
+        self.clock = build.make_clock(cfg, self.sampler.batches_per_epoch)
+        self.loss_weights = dict(task.loss_weights)
+        self.scalars = build.ScheduledScalars(
+            cfg.schedules, {"lr": self.base_lr, "weight_decay": o.weight_decay, "momentum": o.momentum,
+                            "ema_decay": cfg.ema.decay, "bn_momentum": 0.1},
+            self.clock, self.optimizer, model, task)
+        self.meter = DeviceMeter()
+        self.epoch_stats: dict[str, tuple[float, int]] = {}  # host-side sums of read window means
+        self.hooks = HookList([*task.hooks(), *hooks], self)
+        self.step_fn = TrainStep(self.model, task.losses, self.optimizer, device=self.device,
+                                 precision=t.precision, scaler=self.scaler, clip_grad=t.clip_grad,
+                                 clip_mode=t.clip_mode, channels_last=t.channels_last,
+                                 after_backward=lambda: self.hooks("after_backward"), meter=self.meter)
+        metric = cfg.eval.metric or task.metric
+        self.metric, self.mode = metric, cfg.eval.mode or task.mode
+        self.best = BestTracker(self.ckpt_dir, self.mode, cfg.checkpoint.keep_best) if writes else None
+        self.log = RunLogger(self.run_dir, total_steps=self.clock.total_steps, progress=t.progress, enabled=writes)
+        if init:
+            self.log.print(self.init_report)
+        if frozen:
+            self.log.print(f"frozen {len(frozen)} parameter tensors")
+        self.step, self.epoch, self.step_in_epoch = 0, 0, 0
+        self.last_eval: dict[str, float] = {}
+        self.last_eval_step = -1
+        # Set-up may draw from the global RNGs a varying amount (first-time imports do), so the
+        # training streams start from a fresh seed: a run is a function of cfg.seed alone.
+        build.seed_everything(cfg.seed + 1)
+        if resume:
+            self.load_state(load_checkpoint(resume), resume)
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict[str, Any]:
+        t, total = self.cfg.trainer, self.clock.total_steps
+        self.hooks("before_train")
+        start, start_step, t_data, t_window = time.perf_counter(), self.step, 0.0, time.perf_counter()
+        while self.epoch < t.epochs and self.step < total:
+            self.model.train()
+            accum = t.accum_steps if self.epoch >= t.accum_after_epoch else 1
+            self.sampler.set_epoch(self.epoch, start_batch=self.step_in_epoch * accum)
+            batches = iter(self.train_loader)
+            self.hooks("before_epoch")
+            steps_this_epoch = self.clock.steps_in_epoch(self.epoch)
+            while self.step_in_epoch < steps_this_epoch and self.step < total:
+                self.scalars.apply(self.step, self.loss_weights)
+                if self.ema is not None and "ema_decay" in self.scalars.values:
+                    self.ema.decay = self.scalars.values["ema_decay"]
+                self.hooks("before_step")
+                t0 = time.perf_counter()
+                micro = self._next_batches(batches, accum)
+                t_data += time.perf_counter() - t0
+                self.step_fn(micro, self.loss_weights, self.step)
+                if self.ema is not None:
+                    self.ema.update(self.model, self.step)
+                self.step += 1
+                self.step_in_epoch += 1
+                self.hooks("after_step")
+                if self.step % t.log_every == 0 or self.step == total:
+                    now = time.perf_counter()
+                    self._log_point(now - t_window, t_data, now - start, self.step - start_step)
+                    t_window, t_data = time.perf_counter(), 0.0
+                if self._due(self.cfg.eval, "steps"):
+                    self.evaluate()
+                if self._due(self.cfg.checkpoint, "steps"):
+                    self.save_last()
+            if self.step_in_epoch >= steps_this_epoch:
+                self._end_epoch()
+            else:
+                break  # max_steps reached mid-epoch
+        return self._finish(time.perf_counter() - start)
+
+    def _next_batches(self, batches: Any, accum: int) -> list[Any]:
+        """The micro-batches of one step (host-side loading: CPU tensors, no device reads)."""
+        return [next(batches) for _ in range(accum)]
+
+    def _due(self, section: Any, unit: str) -> bool:
+        return section.unit == unit and section.every > 0 and self.step % section.every == 0 and \
+            self.step < self.clock.total_steps
+
+    def _end_epoch(self) -> None:
+        self.hooks("after_epoch")
+        summary = {k: total / max(n, 1) for k, (total, n) in self.epoch_stats.items()}
+        self.epoch_stats = {}
+        if summary:
+            self.log.table(f"epoch {self.epoch} train", summary)
+        done = self.epoch + 1  # epochs completed
+        last = done >= self.cfg.trainer.epochs or self.step >= self.clock.total_steps
+        e, c = self.cfg.eval, self.cfg.checkpoint
+        if not last and e.unit == "epochs" and e.every > 0 and done % e.every == 0:
+            self.evaluate()
+        self.epoch, self.step_in_epoch = done, 0  # a checkpoint from here resumes at the next epoch
+        if not last and (c.unit == "epochs" and (c.every == 0 or done % c.every == 0)):
+            self.save_last()
+
+    def _log_point(self, window_s: float, data_s: float, elapsed: float, steps_done: int) -> None:
+        """The only per-window host sync: metrics and the non-finite flags, read together."""
+        self.check_finite()  # host sync
+        n = self.meter.counts.get("total", 0)
+        values = self.meter.read(reduce=self._reduce)  # host sync
+        self._accumulate_epoch(values, n)
+        steps_left = self.clock.total_steps - self.step
+        accum = self.cfg.trainer.accum_steps if self.epoch >= self.cfg.trainer.accum_after_epoch else 1
+        samples = n * self.cfg.data.batch_size * self.dist.world_size * accum
+        values.update({f"lr/{g.get('name', i)}": g["lr"] for i, g in enumerate(self.optimizer.param_groups)})
+        values["lr"] = self.optimizer.param_groups[0]["lr"]
+        values.update({k: v for k, v in self.scalars.values.items() if k != "lr"})
+        values["skipped_steps"], values["fp16_overflow_skips"] = self.skipped, self.overflow_skipped
+        values["samples_per_s"] = samples / max(window_s, 1e-9)
+        values["data_s"], values["compute_s"] = data_s, window_s - data_s
+        values["eta_s"] = elapsed / max(steps_done, 1) * steps_left
+        if self.device.type == "cuda":
+            values["gpu_peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        self.log.log("train", self.step, self.epoch, values)
+
+    def _accumulate_epoch(self, values: dict[str, float], n: int) -> None:
+        # Epoch means from the already-read window means: host floats, no extra sync.
+        for k, v in values.items():
+            total, count = self.epoch_stats.get(k, (0.0, 0))
+            self.epoch_stats[k] = (total + v * n, count + n)
+
+    def _reduce(self, t: torch.Tensor) -> torch.Tensor:
+        return all_reduce_mean(t, self.dist)
+
+    def check_finite(self) -> None:
+        """Act on the non-finite policy; called before every log, evaluation and checkpoint."""
+        bad, overflow, first, terms = self.step_fn.read_nonfinite()  # host sync
+        self.skipped, self.overflow_skipped = bad, overflow
+        if bad and self.cfg.trainer.nonfinite == "raise":
+            detail = ", ".join(f"{k}={v:.6g}" for k, v in terms.items())
+            raise NonFiniteLossError(
+                f"non-finite loss at step {first + 1} (epoch {self._epoch_of(first)}): {detail}. "
+                f"The update of that step "
+                f"was not applied and no checkpoint was written after it. Lower optim.lr, enable "
+                f"trainer.clip_grad, or set trainer.nonfinite=skip to skip such steps.")
+
+    def _epoch_of(self, step_index: int) -> int:
+        e = 0
+        while e + 1 < self.cfg.trainer.epochs and self.clock.epoch_start(e + 1) <= step_index:
+            e += 1
+        return e
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self) -> dict[str, float]:
+        self.check_finite()  # host sync: never evaluate or save after a bad step under `raise`
+        metrics = self._eval_model(self.raw_model, "")
+        if self.ema is not None:
+            metrics.update(self._eval_model(self.ema.module, "ema/"))
+        self.last_eval, self.last_eval_step = metrics, self.step
+        self.log.log("eval", self.step, self.epoch, metrics)
+        self.hooks("after_eval", metrics)
+        if self.best is not None and self.metric:
+            if self.metric not in metrics:
+                raise KeyError(f"eval.metric={self.metric!r} is not among the task's metrics "
+                               f"{sorted(k for k in metrics if not k.startswith('ema/'))}")
+            state = None
+            for which, key in (("model", self.metric), ("ema", f"ema/{self.metric}")):
+                if key in metrics and self.best.better(metrics[key], self.best.best.get(which)):
+                    state = state or self.state_dict()
+                    self.best.update(which, metrics[key], state, self.step)
+        return metrics
+
+    def _eval_model(self, model: nn.Module, prefix: str) -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            metrics = self.task.evaluate(model, self.val_loader, self.device)
+        model.train(was_training)
+        return {prefix + k: v for k, v in metrics.items()}
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "model": self.raw_model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "progress": {"step": self.step, "epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
+                         "batch_size": self.cfg.data.batch_size, "world_size": self.dist.world_size},
+            "sampler_seed": self.sampler.seed,
+            "rng": capture_rng(),
+            "best": self.best.state_dict() if self.best is not None else None,
+            "metrics": {"window": self.meter.state_dict(),
+                        "epoch": {k: [v, n] for k, (v, n) in self.epoch_stats.items()},
+                        "nonfinite": self.step_fn.state_dict()},
+            "task": self.task.state_dict(),
+            "config": config_to_dict(self.cfg),
+        }
+
+    def save_last(self) -> None:
+        self.check_finite()  # host sync: a checkpoint never holds weights after a bad step
+        if self.ckpt_dir is None or not self.dist.is_main:
+            return
+        state = self.state_dict()
+        atomic_save(state, self.ckpt_dir / "last.pt")
+        every = self.cfg.checkpoint.keep_every
+        if every and self.step % every == 0:
+            atomic_save(state, self.ckpt_dir / f"step-{self.step}.pt")
+
+    def load_state(self, state: dict[str, Any], source: str) -> None:
+        from visiontrain.engine.weights import check_resume_compatible
+
+        check_resume_compatible(state, self, source)
+        self.raw_model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and state["scaler"] is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        if self.ema is not None and state["ema"] is not None:
+            self.ema.load_state_dict(state["ema"])
+        p = state["progress"]
+        self.step, self.epoch, self.step_in_epoch = int(p["step"]), int(p["epoch"]), int(p["step_in_epoch"])
+        self.sampler.seed = int(state["sampler_seed"])
+        if self.best is not None and state["best"] is not None:
+            self.best.load_state_dict(state["best"])
+        self.meter.load_state_dict(state["metrics"]["window"], self.device)
+        self.epoch_stats = {k: (float(v), int(n)) for k, (v, n) in state["metrics"]["epoch"].items()}
+        self.step_fn.load_state_dict(state["metrics"]["nonfinite"])
+        self.task.load_state_dict(state["task"])
+        restore_rng(state["rng"])
+        self.log.print(f"resumed from {source} at step {self.step} (epoch {self.epoch}, "
+                       f"step {self.step_in_epoch} of the epoch)")
+
+    def _finish(self, wall_s: float) -> dict[str, Any]:
+        if self.last_eval_step != self.step:
+            self.evaluate()
+        self.save_last()
+        summary: dict[str, Any] = {}
+        if self.dist.is_main and self.run_dir is not None:
+            save_safetensors(self.raw_model, self.run_dir / "model.safetensors")
+            if self.ema is not None:
+                save_safetensors(self.ema.module, self.run_dir / "model_ema.safetensors")
+            bad, overflow, _, _ = self.step_fn.read_nonfinite()  # host sync (end of run)
+            summary = {
+                "steps": self.step, "epochs": self.epoch, "wall_s": round(wall_s, 3),
+                "samples_per_s": self.step * self.cfg.data.batch_size * self.dist.world_size / max(wall_s, 1e-9),
+                "final": dict(self.last_eval),
+                "best": dict(self.best.best) if self.best else {}, "metric": self.metric, "mode": self.mode,
+                "skipped_steps": bad, "fp16_overflow_skips": overflow,
+            }
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            self.log.table("final", {**summary["final"], "wall_s": summary["wall_s"]})
+        self.hooks("after_train")
+        self.log.close()
+        return summary

@@ -1,0 +1,133 @@
+"""Models: ``build_model(name, ...)`` -> ``SmallCNN`` for "small_cnn", else a timm model.
+
+timm imports torchvision, so it is imported lazily, after ``ensure_torchvision()``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import os
+import socket
+from typing import Any
+
+from torch import nn
+
+from visiontrain.models.small_cnn import SmallCNN
+
+__all__ = ["SmallCNN", "build_model"]
+
+LOCAL_MODELS = ("small_cnn",)
+
+
+def _timm():
+    from visiontrain._tv_compat import ensure_torchvision
+
+    ensure_torchvision()
+    import timm
+
+    return timm
+
+
+def suggest_models(name: str, n: int = 8) -> list[str]:
+    """Close timm (and local) model names for an unknown ``name``."""
+    timm = _timm()
+    names = list(LOCAL_MODELS) + timm.list_models()
+    key = name.lower().replace("-", "_")
+    prefix = sorted(m for m in names if m.startswith(key))
+    close = difflib.get_close_matches(key, names, n=n, cutoff=0.6)
+    stem = key.split(".")[0].rstrip("0123456789_") or key
+    contains = sorted(m for m in names if fnmatch.fnmatch(m, f"*{stem}*"))
+    out: list[str] = []
+    for m in prefix[:3] + close + contains:
+        if m not in out:
+            out.append(m)
+    return out[:n]
+
+
+def _cached_weights(timm: Any, name: str) -> bool:
+    """True if the pretrained weights of ``name`` are in the local Hugging Face cache."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cfg = timm.models.get_pretrained_cfg(name)
+        hub_id = getattr(cfg, "hf_hub_id", None) if cfg is not None else None
+        if not hub_id:
+            return False
+        for filename in ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin"):
+            hit = try_to_load_from_cache(hub_id, filename)
+            if isinstance(hit, str):
+                return True
+    except Exception:
+        return False
+    return False
+
+
+def _hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _pretrained_error(name: str, cause: str) -> RuntimeError:
+    return RuntimeError(
+        f"cannot get pretrained weights for timm model {name!r}: {cause}. Fixes: model.pretrained=false "
+        "(train from scratch); run once where huggingface.co is reachable so the weights land in the "
+        "Hugging Face cache (HF_HOME, default ~/.cache/huggingface) and copy that cache here; or pass "
+        "pretrained_cfg_overlay=dict(file='/path/to/weights.safetensors')."
+    )
+
+
+def build_model(
+    name: str,
+    *,
+    num_classes: int,
+    in_channels: int,
+    image_size: int,
+    pretrained: bool = False,
+    **kwargs: Any,
+) -> nn.Module:
+    """``"small_cnn"`` -> :class:`SmallCNN` (kwargs: widths, dropout); anything else -> timm.
+
+    timm models get ``num_classes``/``in_chans``, and ``img_size=image_size`` where the model accepts
+    it (ViT-style models).  An unknown name raises ValueError with close names; pretrained weights that
+    cannot be had (not cached, hub unreachable) raise RuntimeError naming the model.
+    """
+    if name == "small_cnn":
+        if pretrained:
+            raise ValueError("small_cnn has no pretrained weights; use model.pretrained=false")
+        return SmallCNN(in_channels, num_classes, **kwargs)
+
+    timm = _timm()
+    if not timm.is_model(name):
+        hints = suggest_models(name)
+        hint = f"; close names: {', '.join(hints)}" if hints else ""
+        raise ValueError(
+            f"unknown model {name!r} (not 'small_cnn' and not a timm model){hint}. "
+            "List timm models with timm.list_models('*pattern*')."
+        )
+    own_weights = "pretrained_cfg_overlay" in kwargs or "pretrained_cfg" in kwargs
+    if pretrained and not own_weights and not _cached_weights(timm, name):
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        if offline:
+            raise _pretrained_error(name, "they are not in the local cache and HF_HUB_OFFLINE is set")
+        if not _hub_reachable():
+            raise _pretrained_error(name, "they are not in the local cache and huggingface.co is unreachable")
+
+    args = dict(pretrained=pretrained, num_classes=num_classes, in_chans=in_channels, **kwargs)
+    try:
+        if "img_size" not in kwargs:
+            try:
+                return timm.create_model(name, img_size=image_size, **args)
+            except TypeError as e:
+                if "img_size" not in str(e):
+                    raise
+        return timm.create_model(name, **args)
+    except (ValueError, TypeError):
+        raise
+    except Exception as e:
+        if pretrained:
+            raise _pretrained_error(name, f"{type(e).__name__}: {e}") from e
+        raise

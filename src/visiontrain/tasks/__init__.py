@@ -1,0 +1,22 @@
+"""Task registry: ``task.name`` -> Task class. Importing this registers every task's config."""
+from __future__ import annotations
+
+import difflib
+
+from visiontrain.config import Config
+from visiontrain.tasks.base import Task, TaskData
+from visiontrain.tasks.classification import ClassificationTask
+
+TASKS: dict[str, type[Task]] = {"classification": ClassificationTask}
+
+
+def build_task(cfg: Config) -> Task:
+    cls = TASKS.get(cfg.task.name)
+    if cls is None:
+        close = difflib.get_close_matches(cfg.task.name, list(TASKS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"task.name: unknown task {cfg.task.name!r}{hint}; expected one of {', '.join(TASKS)}")
+    return cls(cfg)
+
+
+__all__ = ["TASKS", "Task", "TaskData", "build_task"]

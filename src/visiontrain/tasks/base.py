@@ -1,0 +1,80 @@
+"""The Task protocol: the only code that knows a model family.
+
+A task builds its data and model, turns a batch into a dict of named, unweighted losses, and
+evaluates. The engine weights the losses (``loss_weights``, overridable by ``task.loss_weights``
+and schedulable as ``schedules.loss.<term>``), steps, logs and checkpoints, knowing nothing of
+images, labels or boxes.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from visiontrain.config import Config
+from visiontrain.engine.hooks import Hook
+
+
+@dataclass
+class TaskData:
+    train: Dataset
+    val: Dataset
+    info: dict[str, Any]                       # e.g. num_classes, class_names: goes to build_model
+    random_transforms: bool = True              # train items draw from torch's RNG
+    train_collate: Callable | None = None       # None: torch's default_collate
+    eval_collate: Callable | None = None
+
+
+class Task(abc.ABC):
+    name: str = ""
+    default_loss_weights: dict[str, float] = {}
+    metric: str = ""                            # default checkpoint metric
+    mode: str = "max"
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    @property
+    def loss_weights(self) -> dict[str, float]:
+        return {**self.default_loss_weights, **self.cfg.task.loss_weights}
+
+    @abc.abstractmethod
+    def build_data(self) -> TaskData:
+        """Train and validation datasets plus what the model needs to know (class count...)."""
+
+    @abc.abstractmethod
+    def build_model(self, info: dict[str, Any]) -> nn.Module:
+        """The model, sized from ``info`` (never a hard-coded class count)."""
+
+    @abc.abstractmethod
+    def losses(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        """Named, unweighted losses on the device; extra terms (e.g. accuracy) are logged only.
+        Runs inside the step: it must not read device values on the host."""
+
+    @abc.abstractmethod
+    def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
+        """Metrics over the validation loader (model already in eval mode, under no_grad)."""
+
+    def param_groups(self, model: nn.Module) -> list[dict[str, Any]] | None:
+        """Custom optimizer groups; None lets the engine build them from the optim rules."""
+        return None
+
+    def hooks(self) -> list[Hook]:
+        return []
+
+    def set_scalar(self, name: str, value: float) -> None:
+        """Receives ``schedules.task.<name>`` values each step (e.g. a temperature)."""
+        if not hasattr(self, name):
+            raise ValueError(f"schedules.task.{name}: task {self.name!r} has no scalar {name!r}")
+        setattr(self, name, value)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Training state the task owns (e.g. DINO's centre); saved in every checkpoint."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass

@@ -1,0 +1,141 @@
+"""Image classification, cvnets / MobileViT style: timm or small models, label smoothing,
+mixup / cutmix on the device with a switch-off for the last epochs, top-1 / top-5."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from visiontrain.config import TaskConfig, doc, register_task_config
+from visiontrain.engine.hooks import Hook
+from visiontrain.tasks.base import Task, TaskData
+
+
+@dataclass
+class ClassificationConfig(TaskConfig):
+    name: str = doc("task name", "classification")
+    model: str = doc("small_cnn or any timm model name (resnet18, mobilevit_xs, ...)", "small_cnn")
+    pretrained: bool = doc("load timm's pretrained weights (needs them cached locally)", False)
+    drop_rate: float = doc("dropout before the classifier (small_cnn and timm models)", 0.0)
+    label_smoothing: float = doc("label smoothing of the cross-entropy targets", 0.0)
+    mixup_alpha: float = doc("mixup Beta(alpha, alpha); 0 = off", 0.0)
+    cutmix_alpha: float = doc("cutmix Beta(alpha, alpha); 0 = off", 0.0)
+    mix_prob: float = doc("probability that a batch is mixed at all", 1.0)
+    cutmix_prob: float = doc("with both on: probability of cutmix rather than mixup", 0.5)
+    mix_off_epochs: int = doc("switch mixup/cutmix off for the last N epochs", 0)
+
+
+register_task_config("classification", ClassificationConfig)
+
+
+def mix_batch(x: torch.Tensor, target: torch.Tensor, *, mixup_alpha: float, cutmix_alpha: float,
+              cutmix_prob: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mixup or cutmix a batch with its flipped self, on the device.
+
+    The random scalars (lambda, which kind, the box) come from Python's ``random`` on the host —
+    checkpointed with the other RNG states — so mixing never reads a device value.
+    ``target`` holds soft targets [B, C].
+    """
+    use_cutmix = cutmix_alpha > 0 and (mixup_alpha <= 0 or random.random() < cutmix_prob)
+    alpha = cutmix_alpha if use_cutmix else mixup_alpha
+    lam = random.betavariate(alpha, alpha)
+    if use_cutmix:
+        h, w = x.shape[-2:]
+        cut = (1.0 - lam) ** 0.5
+        ch, cw = int(h * cut), int(w * cut)
+        cy, cx = random.randrange(h), random.randrange(w)
+        y0, y1 = max(cy - ch // 2, 0), min(cy + ch // 2, h)
+        x0, x1 = max(cx - cw // 2, 0), min(cx + cw // 2, w)
+        x = x.clone()
+        x[..., y0:y1, x0:x1] = x.flip(0)[..., y0:y1, x0:x1]
+        lam = 1.0 - (y1 - y0) * (x1 - x0) / (h * w)  # the area actually pasted
+    else:
+        x = x.mul(lam).add_(x.flip(0), alpha=1.0 - lam)
+    return x, target.mul(lam).add_(target.flip(0), alpha=1.0 - lam)
+
+
+class MixSwitchOff(Hook):
+    """GluonCV / timm style: no mixing in the last ``mix_off_epochs`` epochs."""
+
+    def before_epoch(self) -> None:
+        task, epochs = self.trainer.task, self.trainer.cfg.trainer.epochs
+        task.mixing = self.trainer.epoch < epochs - task.cfg.task.mix_off_epochs
+
+
+class ClassificationTask(Task):
+    name = "classification"
+    default_loss_weights = {"ce": 1.0}
+    metric, mode = "top1", "max"
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        t = cfg.task
+        self.mixing = t.mixup_alpha > 0 or t.cutmix_alpha > 0
+        self.num_classes = 0
+
+    def build_data(self) -> TaskData:
+        from visiontrain.data.datasets import build_classification_data
+
+        d = self.cfg.data
+        data = build_classification_data(d.name, root=d.root, image_size=d.image_size, augment=d.augment,
+                                         limit_train=d.limit_train, limit_val=d.limit_val,
+                                         download=d.download)
+        self.num_classes = data.num_classes
+        info = {"num_classes": data.num_classes, "class_names": data.class_names,
+                "in_channels": data.in_channels, "image_size": data.image_size}
+        return TaskData(data.train, data.val, info, random_transforms=data.random_train_transforms)
+
+    def build_model(self, info: dict[str, Any]) -> nn.Module:
+        from visiontrain.models import build_model
+
+        t = self.cfg.task
+        self.num_classes = info["num_classes"]
+        # timm calls it drop_rate; SmallCNN's dropout is the same thing
+        extra = {"dropout": t.drop_rate} if t.model == "small_cnn" else {"drop_rate": t.drop_rate}
+        return build_model(t.model, num_classes=info["num_classes"], in_channels=info["in_channels"],
+                           image_size=info["image_size"], pretrained=t.pretrained, **extra)
+
+    def losses(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        images, labels = batch
+        t = self.cfg.task
+        if self.mixing and (t.mix_prob >= 1.0 or random.random() < t.mix_prob):
+            soft = F.one_hot(labels, self.num_classes).to(images.dtype)
+            if t.label_smoothing:
+                soft = soft * (1.0 - t.label_smoothing) + t.label_smoothing / self.num_classes
+            images, soft = mix_batch(images, soft, mixup_alpha=t.mixup_alpha,
+                                     cutmix_alpha=t.cutmix_alpha, cutmix_prob=t.cutmix_prob)
+            logits = model(images)
+            ce = torch.sum(-soft * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+        else:
+            logits = model(images)
+            ce = F.cross_entropy(logits.float(), labels, label_smoothing=t.label_smoothing)
+        acc = (logits.detach().argmax(-1) == labels).float().mean()
+        return {"ce": ce, "acc": acc}  # acc has no weight: logged, not optimised
+
+    def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
+        sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, count
+        k = min(5, self.num_classes)
+        for images, labels in loader:
+            images = images.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
+            if self.cfg.trainer.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            logits = model(images).float()
+            topk = logits.topk(k, dim=-1).indices
+            hit = topk == labels[:, None]
+            sums += torch.stack([F.cross_entropy(logits, labels, reduction="sum"),
+                                 hit[:, 0].sum(), hit.any(-1).sum(),
+                                 torch.tensor(float(labels.numel()), device=device)]).double()
+        if torch.distributed.is_initialized():  # evaluation is sharded across ranks: sum the shards
+            torch.distributed.all_reduce(sums)
+        loss, top1, top5, n = sums.tolist()  # host sync (end of evaluation)
+        n = max(n, 1.0)
+        return {"top1": 100.0 * top1 / n, "top5": 100.0 * top5 / n, "loss": loss / n}
+
+    def hooks(self) -> list[Hook]:
+        t = self.cfg.task
+        return [MixSwitchOff()] if (t.mixup_alpha > 0 or t.cutmix_alpha > 0) and t.mix_off_epochs else []

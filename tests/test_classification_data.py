@@ -1,0 +1,238 @@
+from visiontrain._tv_compat import ensure_torchvision
+
+ensure_torchvision()
+
+import pickle  # noqa: E402
+from collections import Counter  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from visiontrain.data.datasets import build_classification_data  # noqa: E402
+from visiontrain.data.datasets.fashion_mnist import DEBIAN_DIR, DatasetFormatError, read_idx  # noqa: E402
+from visiontrain.models import SmallCNN, build_model  # noqa: E402
+
+HAVE_FASHION = Path(DEBIAN_DIR, "train-images-idx3-ubyte.gz").is_file()
+needs_fashion = pytest.mark.skipif(
+    not HAVE_FASHION, reason=f"Fashion-MNIST idx files not in {DEBIAN_DIR} (apt-get install dataset-fashion-mnist)"
+)
+
+
+def digits(augment="none", **kw):
+    return build_classification_data("digits", root=None, image_size=kw.pop("image_size", None), augment=augment, **kw)
+
+
+# ---------------------------------------------------------------- digits
+def test_digits_split_sizes_determinism_and_stratification():
+    a, b = digits(), digits()
+    assert (len(a.train), len(a.val)) == (1437, 360)
+    assert a.num_classes == 10 and a.class_names == [str(i) for i in range(10)]
+    assert (a.in_channels, a.image_size, a.random_train_transforms) == (1, 8, False)
+    assert torch.equal(a.train.images, b.train.images) and torch.equal(a.val.labels, b.val.labels)
+    # train and val are disjoint image sets drawn from the 1,797 digits
+    assert len(a.train) + len(a.val) == 1797
+    # stratified: every class has ~20% of its samples in val
+    tr, va = Counter(a.train.targets), Counter(a.val.targets)
+    for c in range(10):
+        frac = va[c] / (tr[c] + va[c])
+        assert abs(frac - 0.2) < 0.01, (c, frac)
+    x, y = a.train[0]
+    assert x.shape == (1, 8, 8) and x.dtype == torch.float32 and isinstance(y, int)
+    # normalised with the train split's statistics
+    xs = torch.stack([x for x, _ in a.train.__getitems__(list(range(len(a.train))))])
+    assert abs(xs.mean().item()) < 1e-4 and abs(xs.std().item() - 1) < 1e-3
+
+
+def test_digits_limits_and_resize():
+    d = digits(limit_train=50, limit_val=20, image_size=16)
+    assert (len(d.train), len(d.val), d.image_size) == (50, 20, 16)
+    assert d.train[3][0].shape == (1, 16, 16) and d.val[0][0].shape == (1, 16, 16)
+    full = digits()
+    assert d.train.targets == full.train.targets[:50]
+
+
+def test_getitems_matches_getitem_for_augment_none():
+    for ds in (digits().train, digits(image_size=12).val):
+        idx = [5, 0, 17, 5, len(ds) - 1]
+        batch = ds.__getitems__(idx)
+        for i, (x, y) in zip(idx, batch):
+            x1, y1 = ds[i]
+            assert torch.equal(x, x1) and y == y1
+
+
+def test_dataloader_uses_batched_path_and_pickles():
+    ds = digits().train
+    loader = DataLoader(ds, batch_size=64, shuffle=False)
+    x, y = next(iter(loader))
+    assert x.shape == (64, 1, 8, 8) and y.dtype == torch.int64
+    assert torch.equal(x[7], ds[7][0]) and y[7].item() == ds[7][1]
+    clone = pickle.loads(pickle.dumps(digits(augment="basic").train))
+    assert clone.random_transforms and clone[0][0].shape == (1, 8, 8)
+
+
+def test_augment_basic_random_but_reproducible():
+    d = digits(augment="basic")
+    assert d.random_train_transforms
+    idx = list(range(64))
+    torch.manual_seed(123)
+    first = torch.stack([x for x, _ in d.train.__getitems__(idx)])
+    second = torch.stack([x for x, _ in d.train.__getitems__(idx)])
+    torch.manual_seed(123)
+    again = torch.stack([x for x, _ in d.train.__getitems__(idx)])
+    assert torch.equal(first, again)
+    assert not torch.equal(first, second)
+    plain = torch.stack([x for x, _ in digits().train.__getitems__(idx)])
+    assert not torch.equal(first, plain) and first.shape == plain.shape
+    # val stays deterministic
+    assert torch.equal(d.val[0][0], digits().val[0][0])
+
+
+def test_augment_imagenet_shapes_and_stats():
+    d = digits(augment="imagenet", image_size=16, limit_train=8, limit_val=8)
+    assert d.train[0][0].shape == (1, 16, 16) and d.val[0][0].shape == (1, 16, 16)
+    assert d.train.mean == pytest.approx((0.449,), abs=1e-3)
+
+
+def test_bad_names():
+    with pytest.raises(ValueError, match="fashion-mnist.*digits.*image-folder"):
+        build_classification_data("cifar-1000", root=None, image_size=None, augment="none")
+    with pytest.raises(ValueError, match="none.*basic.*imagenet"):
+        digits(augment="heavy")
+
+
+# ---------------------------------------------------------------- fashion-mnist
+@needs_fashion
+def test_fashion_mnist_from_debian_files():
+    d = build_classification_data("fashion-mnist", root=None, image_size=None, augment="none")
+    assert (len(d.train), len(d.val)) == (60000, 10000)
+    assert d.class_names[0] == "T-shirt/top" and d.class_names[9] == "Ankle boot" and d.num_classes == 10
+    assert (d.in_channels, d.image_size) == (1, 28)
+    assert d.train.images.shape == (60000, 1, 28, 28) and d.train.images.dtype == torch.uint8
+    assert sorted(Counter(d.train.targets).values()) == [6000] * 10
+    assert Counter(d.val.targets) == {c: 1000 for c in range(10)}
+    assert d.train.mean == pytest.approx((0.2860,), abs=1e-3) and d.train.std == pytest.approx((0.3530,), abs=1e-3)
+    xs = torch.stack([x for x, _ in d.train.__getitems__(list(range(0, 60000, 7)))])
+    assert abs(xs.mean().item()) < 0.02 and abs(xs.std().item() - 1) < 0.02
+    x, y = d.val[0]
+    assert x.shape == (1, 28, 28) and y == 9  # first t10k item is an ankle boot
+
+
+@needs_fashion
+def test_fashion_mnist_resize_limit_and_basic_augment():
+    d = build_classification_data("fashion-mnist", root=None, image_size=32, augment="basic", limit_train=100, limit_val=10)
+    assert (len(d.train), len(d.val), d.image_size, d.random_train_transforms) == (100, 10, 32, True)
+    assert d.train[0][0].shape == (1, 32, 32) and d.val[0][0].shape == (1, 32, 32)
+    torch.manual_seed(0)
+    a = d.train.__getitems__([0, 1, 2])
+    torch.manual_seed(0)
+    b = [d.train[i] for i in (0, 1, 2)]
+    assert all(torch.equal(x1, x2) and y1 == y2 for (x1, y1), (x2, y2) in zip(a, b))
+
+
+def test_fashion_missing_path_error(tmp_path):
+    with pytest.raises(FileNotFoundError) as info:
+        build_classification_data("fashion-mnist", root=str(tmp_path), image_size=None, augment="none")
+    msg = str(info.value)
+    assert str(tmp_path) in msg and str(tmp_path / "FashionMNIST" / "raw") in msg
+    assert "train-images-idx3-ubyte.gz" in msg
+    assert "apt-get install dataset-fashion-mnist" in msg
+    assert "data.download=true" in msg and "data.root=" in msg
+
+
+def test_idx_reader_validates(tmp_path):
+    import gzip
+
+    good = tmp_path / "ok-labels.gz"
+    with gzip.open(good, "wb") as f:
+        f.write((0x801).to_bytes(4, "big") + (3).to_bytes(4, "big") + bytes([1, 2, 3]))
+    assert read_idx(good, expect_magic=0x801, expect_dims=(None,)).tolist() == [1, 2, 3]
+    truncated = tmp_path / "short-labels.gz"
+    with gzip.open(truncated, "wb") as f:
+        f.write((0x801).to_bytes(4, "big") + (5).to_bytes(4, "big") + bytes([1, 2, 3]))
+    with pytest.raises(DatasetFormatError, match="short-labels.gz"):
+        read_idx(truncated, expect_magic=0x801, expect_dims=(None,))
+    with pytest.raises(DatasetFormatError, match="magic"):
+        read_idx(good, expect_magic=0x803, expect_dims=(None,))
+    cut = tmp_path / "cut.gz"
+    cut.write_bytes(good.read_bytes()[:15])
+    with pytest.raises(DatasetFormatError, match="cut.gz"):
+        read_idx(cut, expect_magic=0x801, expect_dims=(None,))
+
+
+# ---------------------------------------------------------------- image-folder
+def _png_tree(root: Path, classes: dict[str, list[str]], n: int = 3) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, names in classes.items():
+        for c in names:
+            (root / split / c).mkdir(parents=True)
+            for i in range(n):
+                arr = rng.integers(0, 256, size=(20 + 4 * i, 24, 3), dtype=np.uint8)
+                mode = "L" if i == 1 else "RGB"  # a grey file must still come out RGB
+                img = Image.fromarray(arr[..., 0] if mode == "L" else arr, mode=mode)
+                img.save(root / split / c / f"{i}.png")
+
+
+def test_image_folder(tmp_path):
+    _png_tree(tmp_path, {"train": ["cat", "dog"], "val": ["cat", "dog"]})
+    d = build_classification_data("image-folder", root=str(tmp_path), image_size=16, augment="none")
+    assert (d.num_classes, d.class_names, d.in_channels, d.image_size) == (2, ["cat", "dog"], 3, 16)
+    assert (len(d.train), len(d.val), d.random_train_transforms) == (6, 6, False)
+    x, y = d.train[4]
+    assert x.shape == (3, 16, 16) and x.dtype == torch.float32 and y == 1 and type(x) is torch.Tensor
+    assert torch.equal(x, d.train[4][0])
+    xb, yb = next(iter(DataLoader(d.val, batch_size=4)))
+    assert xb.shape == (4, 3, 16, 16) and yb.tolist() == [0, 0, 0, 1]
+    aug = build_classification_data("image-folder", root=str(tmp_path), image_size=16, augment="imagenet", limit_train=2)
+    assert aug.random_train_transforms and len(aug.train) == 2 and aug.train[0][0].shape == (3, 16, 16)
+    torch.manual_seed(5)
+    a = aug.train[0][0]
+    torch.manual_seed(5)
+    assert torch.equal(a, aug.train[0][0])
+    assert build_classification_data("image-folder", root=str(tmp_path), image_size=None, augment="none").image_size == 224
+
+
+def test_image_folder_errors(tmp_path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(FileNotFoundError, match="train/<class>") as info:
+        build_classification_data("image-folder", root=str(missing), image_size=16, augment="none")
+    assert str(missing) in str(info.value) and "val/<class>" in str(info.value)
+    _png_tree(tmp_path / "bad", {"train": ["cat", "dog"], "val": ["cat", "emu"]}, n=1)
+    with pytest.raises(ValueError) as info:
+        build_classification_data("image-folder", root=str(tmp_path / "bad"), image_size=16, augment="none")
+    msg = str(info.value)
+    assert "['cat', 'dog']" in msg and "['cat', 'emu']" in msg
+
+
+# ---------------------------------------------------------------- models
+@pytest.mark.parametrize("shape", [(1, 28, 28), (1, 8, 8), (3, 32, 32)])
+def test_small_cnn_shapes(shape):
+    model = SmallCNN(shape[0], 10).eval()
+    with torch.no_grad():
+        out = model(torch.randn(2, *shape))
+    assert out.shape == (2, 10) and torch.isfinite(out).all()
+
+
+def test_build_model_small_cnn_and_timm():
+    m = build_model("small_cnn", num_classes=5, in_channels=3, image_size=32, widths=(8, 16, 32), dropout=0.0)
+    assert isinstance(m, SmallCNN) and m(torch.randn(2, 3, 32, 32)).shape == (2, 5)
+    r = build_model("resnet18", num_classes=7, in_channels=1, image_size=32).eval()
+    with torch.no_grad():
+        assert r(torch.randn(2, 1, 32, 32)).shape == (2, 7)
+
+
+def test_build_model_errors(monkeypatch):
+    with pytest.raises(ValueError, match="resnet18"):
+        build_model("resnet_18", num_classes=7, in_channels=1, image_size=32)
+    with pytest.raises(ValueError, match="pretrained"):
+        build_model("small_cnn", num_classes=7, in_channels=1, image_size=32, pretrained=True)
+    import visiontrain.models as models
+
+    monkeypatch.setattr(models, "_cached_weights", lambda timm, name: False)
+    monkeypatch.setattr(models, "_hub_reachable", lambda *a, **k: False)
+    with pytest.raises(RuntimeError, match="resnet18.*pretrained=false"):
+        build_model("resnet18", num_classes=7, in_channels=1, image_size=32, pretrained=True)

@@ -1,0 +1,105 @@
+"""Between log points a training step reads nothing from the device on the host.
+
+Every host read of a tensor value goes through one of the Tensor methods patched here; the test
+counts them over 50 steps with log_every=50 and every optional part of the step switched on.
+Data loading (CPU tensors made on the host, not device reads) is excluded from the window.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from toy_task import ToyTask, toy_config
+from visiontrain import config as C
+from visiontrain.engine.hooks import Hook
+from visiontrain.engine.trainer import Trainer
+from visiontrain.tasks import build_task
+
+READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__",
+         "__repr__", "__format__")
+
+
+class ReadCounter:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.active, self.calls = False, []
+        for name in READS:
+            original = getattr(torch.Tensor, name)
+
+            def wrapper(t, *args, _name=name, _orig=original, **kwargs):
+                if self.active:
+                    import traceback
+
+                    self.calls.append((_name, "".join(traceback.format_stack(limit=6)[:-1])))
+                return _orig(t, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, name, wrapper)
+
+
+class Window(Hook):
+    """Counts from the first step's start to the end of step 50 (the log point comes after)."""
+
+    def __init__(self, counter: ReadCounter) -> None:
+        self.counter = counter
+
+    def before_step(self) -> None:
+        if self.trainer.step == 0:
+            self.counter.active = True
+
+    def after_step(self) -> None:
+        if self.trainer.step == 50:
+            self.counter.active = False
+
+
+def run_counted(trainer_cls, cfg, task, monkeypatch) -> ReadCounter:
+    counter = ReadCounter(monkeypatch)
+    trainer = trainer_cls(cfg, task, None, hooks=[Window(counter)])
+    fetch = trainer._next_batches
+
+    def fetch_uncounted(*args):
+        active, counter.active = counter.active, False
+        try:
+            return fetch(*args)
+        finally:
+            counter.active = active
+
+    trainer._next_batches = fetch_uncounted
+    trainer.fit()
+    assert trainer.step >= 50
+    return counter
+
+
+ALL_ON = ["trainer.log_every=50", "trainer.max_steps=60", "trainer.accum_steps=2", "trainer.clip_grad=1.0",
+          "trainer.precision=bf16", "trainer.nonfinite=skip", "ema.enabled=true", "ema.warmup=true",
+          "eval.every=0", "checkpoint.every=0", "trainer.progress=plain"]
+
+
+def test_classification_step_has_no_host_reads(monkeypatch):
+    cfg = C.load_config("classify-fashion", ALL_ON + [
+        "data.name=digits", "data.batch_size=8", "data.augment=basic", "trainer.epochs=2",
+        "task.mixup_alpha=0.2", "task.cutmix_alpha=1.0", "task.label_smoothing=0.1",
+        "schedules.weight_decay={shape: cosine, end: 0.1}", "schedules.ema_decay={shape: cosine, end: 0.999}"])
+    counter = run_counted(Trainer, cfg, build_task(cfg), monkeypatch)
+    assert counter.calls == [], counter.calls[0][1]
+
+
+def test_toy_step_fp16_has_no_host_reads(monkeypatch):
+    cfg = toy_config(task__samples=2048, trainer__log_every=50, trainer__max_steps=55, trainer__precision="fp16",
+                     trainer__clip_grad=1.0, trainer__nonfinite="skip", ema__enabled=True, eval__every=0,
+                     checkpoint__every=0, optim__name="adamw")
+    counter = run_counted(Trainer, cfg, ToyTask(cfg), monkeypatch)
+    assert counter.calls == [], counter.calls[0][1]
+
+
+def test_counter_detects_a_read(monkeypatch):
+    """The counter is not blind: a task that calls .item() in its loss is caught."""
+
+    class Leaky(ToyTask):
+        def losses(self, model, batch):
+            out = super().losses(model, batch)
+            out["mse"].item()
+            return out
+
+    cfg = toy_config(task__samples=2048, trainer__log_every=50, trainer__max_steps=50, eval__every=0,
+                     checkpoint__every=0)
+    counter = run_counted(Trainer, cfg, Leaky(cfg), monkeypatch)
+    assert len(counter.calls) == 50 and counter.calls[0][0] == "item"

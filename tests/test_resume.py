@@ -1,0 +1,96 @@
+"""Exact resume: "fit to N" and "fit to k, crash, --resume auto to N" give bit-identical weights,
+with shuffling, random augmentation, mixup, dropout and DataLoader workers on."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from toy_task import ToyTask, toy_config
+from visiontrain import config as C
+from visiontrain.engine.hooks import Hook
+from visiontrain.engine.trainer import Trainer
+from visiontrain.tasks import build_task
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashAt(Hook):
+    """Dies at the start of step `k` (after step k-1's checkpoint was written), like a kill."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def before_step(self) -> None:
+        if self.trainer.step == self.k:
+            raise Crash(self.k)
+
+
+def classification_cfg(workers: int) -> C.Config:
+    return C.load_config("classify-fashion", [
+        "data.name=digits", "data.batch_size=32", "data.augment=basic", f"data.num_workers={workers}",
+        "task.mixup_alpha=0.2", "task.cutmix_alpha=1.0", "task.mix_off_epochs=1", "task.drop_rate=0.3",
+        "task.label_smoothing=0.1", "trainer.epochs=3", "trainer.log_every=7", "trainer.channels_last=false",
+        "ema.enabled=true", "ema.decay=0.9", "checkpoint.every=5", "checkpoint.unit=steps",
+        "eval.every=1", "eval.unit=epochs", "optim.lr=0.002"])
+
+
+def state_of(trainer: Trainer) -> dict[str, torch.Tensor]:
+    out = {f"model.{k}": v for k, v in trainer.raw_model.state_dict().items()}
+    out.update({f"ema.{k}": v for k, v in trainer.ema.module.state_dict().items()} if trainer.ema else {})
+    return out
+
+
+def assert_bit_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"tensors differ after resume: {different[:5]}"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_mid_epoch_resume_is_bit_exact(tmp_path, workers):
+    cfg = classification_cfg(workers)
+    full = Trainer(cfg, build_task(cfg), tmp_path / "full")
+    full.fit()
+    # 1437 train digits / 32 = 44 steps per epoch; crash at 50 (after the checkpoint at 50, mid-epoch 1)
+    # and resume; the resumed run goes through an epoch-end evaluation and the mix switch-off.
+    crashed = Trainer(cfg, build_task(cfg), tmp_path / "crashed", hooks=[CrashAt(50)])
+    with pytest.raises(Crash):
+        crashed.fit()
+    resumed = Trainer(cfg, build_task(cfg), tmp_path / "crashed",
+                      resume=str(tmp_path / "crashed" / "checkpoints" / "last.pt"))
+    assert (resumed.step, resumed.epoch, resumed.step_in_epoch) == (50, 1, 6)
+    resumed.fit()
+    assert resumed.step == full.step == 132
+    assert_bit_identical(state_of(full), state_of(resumed))
+    # the optimizer state and best metrics match too
+    for a, b in zip(full.optimizer.state.values(), resumed.optimizer.state.values()):
+        for key in a:
+            assert torch.equal(torch.as_tensor(a[key]), torch.as_tensor(b[key]))
+    assert full.best.best == resumed.best.best
+
+
+def test_resume_at_epoch_boundary_and_with_accumulation(tmp_path):
+    cfg = toy_config(data__batch_size=16, trainer__accum_steps=2, trainer__epochs=3, task__noise=True,
+                     task__dropout=0.2, checkpoint__every=1, checkpoint__unit="epochs",
+                     optim__name="adamw", optim__lr=0.01, trainer__nonfinite="skip")
+    full = Trainer(cfg, ToyTask(cfg), tmp_path / "a")
+    full.fit()
+    crashed = Trainer(cfg, ToyTask(cfg), tmp_path / "b", hooks=[CrashAt(8)])  # 8 steps/epoch
+    with pytest.raises(Crash):
+        crashed.fit()
+    resumed = Trainer(cfg, ToyTask(cfg), tmp_path / "b", resume=str(tmp_path / "b/checkpoints/last.pt"))
+    assert (resumed.step, resumed.epoch, resumed.step_in_epoch) == (8, 1, 0)
+    resumed.fit()
+    assert_bit_identical(state_of(full), state_of(resumed))
+
+
+def test_resume_refuses_other_batch_size(tmp_path):
+    from visiontrain.engine.checkpoint import CheckpointError
+
+    cfg = toy_config(trainer__max_steps=3)
+    Trainer(cfg, ToyTask(cfg), tmp_path / "a").fit()
+    other = toy_config(trainer__max_steps=3, data__batch_size=16)
+    with pytest.raises(CheckpointError, match="data.batch_size=32.*data.batch_size=16"):
+        Trainer(other, ToyTask(other), tmp_path / "b", resume=str(tmp_path / "a/checkpoints/last.pt"))

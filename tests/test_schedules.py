@@ -1,0 +1,360 @@
+"""Schedules against hand-computed values. Each expected literal is worked out in a comment."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+
+from visiontrain.engine.schedules import (
+    Schedule,
+    ScheduleConfig,
+    StepClock,
+    build_schedule,
+    scale_lr_by_batch,
+)
+
+
+def values(sched: Schedule, steps: list[int]) -> list[float]:
+    return [sched(s) for s in steps]
+
+
+def build(total: int = 10, base: float = 1.0, spe: int = 10, **cfg: object) -> Schedule:
+    return build_schedule(ScheduleConfig(**cfg), base, StepClock(spe, total), name="lr")
+
+
+# --- shapes without warmup -------------------------------------------------------------
+
+
+def test_constant() -> None:
+    s = build(shape="constant", base=0.05)
+    assert values(s, [0, 5, 10, 99]) == [0.05, 0.05, 0.05, 0.05]
+
+
+def test_constant_with_warmup() -> None:
+    # 0.01 -> 0.05 over 4 steps: step 2 = 0.01 + 0.04 * 2/4 = 0.03
+    s = build(shape="constant", base=0.05, warmup=4, warmup_start=0.01)
+    assert values(s, [0, 2, 4, 100]) == pytest.approx([0.01, 0.03, 0.05, 0.05])
+
+
+def test_cosine() -> None:
+    # 1.0 -> 0.0 over 10 steps. step 5: t=0.5, (1+cos(pi/2))/2 = 0.5.
+    # step 2: t=0.2, cos(0.2*pi) = 0.809017, (1.809017)/2 = 0.9045085.
+    s = build(shape="cosine")
+    assert values(s, [0, 2, 5, 10]) == pytest.approx([1.0, 0.9045085, 0.5, 0.0])
+
+
+def test_cosine_end_default_and_explicit() -> None:
+    # end 0.2: step 5 = 0.2 + 0.8 * 0.5 = 0.6
+    s = build(shape="cosine", end=0.2)
+    assert values(s, [0, 5, 10]) == pytest.approx([1.0, 0.6, 0.2])
+
+
+def test_linear() -> None:
+    # 1.0 -> 0.2: step 2 = 1 - 0.8*0.2 = 0.84, step 5 = 1 - 0.8*0.5 = 0.6
+    s = build(shape="linear", end=0.2)
+    assert values(s, [0, 2, 5, 10]) == pytest.approx([1.0, 0.84, 0.6, 0.2])
+
+
+def test_poly() -> None:
+    # power 2, 1.0 -> 0.0: step 5 = 0.5**2 = 0.25, step 8 = 0.2**2 = 0.04
+    s = build(shape="poly", power=2.0)
+    assert values(s, [0, 5, 8, 10]) == pytest.approx([1.0, 0.25, 0.04, 0.0])
+    # end 0.1: step 5 = 0.1 + 0.9 * 0.25 = 0.325
+    s = build(shape="poly", power=2.0, end=0.1)
+    assert s(5) == pytest.approx(0.325)
+
+
+def test_poly_default_power() -> None:
+    # power 0.9: step 5 = 0.5**0.9 = 0.535887
+    s = build(shape="poly")
+    assert values(s, [0, 5, 10]) == pytest.approx([1.0, 0.535887, 0.0], abs=1e-6)
+
+
+def test_step() -> None:
+    # gamma 0.1 every 3 steps: floor(step/3) = 0,0,1,1,2,3 ; clamp at 10 -> floor(10/3) = 3
+    s = build(shape="step", step_size=3)
+    assert values(s, [0, 2, 3, 5, 6, 9, 20]) == pytest.approx(
+        [1.0, 1.0, 0.1, 0.1, 0.01, 0.001, 0.001]
+    )
+
+
+def test_step_counts_from_end_of_warmup() -> None:
+    # warmup 2 from 0.0: step 1 = 0.5; then floor((step-2)/3): step 4 -> 0, step 5 -> 1
+    s = build(shape="step", step_size=3, warmup=2)
+    assert values(s, [0, 1, 2, 4, 5]) == pytest.approx([0.0, 0.5, 1.0, 1.0, 0.1])
+
+
+def test_multistep() -> None:
+    # base 0.1, milestones 3 and 6: <3 -> 0.1, [3,6) -> 0.01, >=6 -> 0.001
+    s = build(shape="multistep", base=0.1, milestones=[6, 3])
+    assert values(s, [0, 2, 3, 5, 6, 10, 50]) == pytest.approx(
+        [0.1, 0.1, 0.01, 0.01, 0.001, 0.001, 0.001]
+    )
+
+
+def test_multistep_milestones_are_absolute_not_shifted_by_warmup() -> None:
+    # warmup 2 from 0: step 1 = 0.05. Milestone 3 stays at step 3 (not 5).
+    s = build(shape="multistep", base=0.1, milestones=[3, 6], warmup=2)
+    assert values(s, [0, 1, 2, 3, 4, 6]) == pytest.approx([0.0, 0.05, 0.1, 0.01, 0.01, 0.001])
+
+
+def test_multistep_milestone_inside_warmup_ramps_to_decayed_value() -> None:
+    # warmup 4, milestone 2: main value at step 4 is 0.1*0.1 = 0.01; step 2 = 0.01 * 2/4 = 0.005
+    s = build(shape="multistep", base=0.1, milestones=[2], warmup=4)
+    assert values(s, [2, 4, 5]) == pytest.approx([0.005, 0.01, 0.01])
+
+
+# --- warmup ----------------------------------------------------------------------------
+
+
+def test_warmup_steps_then_cosine_over_remaining() -> None:
+    # 2-step warmup 0.1 -> 1.0: step 1 = 0.1 + 0.9/2 = 0.55.
+    # cosine over [2, 10]: step 6 -> t = 4/8 = 0.5 -> 0.5 ; step 10 -> 0.0
+    s = build(shape="cosine", warmup=2, warmup_start=0.1)
+    assert values(s, [0, 1, 2, 6, 10]) == pytest.approx([0.1, 0.55, 1.0, 0.5, 0.0])
+
+
+def test_warmup_equal_to_total_is_allowed() -> None:
+    # warmup 10 of 10: step 5 = 0.5 (ramp); at the end, clamp to the main end value 0.0
+    s = build(shape="cosine", warmup=10)
+    assert values(s, [0, 5, 10]) == pytest.approx([0.0, 0.5, 0.0])
+
+
+def test_warmup_in_epochs() -> None:
+    # 5 steps/epoch, 50 steps. warmup 2 epochs = 10 steps: step 5 = 0.5.
+    # cosine over [10, 50]: step 30 -> t = 20/40 = 0.5 -> 0.5
+    cfg = ScheduleConfig(shape="cosine", warmup=2, unit="epochs")
+    s = build_schedule(cfg, 1.0, StepClock(5, 50))
+    assert s.warmup_steps == 10
+    assert values(s, [0, 5, 10, 30, 50]) == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0])
+
+
+def test_fractional_warmup_in_epochs() -> None:
+    # 0.5 epochs of 5 steps = 2.5 steps: step 1 = 1/2.5 = 0.4
+    cfg = ScheduleConfig(shape="constant", warmup=0.5, unit="epochs")
+    s = build_schedule(cfg, 1.0, StepClock(5, 50))
+    assert values(s, [0, 1, 2, 3]) == pytest.approx([0.0, 0.4, 0.8, 1.0])
+
+
+# --- StepClock and epoch units -----------------------------------------------------------
+
+
+def changing_clock() -> StepClock:
+    # 10 steps/epoch for epochs 0,1; 5 steps/epoch from epoch 2 on.
+    # epoch starts: 0->0, 1->10, 2->20, 3->25, 4->30, 5->35, 6->40 (= total)
+    return StepClock(10, 40, change_epoch=2, steps_per_epoch_after=5)
+
+
+def test_step_clock_mapping() -> None:
+    c = changing_clock()
+    assert [c.epoch_start(e) for e in range(7)] == [0, 10, 20, 25, 30, 35, 40]
+    assert c.epoch_start(1.5) == 15  # 10 + 0.5*10
+    assert c.epoch_start(2.5) == 22.5  # 20 + 0.5*5
+    assert (c.steps_in_epoch(1), c.steps_in_epoch(2)) == (10, 5)
+    assert (c.to_steps(3, "epochs"), c.to_steps(7, "steps")) == (25, 7)
+    assert (c.steps_per_epoch, c.total_steps) == (10, 40)
+    plain = StepClock(4, 100)
+    assert plain.epoch_start(3) == 12 and plain.steps_in_epoch(50) == 4
+
+
+def test_multistep_epoch_milestones_across_steps_per_epoch_change() -> None:
+    # milestones epochs 1, 3, 5 -> steps 10, 25, 35 ; gamma 0.5
+    cfg = ScheduleConfig(shape="multistep", milestones=[1, 3, 5], gamma=0.5, unit="epochs")
+    s = build_schedule(cfg, 1.0, changing_clock())
+    assert s.milestones == (10, 25, 35)
+    assert values(s, [9, 10, 24, 25, 34, 35, 40, 99]) == pytest.approx(
+        [1.0, 0.5, 0.5, 0.25, 0.25, 0.125, 0.125, 0.125]
+    )
+
+
+def test_multistep_fractional_epoch_milestone() -> None:
+    # epoch 2.5 = 22.5 steps: step 22 undecayed, step 23 decayed
+    cfg = ScheduleConfig(shape="multistep", milestones=[2.5], unit="epochs")
+    s = build_schedule(cfg, 1.0, changing_clock())
+    assert values(s, [22, 23]) == pytest.approx([1.0, 0.1])
+
+
+def test_step_shape_in_epochs() -> None:
+    # 5 steps/epoch, step_size 3 epochs = 15 steps: decays at 15, 30, 45
+    cfg = ScheduleConfig(shape="step", step_size=3, unit="epochs")
+    s = build_schedule(cfg, 1.0, StepClock(5, 50))
+    assert values(s, [14, 15, 29, 30, 45, 50]) == pytest.approx(
+        [1.0, 0.1, 0.1, 0.01, 0.001, 0.001]
+    )
+
+
+def test_step_shape_in_epochs_across_steps_per_epoch_change() -> None:
+    # every 2 epochs: epoch 2 = step 20, epoch 4 = step 30, epoch 6 = step 40
+    cfg = ScheduleConfig(shape="step", step_size=2, unit="epochs")
+    s = build_schedule(cfg, 1.0, changing_clock())
+    assert values(s, [19, 20, 29, 30, 39, 40]) == pytest.approx(
+        [1.0, 0.1, 0.1, 0.01, 0.01, 0.001]
+    )
+
+
+def test_step_shape_in_epochs_first_decay_after_the_run() -> None:
+    # 5 steps/epoch in epoch 0, then 10: epoch starts 0, 5, 15. warmup 1 epoch = 5 steps,
+    # step_size 1 epoch -> first decay at epoch 2 = step 15, beyond the 12-step run: no decay
+    clock = StepClock(5, 12, change_epoch=1, steps_per_epoch_after=10)
+    cfg = ScheduleConfig(shape="step", step_size=1, warmup=1, unit="epochs")
+    s = build_schedule(cfg, 1.0, clock)
+    assert values(s, [5, 10, 11, 12, 30]) == pytest.approx([1.0] * 5)
+
+
+# --- clamping, increasing schedules, base override ---------------------------------------
+
+
+def test_clamp_beyond_total() -> None:
+    for shape, end in [("cosine", 0.0), ("linear", 0.0), ("poly", 0.0), ("constant", 1.0)]:
+        s = build(shape=shape)
+        assert values(s, [10, 11, 1000]) == pytest.approx([end] * 3), shape
+
+
+def test_increasing_cosine_weight_decay() -> None:
+    # 0.04 -> 0.4 over 10 steps: step 5 = 0.4 + (0.04-0.4)*0.5 = 0.22
+    s = build(shape="cosine", base=0.04, end=0.4)
+    assert values(s, [0, 5, 10, 20]) == pytest.approx([0.04, 0.22, 0.4, 0.4])
+
+
+def test_increasing_cosine_ema() -> None:
+    # 0.996 -> 1.0 over 4 steps: step 2 = 0.998
+    s = build(shape="cosine", total=4, base=0.996, end=1.0)
+    assert values(s, [0, 2, 4]) == pytest.approx([0.996, 0.998, 1.0])
+
+
+def test_cfg_base_overrides_engine_base() -> None:
+    s = build_schedule(ScheduleConfig(shape="linear", base=0.5), 1.0, StepClock(10, 10))
+    # 0.5 -> 0.0: step 5 = 0.25
+    assert values(s, [0, 5]) == pytest.approx([0.5, 0.25])
+
+
+# --- purity --------------------------------------------------------------------------------
+
+
+def test_pure_out_of_order_and_rebuild() -> None:
+    cfg = ScheduleConfig(shape="cosine", warmup=7, warmup_start=0.01, end=1e-4)
+    s = build_schedule(cfg, 0.1, StepClock(10, 100))
+    steps = list(range(0, 120))
+    in_order = values(s, steps)
+    shuffled = steps[:]
+    random.Random(0).shuffle(shuffled)
+    by_step = dict(zip(shuffled, values(s, shuffled)))
+    assert [by_step[k] for k in steps] == in_order
+    assert values(s, steps[::-1])[::-1] == in_order
+    # a resumed run builds a fresh schedule: identical object and identical values
+    again = build_schedule(cfg, 0.1, StepClock(10, 100))
+    assert again == s and values(again, steps) == in_order
+
+
+def test_schedule_is_frozen() -> None:
+    s = build(shape="cosine")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.base = 2.0  # type: ignore[misc]
+    assert isinstance(s.milestones, tuple)
+
+
+# --- scale_lr_by_batch ---------------------------------------------------------------------
+
+
+def test_scale_lr_by_batch() -> None:
+    assert scale_lr_by_batch(0.1, 1024, 256) == pytest.approx(0.4)  # 0.1 * 4
+    assert scale_lr_by_batch(0.1, 128, 256) == pytest.approx(0.05)  # 0.1 / 2
+    assert scale_lr_by_batch(0.1, 1024, None) == 0.1
+    with pytest.raises(ValueError, match="base_batch must be > 0"):
+        scale_lr_by_batch(0.1, 1024, 0)
+    with pytest.raises(ValueError, match="global_batch must be > 0"):
+        scale_lr_by_batch(0.1, 0, 256)
+
+
+# --- validation ------------------------------------------------------------------------------
+
+
+def test_unknown_shape_message() -> None:
+    with pytest.raises(ValueError) as e:
+        build(shape="cosin")
+    assert str(e.value) == (
+        "schedule 'lr': unknown shape 'cosin'; "
+        "expected one of constant, cosine, linear, step, multistep, poly"
+    )
+
+
+def test_unknown_unit_message() -> None:
+    msg = r"schedule 'lr': unknown unit 'iters'; expected one of steps, epochs"
+    with pytest.raises(ValueError, match=msg):
+        build(shape="cosine", unit="iters")
+
+
+def test_warmup_longer_than_total_message() -> None:
+    msg = r"schedule 'lr': warmup \(25 steps\) is longer than the run \(20 steps\)"
+    with pytest.raises(ValueError, match=msg):
+        build(shape="cosine", total=20, warmup=25)
+    cfg = ScheduleConfig(shape="cosine", warmup=5, unit="epochs")
+    # 5 epochs of 5 steps = 25 steps > 20
+    msg = r"warmup \(5 epochs = 25 steps\) is longer than the run \(20 steps\)"
+    with pytest.raises(ValueError, match=msg):
+        build_schedule(cfg, 1.0, StepClock(5, 20), name="lr")
+
+
+def test_multistep_without_milestones_message() -> None:
+    msg = r"schedule 'lr': shape 'multistep' needs non-empty milestones"
+    with pytest.raises(ValueError, match=msg):
+        build(shape="multistep")
+
+
+def test_step_without_step_size_message() -> None:
+    msg = r"schedule 'lr': shape 'step' needs step_size > 0, got 0.0"
+    with pytest.raises(ValueError, match=msg):
+        build(shape="step")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"warmup": -1.0}, "schedule 'lr': warmup must be >= 0.0, got -1.0"),
+        ({"step_size": -2.0, "shape": "step"}, "schedule 'lr': step_size must be >= 0.0, got -2.0"),
+        (
+            {"milestones": [3, -1], "shape": "multistep"},
+            "schedule 'lr': milestones must be >= 0.0, got -1",
+        ),
+        ({"gamma": -0.1}, "schedule 'lr': gamma must be >= 0.0, got -0.1"),
+        ({"power": -1.0, "shape": "poly"}, "schedule 'lr': power must be >= 0.0, got -1.0"),
+        ({"end": math.nan, "shape": "cosine"}, "schedule 'lr': end must be finite, got nan"),
+        ({"base": math.inf}, "schedule 'lr': base must be finite, got inf"),
+    ],
+)
+def test_invalid_field_messages(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError) as e:
+        build(**fields)
+    assert str(e.value) == message
+
+
+def test_default_name_in_messages() -> None:
+    with pytest.raises(ValueError, match=r"^schedule 'value': unknown shape 'x'"):
+        build_schedule(ScheduleConfig(shape="x"), 1.0, StepClock(1, 1))
+
+
+def test_negative_step_rejected() -> None:
+    with pytest.raises(ValueError, match=r"schedule 'lr': step must be >= 0, got -1"):
+        build(shape="cosine")(-1)
+
+
+def test_step_clock_validation() -> None:
+    with pytest.raises(ValueError, match="steps_per_epoch must be > 0, got 0"):
+        StepClock(0, 10)
+    with pytest.raises(ValueError, match="total_steps must be >= 0, got -1"):
+        StepClock(10, -1)
+    with pytest.raises(ValueError, match="given together, got 2 and None"):
+        StepClock(10, 100, change_epoch=2)
+    with pytest.raises(ValueError, match="given together, got 2 and 0"):
+        StepClock(10, 100, change_epoch=2, steps_per_epoch_after=0)
+    with pytest.raises(ValueError, match="given together, got -1 and 5"):
+        StepClock(10, 100, change_epoch=-1, steps_per_epoch_after=5)
+    with pytest.raises(ValueError, match="given together, got None and 5"):
+        StepClock(10, 100, steps_per_epoch_after=5)
+    with pytest.raises(ValueError, match="epoch must be finite and >= 0"):
+        StepClock(10, 100).epoch_start(-1)
+    with pytest.raises(ValueError, match="unknown unit 'iters'"):
+        StepClock(10, 100).to_steps(3, "iters")

@@ -1,0 +1,106 @@
+"""A tiny task for engine tests: an MLP (no batch norm) regressing random data.
+
+It exercises the engine exactly like a real task does, and can poison a chosen step's loss with
+NaN (``poison_step``) to test the non-finite policy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from visiontrain import config as C
+from visiontrain.config import TaskConfig, doc
+from visiontrain.engine.trainer import Trainer
+from visiontrain.tasks import TASKS
+from visiontrain.tasks.base import Task, TaskData
+
+
+@dataclass
+class ToyConfig(TaskConfig):
+    name: str = doc("task name", "toy")
+    samples: int = doc("dataset size", 256)
+    dim: int = doc("input dimension", 16)
+    hidden: int = doc("hidden width", 32)
+    noise: bool = doc("add random noise to each sample (a random transform)", False)
+    dropout: float = doc("dropout in the MLP", 0.0)
+    poison_step: int = doc("step index whose loss becomes NaN (-1 = never)", -1)
+
+
+C.register_task_config("toy", ToyConfig)
+
+
+class ToyData(Dataset):
+    def __init__(self, n: int, dim: int, noise: bool, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, dim, generator=g)
+        self.y = self.x @ torch.randn(dim, 1, generator=g) + 0.1
+        self.noise = noise
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> Any:
+        x = self.x[i]
+        if self.noise:
+            x = x + 0.01 * torch.randn_like(x)
+        return x, self.y[i], torch.tensor(i)
+
+
+class ToyTask(Task):
+    name = "toy"
+    default_loss_weights = {"mse": 1.0, "l1": 0.5}
+    metric, mode = "mse", "min"
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        self.calls = 0
+
+    def build_data(self) -> TaskData:
+        t = self.cfg.task
+        return TaskData(ToyData(t.samples, t.dim, t.noise, 1), ToyData(64, t.dim, False, 2), {"dim": t.dim},
+                        random_transforms=t.noise)
+
+    def build_model(self, info: dict[str, Any]) -> nn.Module:
+        t = self.cfg.task
+        return nn.Sequential(nn.Linear(info["dim"], t.hidden), nn.ReLU(), nn.Dropout(t.dropout),
+                             nn.Linear(t.hidden, 1))
+
+    def losses(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        x, y, _ = batch
+        out = model(x).float()
+        mse = F.mse_loss(out, y)
+        if self.calls == self.cfg.task.poison_step:
+            mse = mse * float("nan")
+        self.calls += 1
+        return {"mse": mse, "l1": F.l1_loss(out, y), "mean_out": out.detach().mean()}
+
+    def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
+        total, n = torch.zeros((), device=device), 0
+        for x, y, _ in loader:
+            total += F.mse_loss(model(x.to(device)).float(), y.to(device), reduction="sum")
+            n += len(x)
+        return {"mse": total.item() / n}  # host sync (end of evaluation)
+
+
+TASKS["toy"] = ToyTask
+
+
+def toy_config(**overrides: Any) -> C.Config:
+    tree: dict = {"task": {"name": "toy"}, "data": {"batch_size": 32},
+                  "optim": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+                  "trainer": {"epochs": 2, "log_every": 4, "progress": "plain"},
+                  "eval": {"every": 1}, "checkpoint": {"every": 1}}
+    for key, value in overrides.items():
+        C._set_dotted(tree, key.replace("__", "."), value)
+    return C.config_from_dict(tree)
+
+
+def train(cfg: C.Config, run_dir: Any = None, **kwargs: Any) -> Trainer:
+    trainer = Trainer(cfg, ToyTask(cfg), run_dir, **kwargs)
+    trainer.fit()
+    return trainer
