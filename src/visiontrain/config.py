@@ -198,6 +198,11 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         return {str(k): _convert(v, args[1], f"{key}.{k}") for k, v in value.items()}
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):
+        try:  # YAML 1.1 reads 3e-4 (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
     if tp is bool and not isinstance(value, bool):
         raise ConfigError(f"{key}: expected bool (true/false), got {value!r}")
     if tp in (int, float) and isinstance(value, bool):
@@ -301,6 +306,8 @@ def load_config(recipe: str, overrides: list[str] | None = None) -> Config:
         tree = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(tree).__name__}")
     for key, value in parse_overrides(overrides or []):
         _set_dotted(tree, key, value)
     return config_from_dict(tree, source=str(path))
@@ -325,6 +332,10 @@ def describe_keys(cfg: Config) -> list[tuple[str, str, str]]:
             value = getattr(obj, f.name)
             if dataclasses.is_dataclass(value):
                 walk(value, f"{prefix}{f.name}.")
+            elif isinstance(value, dict):
+                for k, v in value.items():
+                    if dataclasses.is_dataclass(v):
+                        walk(v, f"{prefix}{f.name}.{k}.")
 
     walk(cfg, "")
     return rows

@@ -106,13 +106,20 @@ class BestTracker:
             return False
         return old is None or (value > old if self.mode == "max" else value < old)
 
+    def wants(self, which: str, value: float) -> bool:
+        """Would ``update`` write anything for this value? (Lets the caller skip building a state.)"""
+        if self.better(value, self.best.get(which)):
+            return True
+        return which == "model" and self.keep > 0 and value == value and (
+            len(self.kept) < self.keep or self.better(value, self.kept[-1][0]))
+
     def update(self, which: str, value: float, state: dict[str, Any], step: int) -> bool:
-        """Write best.pt (or best_ema.pt) when ``value`` beats the record; returns True if it did."""
-        if not self.better(value, self.best.get(which)):
-            return False
-        self.best[which] = value
-        atomic_save(state, self.dir / ("best.pt" if which == "model" else "best_ema.pt"))
-        if self.keep and which == "model":
+        """Write best.pt (best_ema.pt) on a new record and keep best-stepS.pt for the k best."""
+        record = self.better(value, self.best.get(which))
+        if record:
+            self.best[which] = value
+            atomic_save(state, self.dir / ("best.pt" if which == "model" else "best_ema.pt"))
+        if which == "model" and self.keep and self.wants("model", value):
             name = f"best-step{step}.pt"
             atomic_save(state, self.dir / name)
             self.kept.append((value, name))
@@ -120,7 +127,7 @@ class BestTracker:
             for _, stale in self.kept[self.keep:]:
                 (self.dir / stale).unlink(missing_ok=True)
             self.kept = self.kept[: self.keep]
-        return True
+        return record
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": dict(self.best), "kept": [[v, n] for v, n in self.kept]}

@@ -1,8 +1,10 @@
-"""Device-side accumulators: values stay on the accelerator until a log point reads them all at once.
+"""Per-step scalars recorded on the device, read by the host once per log point.
 
-``add`` is a handful of in-place adds with no host read. ``read`` stacks every sum into one tensor
-and moves it to the host with a single ``.tolist()``: one sync per log point, not one per value.
-How many times each name was added is host-side bookkeeping (known without reading the device).
+Each step's named scalars (loss terms, total, grad norm) are stacked straight into row ``i`` of a
+``[log_every, n]`` device buffer: one kernel, no host read. At a log point (or before a checkpoint
+or an evaluation) the filled rows move to the host with a single ``.tolist()``. Keeping every step's
+row, not just a running sum, is what lets the non-finite policy name the exact step and every term
+of it without any per-step bookkeeping on the device.
 """
 from __future__ import annotations
 
@@ -11,42 +13,35 @@ from typing import Callable
 import torch
 
 
-class DeviceMeter:
-    def __init__(self) -> None:
-        self.sums: dict[str, torch.Tensor] = {}
-        self.counts: dict[str, int] = {}
+class StepRecorder:
+    def __init__(self, capacity: int, device: torch.device) -> None:
+        self.capacity, self.device = capacity, device
+        self.names: list[str] | None = None
+        self.n = 0
 
-    def add(self, values: dict[str, torch.Tensor]) -> None:
-        for name, value in values.items():
-            total = self.sums.get(name)
-            if total is None:
-                self.sums[name] = value.detach().float().clone()
-                self.counts[name] = 1
-            else:
-                total.add_(value.detach())
-                self.counts[name] += 1
+    def _allocate(self, names: list[str]) -> None:
+        self.names = names
+        self.buf = torch.zeros(self.capacity, len(names), dtype=torch.float32, device=self.device)
+        self.rows = self.buf.unbind(0)  # views, bound once: writing a row is one stack kernel
 
-    def __bool__(self) -> bool:
-        return bool(self.counts)
+    def record(self, values: dict[str, torch.Tensor]) -> None:
+        if self.names is None:
+            self._allocate(list(values))
+        elif len(values) != len(self.names) or any(a != b for a, b in zip(values, self.names)):
+            raise ValueError(f"the step's scalars changed from {self.names} to {list(values)}: a task's "
+                             f"losses() must return the same terms every step")
+        if self.n >= self.capacity:
+            raise RuntimeError(f"more than {self.capacity} steps recorded without a read")
+        torch.stack(list(values.values()), out=self.rows[self.n])
+        self.n += 1
 
-    def read(self, reset: bool = True,
-             reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
-        """Means since the last reset. The one host sync of a log point."""
-        if not self.sums:
-            return {}
-        names = list(self.sums)
-        stacked = torch.stack([self.sums[n].reshape(()).float() for n in names])
+    def read(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[dict[str, float]]:
+        """The rows recorded since the last read, as host dicts (one host sync), then empties."""
+        if not self.n or self.names is None:
+            return []
+        filled = self.buf[: self.n]
         if reduce is not None:
-            stacked = reduce(stacked)  # mean over ranks: one collective per log point
-        host = stacked.tolist()  # host sync (log point)
-        out = {n: v / self.counts[n] for n, v in zip(names, host)}
-        if reset:
-            self.sums, self.counts = {}, {}
-        return out
-
-    def state_dict(self) -> dict:
-        return {"sums": dict(self.sums), "counts": dict(self.counts)}
-
-    def load_state_dict(self, state: dict, device: torch.device) -> None:
-        self.sums = {k: v.to(device) for k, v in state["sums"].items()}
-        self.counts = {k: int(v) for k, v in state["counts"].items()}
+            filled = reduce(filled)  # mean over ranks: one collective per read
+        host = filled.tolist()  # host sync (log point / checkpoint / evaluation)
+        self.n = 0
+        return [dict(zip(self.names, row)) for row in host]

@@ -47,16 +47,17 @@ class ScheduleConfig:
     unit: steps}``. Fields a shape does not use are ignored.
     """
 
-    shape: str = "constant"
-    end: float | None = None
-    milestones: list[float] = field(default_factory=list)
-    step_size: float = 0.0
-    gamma: float = 0.1
-    power: float = 0.9
-    warmup: float = 0.0
-    warmup_start: float | None = None
-    unit: str = "steps"
-    base: float | None = None
+    shape: str = field(default="constant", metadata={"doc": "constant | cosine | linear | step | multistep | poly"})
+    end: float | None = field(default=None, metadata={"doc": "final value of cosine/linear/poly (default 0)"})
+    milestones: list[float] = field(default_factory=list, metadata={"doc": "multistep: where value *= gamma, in `unit`"})
+    step_size: float = field(default=0.0, metadata={"doc": "step: value *= gamma every step_size units"})
+    gamma: float = field(default=0.1, metadata={"doc": "decay factor of step / multistep"})
+    power: float = field(default=0.9, metadata={"doc": "exponent of poly"})
+    warmup: float = field(default=0.0, metadata={"doc": "linear warmup length in `unit` (0 = none)"})
+    warmup_start: float | None = field(default=None, metadata={"doc": "value at step 0 of the warmup (default 0)"})
+    unit: str = field(default="steps", metadata={"doc": "steps | epochs: unit of warmup, milestones, step_size"})
+    base: float | None = field(default=None, metadata={"doc": "start value of the main schedule (default: the "
+                                                              "configured value, e.g. optim.lr)"})
 
 
 class StepClock:

@@ -4,10 +4,11 @@
     unscale -> clip -> after_backward hooks -> optimizer step (masked) -> scaler update -> EMA
 
 Nothing here reads a device value on the host. Whether a step is applied is decided on the device:
-``bad`` (loss or gradients non-finite) is handed to the fused optimizer as ``found_inf`` — the
-mechanism GradScaler uses — so the kernel leaves weights and state untouched for that step. With a
-non-fused optimizer the update is undone with ``torch.where`` on the device instead. The policy
-(``raise`` / ``skip``) is acted on by the trainer at the next log point, checkpoint or evaluation:
+``found_inf`` (1.0 when the loss, or the gradient norm where one is computed, is NaN/Inf) is handed
+to the fused optimizer — the mechanism GradScaler uses — so the kernel leaves weights and optimizer
+state untouched for that step. With a non-fused optimizer the update is undone with ``torch.where``
+on the device instead. Each step's scalars go to a ``StepRecorder`` row; the trainer reads the rows
+at the next log point, checkpoint or evaluation and applies the policy (``raise`` / ``skip``) then:
 at most ``trainer.log_every`` steps after the bad one, and always before anything is written.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from visiontrain.engine.metrics import DeviceMeter
+from visiontrain.engine.metrics import StepRecorder
 from visiontrain.engine.param_groups import is_fused
 from visiontrain.engine.precision import autocast
 
@@ -42,27 +43,23 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class TrainStep:
-    """One optimizer step over ``accum`` micro-batches. Holds the device-side counters the
-    non-finite policy needs; see the module docstring."""
+    """One optimizer step over ``len(batches)`` micro-batches (gradient accumulation)."""
 
     def __init__(self, model: nn.Module, losses_fn: Callable[[nn.Module, Any], dict[str, torch.Tensor]],
                  optimizer: torch.optim.Optimizer, *, device: torch.device, precision: str,
                  scaler: torch.amp.GradScaler | None, clip_grad: float | None, clip_mode: str,
-                 channels_last: bool, after_backward: Callable[[], None], meter: DeviceMeter) -> None:
+                 channels_last: bool, after_backward: Callable[[], None], recorder: StepRecorder) -> None:
         self.model, self.losses_fn, self.optimizer = model, losses_fn, optimizer
         self.device, self.precision, self.scaler = device, precision, scaler
         self.clip_grad, self.clip_mode, self.channels_last = clip_grad, clip_mode, channels_last
-        self.after_backward, self.meter = after_backward, meter
+        self.after_backward, self.recorder = after_backward, recorder
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.fused = is_fused(optimizer)
-        # Non-finite bookkeeping, all on the device: [bad steps, fp16 overflow skips, first bad step].
-        self.counters = torch.zeros(3, dtype=torch.float64, device=device)
-        self.counters[2] = -1
-        self.first_bad_losses: torch.Tensor | None = None
-        self.loss_names: list[str] = []
+        self.found_inf = torch.zeros((), device=device)
+        self._one = torch.ones((), device=device)
         self._no_sync = getattr(model, "no_sync", None)  # DDP: skip all-reduce on non-final micro-steps
 
-    def __call__(self, batches: list[Any], weights: dict[str, float], step: int) -> None:
+    def __call__(self, batches: list[Any], weights: dict[str, float]) -> None:
         n = len(batches)
         logged: dict[str, torch.Tensor] = {}
         for i, batch in enumerate(batches):
@@ -77,28 +74,27 @@ class TrainStep:
                                      f"weights {weights} (set task.loss_weights)")
                 scaled = total / n if n > 1 else total
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-            for k, l in losses.items():
-                logged[k] = l.detach() if i == 0 else logged[k] + l.detach()
-                if k in weights and weights[k] != 1.0:
-                    wk = f"{k}_w"
-                    logged[wk] = l.detach() * weights[k] + (logged[wk] if i else 0)
-            logged["total"] = total.detach() if i == 0 else logged["total"] + total.detach()
+            terms = {k: l.detach() for k, l in losses.items()}
+            terms.update({f"{k}_w": terms[k] * weights[k] for k in losses if weights.get(k, 1.0) != 1.0})
+            terms["total"] = total.detach()
+            logged = terms if i == 0 else {k: logged[k] + v for k, v in terms.items()}
         if n > 1:
             logged = {k: v / n for k, v in logged.items()}
 
         grad_norm = self._unscale_and_clip()
         self.after_backward()
-        bad_loss = ~torch.isfinite(logged["total"])
-        bad = bad_loss if grad_norm is None else bad_loss | ~torch.isfinite(grad_norm)
-        self._masked_step(bad)
+        # found_inf = 1.0 if the loss (or grad norm) is NaN/Inf: one device kernel, no host read.
+        # (GradScaler's own check; "unscaling" by exactly 1.0 leaves the values as they are.)
+        checked = [logged["total"]] if grad_norm is None else [logged["total"], grad_norm]
+        self.found_inf.zero_()
+        torch._amp_foreach_non_finite_check_and_unscale_(checked, self.found_inf, self._one)
+        self._masked_step()
         if self.scaler is not None:
             self.scaler.update()  # device-side scale update from the found_inf that unscale_ recorded
         self.optimizer.zero_grad(set_to_none=True)
-
-        self._track_nonfinite(bad, bad_loss, logged, step)
         if grad_norm is not None:
             logged["grad_norm"] = grad_norm
-        self.meter.add(logged)
+        self.recorder.record({k: v if v.dtype == torch.float32 else v.float() for k, v in logged.items()})
 
     def _unscale_and_clip(self) -> torch.Tensor | None:
         """Unscale (fp16), clip, and return the pre-clip global grad norm (None if not needed)."""
@@ -120,12 +116,13 @@ class TrainStep:
                 torch._foreach_mul_(grads, coefs)
         return total
 
-    def _masked_step(self, bad: torch.Tensor) -> None:
+    def _masked_step(self) -> None:
         if self.fused:
-            self.optimizer.found_inf = bad.to(torch.float32)  # fused kernels skip the update on device
+            self.optimizer.found_inf = self.found_inf  # fused kernels skip the update on the device
             self.optimizer.step()
             return
-        # Non-fused optimizers ignore found_inf: keep a copy and restore it where `bad` is set.
+        # Non-fused optimizers ignore found_inf: keep a copy and restore it where the step is bad.
+        bad = self.found_inf.bool()
         old_p = [p.detach().clone() for p in self.params]
         old_s = {id(p): {k: v.clone() for k, v in self.optimizer.state[p].items() if torch.is_tensor(v)}
                  for p in self.params if self.optimizer.state.get(p)}
@@ -140,37 +137,7 @@ class TrainStep:
                     st.copy_(torch.where(bad, old, st))
         if fresh:
             # State created by this very step cannot be "unmade" on the device; reading the flag
-            # once here costs one host sync on the optimizer's first step only.
+            # here costs one host sync, on the first step of a non-fused optimizer only.
             if bool(bad):  # host sync (first step of a non-fused optimizer only)
                 for p in fresh:
                     self.optimizer.state.pop(p, None)
-
-    def _track_nonfinite(self, bad: torch.Tensor, bad_loss: torch.Tensor,
-                         logged: dict[str, torch.Tensor], step: int) -> None:
-        if self.first_bad_losses is None:
-            self.loss_names = [k for k in logged]
-            self.first_bad_losses = torch.zeros(len(self.loss_names), device=self.device)
-        overflow = bad & ~bad_loss if self.scaler is not None else torch.zeros_like(bad)
-        real_bad = bad & ~overflow
-        first = real_bad & (self.counters[2] < 0)
-        self.counters += torch.stack([real_bad, overflow, first]).to(self.counters.dtype) * \
-            torch.tensor([1.0, 1.0, step + 1.0], dtype=self.counters.dtype, device=self.device)
-        vals = torch.stack([logged[k].float().reshape(()) for k in self.loss_names])
-        torch.where(first, vals, self.first_bad_losses, out=self.first_bad_losses)
-
-    def read_nonfinite(self) -> tuple[int, int, int | None, dict[str, float]]:
-        """(bad steps, fp16 overflow skips, first bad step or None, its loss terms). Host sync."""
-        host = torch.cat([self.counters, self.first_bad_losses.double()
-                          if self.first_bad_losses is not None else self.counters[:0]]).tolist()  # host sync
-        first = int(host[2])
-        return int(host[0]), int(host[1]), (first if first >= 0 else None), dict(zip(self.loss_names, host[3:]))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"counters": self.counters.clone(), "loss_names": list(self.loss_names),
-                "first_bad_losses": self.first_bad_losses}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.counters.copy_(state["counters"])
-        self.loss_names = list(state["loss_names"])
-        fbl = state["first_bad_losses"]
-        self.first_bad_losses = fbl.to(self.device) if fbl is not None else None

@@ -20,7 +20,9 @@ from visiontrain.engine.distributed import DistInfo, all_reduce_mean, init_distr
 from visiontrain.engine.ema import ModelEma, unwrap
 from visiontrain.engine.hooks import Hook, HookList
 from visiontrain.engine.logging import RunLogger
-from visiontrain.engine.metrics import DeviceMeter
+import math
+
+from visiontrain.engine.metrics import StepRecorder
 from visiontrain.engine.param_groups import build_optimizer, build_param_groups, check_coverage, freeze_parameters
 from visiontrain.engine.precision import make_scaler
 from visiontrain.engine.schedules import scale_lr_by_batch
@@ -89,13 +91,15 @@ class Trainer:
             cfg.schedules, {"lr": self.base_lr, "weight_decay": o.weight_decay, "momentum": o.momentum,
                             "ema_decay": cfg.ema.decay, "bn_momentum": 0.1},
             self.clock, self.optimizer, model, task)
-        self.meter = DeviceMeter()
+        self.recorder = StepRecorder(t.log_every, self.device)
+        self.pending: list[dict[str, float]] = []  # rows read from the device, not yet logged
+        self.skipped = self.overflow_skipped = 0
         self.epoch_stats: dict[str, tuple[float, int]] = {}  # host-side sums of read window means
         self.hooks = HookList([*task.hooks(), *hooks], self)
         self.step_fn = TrainStep(self.model, task.losses, self.optimizer, device=self.device,
                                  precision=t.precision, scaler=self.scaler, clip_grad=t.clip_grad,
                                  clip_mode=t.clip_mode, channels_last=t.channels_last,
-                                 after_backward=lambda: self.hooks("after_backward"), meter=self.meter)
+                                 after_backward=lambda: self.hooks("after_backward"), recorder=self.recorder)
         metric = cfg.eval.metric or task.metric
         self.metric, self.mode = metric, cfg.eval.mode or task.mode
         self.best = BestTracker(self.ckpt_dir, self.mode, cfg.checkpoint.keep_best) if writes else None
@@ -117,7 +121,8 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         t, total = self.cfg.trainer, self.clock.total_steps
         self.hooks("before_train")
-        start, start_step, t_data, t_window = time.perf_counter(), self.step, 0.0, time.perf_counter()
+        self._t_start = self._t_window = time.perf_counter()
+        self._start_step, self._t_data = self.step, 0.0
         while self.epoch < t.epochs and self.step < total:
             self.model.train()
             accum = t.accum_steps if self.epoch >= t.accum_after_epoch else 1
@@ -132,17 +137,15 @@ class Trainer:
                 self.hooks("before_step")
                 t0 = time.perf_counter()
                 micro = self._next_batches(batches, accum)
-                t_data += time.perf_counter() - t0
-                self.step_fn(micro, self.loss_weights, self.step)
+                self._t_data += time.perf_counter() - t0
+                self.step_fn(micro, self.loss_weights)
                 if self.ema is not None:
                     self.ema.update(self.model, self.step)
                 self.step += 1
                 self.step_in_epoch += 1
                 self.hooks("after_step")
                 if self.step % t.log_every == 0 or self.step == total:
-                    now = time.perf_counter()
-                    self._log_point(now - t_window, t_data, now - start, self.step - start_step)
-                    t_window, t_data = time.perf_counter(), 0.0
+                    self._log_point()
                 if self._due(self.cfg.eval, "steps"):
                     self.evaluate()
                 if self._due(self.cfg.checkpoint, "steps"):
@@ -151,7 +154,7 @@ class Trainer:
                 self._end_epoch()
             else:
                 break  # max_steps reached mid-epoch
-        return self._finish(time.perf_counter() - start)
+        return self._finish(time.perf_counter() - self._t_start)
 
     def _next_batches(self, batches: Any, accum: int) -> list[Any]:
         """The micro-batches of one step (host-side loading: CPU tensors, no device reads)."""
@@ -163,6 +166,8 @@ class Trainer:
 
     def _end_epoch(self) -> None:
         self.hooks("after_epoch")
+        if self.recorder.n or self.pending:  # the epoch's last steps since the last log point
+            self._log_point()
         summary = {k: total / max(n, 1) for k, (total, n) in self.epoch_stats.items()}
         self.epoch_stats = {}
         if summary:
@@ -176,11 +181,18 @@ class Trainer:
         if not last and (c.unit == "epochs" and (c.every == 0 or done % c.every == 0)):
             self.save_last()
 
-    def _log_point(self, window_s: float, data_s: float, elapsed: float, steps_done: int) -> None:
+    def _log_point(self) -> None:
         """The only per-window host sync: metrics and the non-finite flags, read together."""
-        self.check_finite()  # host sync
-        n = self.meter.counts.get("total", 0)
-        values = self.meter.read(reduce=self._reduce)  # host sync
+        now = time.perf_counter()
+        window_s, data_s, elapsed = now - self._t_window, self._t_data, now - self._t_start
+        steps_done = self.step - self._start_step
+        self._t_window, self._t_data = now, 0.0
+        self.check_finite()  # host sync: moves the recorded rows to self.pending
+        n, rows = len(self.pending), self.pending
+        self.pending = []
+        if not n:
+            return
+        values = {k: math.fsum(r[k] for r in rows) / n for k in rows[0]}
         self._accumulate_epoch(values, n)
         steps_left = self.clock.total_steps - self.step
         accum = self.cfg.trainer.accum_steps if self.epoch >= self.cfg.trainer.accum_after_epoch else 1
@@ -206,16 +218,25 @@ class Trainer:
         return all_reduce_mean(t, self.dist)
 
     def check_finite(self) -> None:
-        """Act on the non-finite policy; called before every log, evaluation and checkpoint."""
-        bad, overflow, first, terms = self.step_fn.read_nonfinite()  # host sync
-        self.skipped, self.overflow_skipped = bad, overflow
-        if bad and self.cfg.trainer.nonfinite == "raise":
-            detail = ", ".join(f"{k}={v:.6g}" for k, v in terms.items())
-            raise NonFiniteLossError(
-                f"non-finite loss at step {first + 1} (epoch {self._epoch_of(first)}): {detail}. "
-                f"The update of that step "
-                f"was not applied and no checkpoint was written after it. Lower optim.lr, enable "
-                f"trainer.clip_grad, or set trainer.nonfinite=skip to skip such steps.")
+        """Read the recorded steps and act on the non-finite policy. Runs before every log point,
+        evaluation and checkpoint, so `raise` fires at most log_every steps after the bad step."""
+        rows = self.recorder.read(reduce=self._reduce)  # host sync
+        first_step = self.step - len(rows) + 1
+        for i, row in enumerate(rows):
+            loss_ok = math.isfinite(row["total"])
+            grads_ok = math.isfinite(row.get("grad_norm", 0.0))
+            if loss_ok and not grads_ok and self.scaler is not None:
+                self.overflow_skipped += 1  # fp16 overflow: skipped, the scaler lowers its scale
+            elif not (loss_ok and grads_ok):
+                self.skipped += 1
+                if self.cfg.trainer.nonfinite == "raise":
+                    detail = ", ".join(f"{k}={v:.6g}" for k, v in row.items())
+                    raise NonFiniteLossError(
+                        f"non-finite loss at step {first_step + i} (epoch {self._epoch_of(first_step + i - 1)}): "
+                        f"{detail}. The update of that step was not applied and no checkpoint was "
+                        f"written after it. Lower optim.lr, enable trainer.clip_grad, or set "
+                        f"trainer.nonfinite=skip to skip such steps.")
+        self.pending.extend(rows)
 
     def _epoch_of(self, step_index: int) -> int:
         e = 0
@@ -238,7 +259,7 @@ class Trainer:
                                f"{sorted(k for k in metrics if not k.startswith('ema/'))}")
             state = None
             for which, key in (("model", self.metric), ("ema", f"ema/{self.metric}")):
-                if key in metrics and self.best.better(metrics[key], self.best.best.get(which)):
+                if key in metrics and self.best.wants(which, metrics[key]):
                     state = state or self.state_dict()
                     self.best.update(which, metrics[key], state, self.step)
         return metrics
@@ -264,9 +285,9 @@ class Trainer:
             "sampler_seed": self.sampler.seed,
             "rng": capture_rng(),
             "best": self.best.state_dict() if self.best is not None else None,
-            "metrics": {"window": self.meter.state_dict(),
+            "metrics": {"pending": [dict(r) for r in self.pending],
                         "epoch": {k: [v, n] for k, (v, n) in self.epoch_stats.items()},
-                        "nonfinite": self.step_fn.state_dict()},
+                        "skipped": self.skipped, "overflow_skipped": self.overflow_skipped},
             "task": self.task.state_dict(),
             "config": config_to_dict(self.cfg),
         }
@@ -296,9 +317,10 @@ class Trainer:
         self.sampler.seed = int(state["sampler_seed"])
         if self.best is not None and state["best"] is not None:
             self.best.load_state_dict(state["best"])
-        self.meter.load_state_dict(state["metrics"]["window"], self.device)
+        self.pending = [{k: float(v) for k, v in r.items()} for r in state["metrics"]["pending"]]
+        self.skipped = int(state["metrics"]["skipped"])
+        self.overflow_skipped = int(state["metrics"]["overflow_skipped"])
         self.epoch_stats = {k: (float(v), int(n)) for k, (v, n) in state["metrics"]["epoch"].items()}
-        self.step_fn.load_state_dict(state["metrics"]["nonfinite"])
         self.task.load_state_dict(state["task"])
         restore_rng(state["rng"])
         self.log.print(f"resumed from {source} at step {self.step} (epoch {self.epoch}, "
@@ -313,13 +335,12 @@ class Trainer:
             save_safetensors(self.raw_model, self.run_dir / "model.safetensors")
             if self.ema is not None:
                 save_safetensors(self.ema.module, self.run_dir / "model_ema.safetensors")
-            bad, overflow, _, _ = self.step_fn.read_nonfinite()  # host sync (end of run)
             summary = {
                 "steps": self.step, "epochs": self.epoch, "wall_s": round(wall_s, 3),
                 "samples_per_s": self.step * self.cfg.data.batch_size * self.dist.world_size / max(wall_s, 1e-9),
                 "final": dict(self.last_eval),
                 "best": dict(self.best.best) if self.best else {}, "metric": self.metric, "mode": self.mode,
-                "skipped_steps": bad, "fp16_overflow_skips": overflow,
+                "skipped_steps": self.skipped, "fp16_overflow_skips": self.overflow_skipped,
             }
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             self.log.table("final", {**summary["final"], "wall_s": summary["wall_s"]})
