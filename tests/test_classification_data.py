@@ -233,6 +233,6 @@ def test_build_model_errors(monkeypatch):
     import visiontrain.models as models
 
     monkeypatch.setattr(models, "_cached_weights", lambda timm, name: False)
-    monkeypatch.setattr(models, "_hub_reachable", lambda *a, **k: False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(RuntimeError, match="resnet18.*pretrained=false"):
         build_model("resnet18", num_classes=7, in_channels=1, image_size=32, pretrained=True)

@@ -27,17 +27,19 @@ def batch_seed(seed: int, epoch: int, batch: int) -> int:
 class ResumableBatchSampler(Sampler[list]):
     """Shuffled (or ordered), sharded, drop-last batches that can start at any batch of an epoch.
 
-    Yields lists of ``(index, batch_seed)`` pairs; ``SeededDataset`` unpacks them.
+    Yields lists of ``(index, batch_seed)`` pairs that ``SeededDataset`` unpacks, or plain index
+    lists when ``seeded=False`` (a dataset without random transforms needs no seed).
     """
 
     def __init__(self, num_samples: int, batch_size: int, *, seed: int, shuffle: bool = True,
-                 drop_last: bool = True, rank: int = 0, world_size: int = 1) -> None:
+                 drop_last: bool = True, rank: int = 0, world_size: int = 1, seeded: bool = True) -> None:
         if num_samples <= 0:
             raise ValueError("the dataset is empty: no samples to train on")
         self.num_samples, self.batch_size = num_samples, batch_size
         self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
         self.rank, self.world_size = rank, world_size
         self.epoch, self.start_batch = 0, 0
+        self.seeded = seeded  # False: plain index lists (no random transforms to seed)
         per_rank = num_samples // world_size  # equal shards: every rank runs the same step count
         self.batches_per_epoch = per_rank // batch_size if drop_last else -(-per_rank // batch_size)
         if self.batches_per_epoch == 0:
@@ -59,10 +61,13 @@ class ResumableBatchSampler(Sampler[list]):
         return order[self.rank * per_rank:(self.rank + 1) * per_rank].tolist()
 
     def __iter__(self) -> Iterator[list]:
-        order = self.indices(self.epoch)
+        order, size = self.indices(self.epoch), self.batch_size
         for b in range(self.start_batch, self.batches_per_epoch):
-            s = batch_seed(self.seed, self.epoch, b)
-            yield [(i, s) for i in order[b * self.batch_size:(b + 1) * self.batch_size]]
+            if self.seeded:
+                s = batch_seed(self.seed, self.epoch, b)
+                yield [(i, s) for i in order[b * size:(b + 1) * size]]
+            else:
+                yield order[b * size:(b + 1) * size]
 
     def __len__(self) -> int:
         return self.batches_per_epoch - self.start_batch
@@ -71,11 +76,11 @@ class ResumableBatchSampler(Sampler[list]):
 class SeededDataset(Dataset):
     """Loads a batch of ``(index, seed)`` keys with torch's RNG seeded by the batch's seed.
 
-    Datasets without random transforms (``random_transforms = False``) skip the seeding.
+    Only datasets with random transforms are wrapped (see ``ResumableBatchSampler.seeded``).
     """
 
-    def __init__(self, dataset: Dataset, random_transforms: bool = True) -> None:
-        self.dataset, self.random_transforms = dataset, random_transforms
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
         self._batched = hasattr(dataset, "__getitems__")
 
     def __len__(self) -> int:
@@ -88,8 +93,6 @@ class SeededDataset(Dataset):
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
         indices = [k[0] for k in keys]
-        if not self.random_transforms:
-            return self._load(indices)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(keys[0][1])
             return self._load(indices)

@@ -37,7 +37,8 @@ def train_loader(ds: Dataset, sampler: ResumableBatchSampler, *, random_transfor
                  persistent_workers: bool) -> DataLoader:
     # A private generator: creating an iterator draws worker base seeds from it, not from the global
     # RNG, so a resumed run (which creates its iterator mid-epoch) keeps the same global RNG stream.
-    return DataLoader(SeededDataset(ds, random_transforms), batch_sampler=sampler,
+    sampler.seeded = random_transforms
+    return DataLoader(SeededDataset(ds) if random_transforms else ds, batch_sampler=sampler,
                       num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
                       persistent_workers=persistent_workers and num_workers > 0,
                       generator=torch.Generator().manual_seed(0))
@@ -82,8 +83,8 @@ class ScheduledScalars:
     """
 
     def __init__(self, specs: dict[str, ScheduleConfig], bases: dict[str, float], clock: StepClock,
-                 optimizer: torch.optim.Optimizer, model: nn.Module, task: Any) -> None:
-        self.optimizer, self.task = optimizer, task
+                 optimizer: torch.optim.Optimizer, model: nn.Module, task: Any, ema: Any = None) -> None:
+        self.optimizer, self.task, self.ema = optimizer, task, ema
         self.schedules: dict[str, Schedule] = {}
         for name, spec in specs.items():
             if name not in bases and not re.match(r"^(loss|task)\.\w+$", name):
@@ -113,6 +114,9 @@ class ScheduledScalars:
                         g["betas"] = (value, g["betas"][1])
                     else:
                         g["momentum"] = value
+            elif name == "ema_decay":
+                if self.ema is not None:
+                    self.ema.decay = value
             elif name == "bn_momentum":
                 for m in self.bn_layers:
                     m.momentum = value

@@ -58,3 +58,7 @@ class HookList:
     def __call__(self, event: str, *args: Any) -> None:
         for fn in self._by_event[event]:
             fn(*args)
+
+    def callbacks(self, event: str) -> list:
+        """The bound methods of one event, for the per-step events the trainer calls inline."""
+        return self._by_event[event]

@@ -21,19 +21,24 @@ class StepRecorder:
 
     def _allocate(self, names: list[str]) -> None:
         self.names = names
-        self.buf = torch.zeros(self.capacity, len(names), dtype=torch.float32, device=self.device)
+        # The last column is the step's found_inf flag (see TrainStep): written as 0 with the row,
+        # set to 1 on the device by the non-finite check, read by the fused optimizer.
+        self.buf = torch.zeros(self.capacity, len(names) + 1, dtype=torch.float32, device=self.device)
         self.rows = self.buf.unbind(0)  # views, bound once: writing a row is one stack kernel
+        self.flags = self.buf[:, -1].unbind(0)
+        self._zero = torch.zeros((), device=self.device)
 
-    def record(self, values: dict[str, torch.Tensor]) -> None:
+    def record(self, names: list[str], values: list[torch.Tensor]) -> torch.Tensor:
+        """Write one row (``values[i]`` named ``names[i]``, same names every step); returns the
+        row's flag cell, a 0-dim device tensor holding 0.0."""
         if self.names is None:
-            self._allocate(list(values))
-        elif len(values) != len(self.names) or any(a != b for a, b in zip(values, self.names)):
-            raise ValueError(f"the step's scalars changed from {self.names} to {list(values)}: a task's "
-                             f"losses() must return the same terms every step")
+            self._allocate(list(names))
         if self.n >= self.capacity:
             raise RuntimeError(f"more than {self.capacity} steps recorded without a read")
-        torch.stack(list(values.values()), out=self.rows[self.n])
+        values.append(self._zero)
+        torch.stack(values, out=self.rows[self.n])  # dtype promotion casts bf16/fp16 values to fp32
         self.n += 1
+        return self.flags[self.n - 1]
 
     def read(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[dict[str, float]]:
         """The rows recorded since the last read, as host dicts (one host sync), then empties."""
@@ -44,4 +49,4 @@ class StepRecorder:
             filled = reduce(filled)  # mean over ranks: one collective per read
         host = filled.tolist()  # host sync (log point / checkpoint / evaluation)
         self.n = 0
-        return [dict(zip(self.names, row)) for row in host]
+        return [dict(zip(self.names, row)) for row in host]  # zip drops the flag column

@@ -3,17 +3,18 @@
     to device -> autocast -> task losses -> weighted total -> scaled backward (x accum) ->
     unscale -> clip -> after_backward hooks -> optimizer step (masked) -> scaler update -> EMA
 
-Nothing here reads a device value on the host. Whether a step is applied is decided on the device:
-``found_inf`` (1.0 when the loss, or the gradient norm where one is computed, is NaN/Inf) is handed
-to the fused optimizer — the mechanism GradScaler uses — so the kernel leaves weights and optimizer
-state untouched for that step. With a non-fused optimizer the update is undone with ``torch.where``
-on the device instead. Each step's scalars go to a ``StepRecorder`` row; the trainer reads the rows
-at the next log point, checkpoint or evaluation and applies the policy (``raise`` / ``skip``) then:
-at most ``trainer.log_every`` steps after the bad one, and always before anything is written.
+Nothing here reads a device value on the host. Each step's scalars go to a ``StepRecorder`` row;
+the trainer reads the rows at the next log point, checkpoint or evaluation and applies the
+non-finite policy then: at most ``trainer.log_every`` steps after the bad step, and always before
+anything is written. Under ``skip`` (and fp16, whose overflow steps must be skipped) whether a
+step is applied is decided on the device: ``found_inf`` (1.0 when the loss, or the gradient norm
+where one is computed, is NaN/Inf) is handed to the fused optimizer — the mechanism GradScaler
+uses — so the kernel leaves weights and optimizer state untouched. A non-fused optimizer's update
+is undone with ``torch.where`` on the device instead. Under ``raise`` no mask is needed: the run
+stops at the next read and never writes weights from after the bad step.
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable
 
 import torch
@@ -38,6 +39,21 @@ def to_device(batch: Any, device: torch.device, channels_last: bool = False) -> 
     return batch
 
 
+def weighted_total(losses: dict[str, torch.Tensor], weights: dict[str, float]) -> torch.Tensor:
+    """Σ weight[k]·loss[k] over the weighted terms (a weight of 1.0 costs no multiply)."""
+    total = None
+    for k, l in losses.items():
+        w = weights.get(k)
+        if w is None:
+            continue
+        term = l if w == 1.0 else l * w
+        total = term if total is None else total + term
+    if total is None:
+        raise ValueError(f"no loss term has a weight: terms {sorted(losses)}, weights {weights} "
+                         f"(set task.loss_weights)")
+    return total
+
+
 class NonFiniteLossError(FloatingPointError):
     """A loss (or gradient) became NaN/Inf under ``trainer.nonfinite=raise``."""
 
@@ -48,53 +64,87 @@ class TrainStep:
     def __init__(self, model: nn.Module, losses_fn: Callable[[nn.Module, Any], dict[str, torch.Tensor]],
                  optimizer: torch.optim.Optimizer, *, device: torch.device, precision: str,
                  scaler: torch.amp.GradScaler | None, clip_grad: float | None, clip_mode: str,
-                 channels_last: bool, after_backward: Callable[[], None], recorder: StepRecorder) -> None:
+                 channels_last: bool, after_backward: list[Callable[[], None]], recorder: StepRecorder,
+                 mask_nonfinite: bool = True) -> None:
         self.model, self.losses_fn, self.optimizer = model, losses_fn, optimizer
         self.device, self.precision, self.scaler = device, precision, scaler
         self.clip_grad, self.clip_mode, self.channels_last = clip_grad, clip_mode, channels_last
         self.after_backward, self.recorder = after_backward, recorder
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.fused = is_fused(optimizer)
-        self.found_inf = torch.zeros((), device=device)
+        # Masking costs a device-side check and, in fused Adam, a pass over the step counters: paid
+        # under `skip` and fp16 (overflow steps must be skipped); `raise` stops before any write.
+        self.mask_nonfinite = mask_nonfinite or scaler is not None
         self._one = torch.ones((), device=device)
+        # On the CPU with the default memory format the batch is already where it must be.
+        self.needs_copy = device.type != "cpu" or channels_last
         self._no_sync = getattr(model, "no_sync", None)  # DDP: skip all-reduce on non-final micro-steps
+        self._keys: tuple[str, ...] | None = None
+        self._weighted: list[str] = []
+        self.names: list[str] = []
 
     def __call__(self, batches: list[Any], weights: dict[str, float]) -> None:
         n = len(batches)
-        logged: dict[str, torch.Tensor] = {}
+        values: list[torch.Tensor] | None = None
         for i, batch in enumerate(batches):
-            batch = to_device(batch, self.device, self.channels_last)
-            sync_ctx = self._no_sync() if self._no_sync is not None and i < n - 1 else contextlib.nullcontext()
-            with sync_ctx:
-                with autocast(self.precision, self.device):
-                    losses = self.losses_fn(self.model, batch)
-                total = sum(l if weights[k] == 1.0 else l * weights[k] for k, l in losses.items() if k in weights)
-                if not isinstance(total, torch.Tensor):
-                    raise ValueError(f"no loss term has a weight: terms {sorted(losses)}, "
-                                     f"weights {weights} (set task.loss_weights)")
-                scaled = total / n if n > 1 else total
-                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-            terms = {k: l.detach() for k, l in losses.items()}
-            terms.update({f"{k}_w": terms[k] * weights[k] for k in losses if weights.get(k, 1.0) != 1.0})
-            terms["total"] = total.detach()
-            logged = terms if i == 0 else {k: logged[k] + v for k, v in terms.items()}
+            if self.needs_copy:
+                batch = to_device(batch, self.device, self.channels_last)
+            if self._no_sync is not None and i < n - 1:
+                with self._no_sync():
+                    losses, total = self._forward_backward(batch, weights, n)
+            else:
+                losses, total = self._forward_backward(batch, weights, n)
+            step_values = self._logged_values(losses, total, weights)
+            values = step_values if values is None else [a + b for a, b in zip(values, step_values)]
         if n > 1:
-            logged = {k: v / n for k, v in logged.items()}
+            values = [v / n for v in values]
 
         grad_norm = self._unscale_and_clip()
-        self.after_backward()
+        for fn in self.after_backward:  # gradient hooks (e.g. cancel the last layer's gradients)
+            fn()
         # found_inf = 1.0 if the loss (or grad norm) is NaN/Inf: one device kernel, no host read.
         # (GradScaler's own check; "unscaling" by exactly 1.0 leaves the values as they are.)
-        checked = [logged["total"]] if grad_norm is None else [logged["total"], grad_norm]
-        self.found_inf.zero_()
-        torch._amp_foreach_non_finite_check_and_unscale_(checked, self.found_inf, self._one)
-        self._masked_step()
+        checked = [values[-1]] if grad_norm is None else [values[-1], grad_norm]
+        if grad_norm is not None:
+            values.append(grad_norm)
+        found_inf = self.recorder.record(self.names, values)  # this step's row; its flag cell is 0
+        if self.mask_nonfinite:
+            torch._amp_foreach_non_finite_check_and_unscale_(checked, found_inf, self._one)
+            self._masked_step(found_inf)
+        else:  # `raise`: the trainer stops at the next read, before anything is written
+            self.optimizer.step()
         if self.scaler is not None:
             self.scaler.update()  # device-side scale update from the found_inf that unscale_ recorded
         self.optimizer.zero_grad(set_to_none=True)
-        if grad_norm is not None:
-            logged["grad_norm"] = grad_norm
-        self.recorder.record({k: v if v.dtype == torch.float32 else v.float() for k, v in logged.items()})
+
+    def _forward_backward(self, batch: Any, weights: dict[str, float], n: int) -> tuple[dict, torch.Tensor]:
+        if self.precision == "fp32":
+            losses = self.losses_fn(self.model, batch)
+        else:
+            with autocast(self.precision, self.device):
+                losses = self.losses_fn(self.model, batch)
+        total = weighted_total(losses, weights)
+        scaled = total / n if n > 1 else total
+        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        return losses, total
+
+    def _logged_values(self, losses: dict[str, torch.Tensor], total: torch.Tensor,
+                       weights: dict[str, float]) -> list[torch.Tensor]:
+        """Every term, each term whose weight is not 1 times its weight (``<term>_w``), the total."""
+        keys = tuple(losses)
+        if keys != self._keys:
+            if self._keys is not None:
+                raise ValueError(f"the task's loss terms changed from {list(self._keys)} to {list(keys)}: "
+                                 f"losses() must return the same terms every step")
+            self._keys = keys
+            self._weighted = [k for k in keys if weights.get(k, 1.0) != 1.0]
+            self.names = [*keys, *(f"{k}_w" for k in self._weighted), "total"]
+            if self.clip_grad is not None or self.scaler is not None:
+                self.names.append("grad_norm")
+        out = [l.detach() for l in losses.values()]
+        out += [losses[k].detach() * weights[k] for k in self._weighted]
+        out.append(total.detach())
+        return out
 
     def _unscale_and_clip(self) -> torch.Tensor | None:
         """Unscale (fp16), clip, and return the pre-clip global grad norm (None if not needed)."""
@@ -116,13 +166,13 @@ class TrainStep:
                 torch._foreach_mul_(grads, coefs)
         return total
 
-    def _masked_step(self) -> None:
+    def _masked_step(self, found_inf: torch.Tensor) -> None:
         if self.fused:
-            self.optimizer.found_inf = self.found_inf  # fused kernels skip the update on the device
+            self.optimizer.found_inf = found_inf  # fused kernels skip the update on the device
             self.optimizer.step()
             return
         # Non-fused optimizers ignore found_inf: keep a copy and restore it where the step is bad.
-        bad = self.found_inf.bool()
+        bad = found_inf.bool()
         old_p = [p.detach().clone() for p in self.params]
         old_s = {id(p): {k: v.clone() for k, v in self.optimizer.state[p].items() if torch.is_tensor(v)}
                  for p in self.params if self.optimizer.state.get(p)}

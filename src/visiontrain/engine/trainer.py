@@ -90,7 +90,7 @@ class Trainer:
         self.scalars = build.ScheduledScalars(
             cfg.schedules, {"lr": self.base_lr, "weight_decay": o.weight_decay, "momentum": o.momentum,
                             "ema_decay": cfg.ema.decay, "bn_momentum": 0.1},
-            self.clock, self.optimizer, model, task)
+            self.clock, self.optimizer, model, task, self.ema)
         self.recorder = StepRecorder(t.log_every, self.device)
         self.pending: list[dict[str, float]] = []  # rows read from the device, not yet logged
         self.skipped = self.overflow_skipped = 0
@@ -99,7 +99,8 @@ class Trainer:
         self.step_fn = TrainStep(self.model, task.losses, self.optimizer, device=self.device,
                                  precision=t.precision, scaler=self.scaler, clip_grad=t.clip_grad,
                                  clip_mode=t.clip_mode, channels_last=t.channels_last,
-                                 after_backward=lambda: self.hooks("after_backward"), recorder=self.recorder)
+                                 after_backward=self.hooks.callbacks("after_backward"), recorder=self.recorder,
+                                 mask_nonfinite=t.nonfinite == "skip")
         metric = cfg.eval.metric or task.metric
         self.metric, self.mode = metric, cfg.eval.mode or task.mode
         self.best = BestTracker(self.ckpt_dir, self.mode, cfg.checkpoint.keep_best) if writes else None
@@ -123,6 +124,10 @@ class Trainer:
         self.hooks("before_train")
         self._t_start = self._t_window = time.perf_counter()
         self._start_step, self._t_data = self.step, 0.0
+        e, c = self.cfg.eval, self.cfg.checkpoint
+        eval_every = e.every if e.unit == "steps" else 0
+        ckpt_every = c.every if c.unit == "steps" else 0
+        before_step, after_step = self.hooks.callbacks("before_step"), self.hooks.callbacks("after_step")
         while self.epoch < t.epochs and self.step < total:
             self.model.train()
             accum = t.accum_steps if self.epoch >= t.accum_after_epoch else 1
@@ -131,10 +136,10 @@ class Trainer:
             self.hooks("before_epoch")
             steps_this_epoch = self.clock.steps_in_epoch(self.epoch)
             while self.step_in_epoch < steps_this_epoch and self.step < total:
-                self.scalars.apply(self.step, self.loss_weights)
-                if self.ema is not None and "ema_decay" in self.scalars.values:
-                    self.ema.decay = self.scalars.values["ema_decay"]
-                self.hooks("before_step")
+                if self.scalars.schedules:
+                    self.scalars.apply(self.step, self.loss_weights)
+                for fn in before_step:
+                    fn()
                 t0 = time.perf_counter()
                 micro = self._next_batches(batches, accum)
                 self._t_data += time.perf_counter() - t0
@@ -143,12 +148,13 @@ class Trainer:
                     self.ema.update(self.model, self.step)
                 self.step += 1
                 self.step_in_epoch += 1
-                self.hooks("after_step")
+                for fn in after_step:
+                    fn()
                 if self.step % t.log_every == 0 or self.step == total:
                     self._log_point()
-                if self._due(self.cfg.eval, "steps"):
+                if eval_every and self.step % eval_every == 0 and self.step < total:
                     self.evaluate()
-                if self._due(self.cfg.checkpoint, "steps"):
+                if ckpt_every and self.step % ckpt_every == 0 and self.step < total:
                     self.save_last()
             if self.step_in_epoch >= steps_this_epoch:
                 self._end_epoch()
@@ -159,10 +165,6 @@ class Trainer:
     def _next_batches(self, batches: Any, accum: int) -> list[Any]:
         """The micro-batches of one step (host-side loading: CPU tensors, no device reads)."""
         return [next(batches) for _ in range(accum)]
-
-    def _due(self, section: Any, unit: str) -> bool:
-        return section.unit == unit and section.every > 0 and self.step % section.every == 0 and \
-            self.step < self.clock.total_steps
 
     def _end_epoch(self) -> None:
         self.hooks("after_epoch")
@@ -175,7 +177,7 @@ class Trainer:
         done = self.epoch + 1  # epochs completed
         last = done >= self.cfg.trainer.epochs or self.step >= self.clock.total_steps
         e, c = self.cfg.eval, self.cfg.checkpoint
-        if not last and e.unit == "epochs" and e.every > 0 and done % e.every == 0:
+        if e.unit == "epochs" and (last or (e.every > 0 and done % e.every == 0)):
             self.evaluate()
         self.epoch, self.step_in_epoch = done, 0  # a checkpoint from here resumes at the next epoch
         if not last and (c.unit == "epochs" and (c.every == 0 or done % c.every == 0)):

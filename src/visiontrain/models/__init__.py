@@ -8,7 +8,6 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import os
-import socket
 from typing import Any
 
 from torch import nn
@@ -63,18 +62,10 @@ def _cached_weights(timm: Any, name: str) -> bool:
     return False
 
 
-def _hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
-    try:
-        with socket.create_connection((host, 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 def _pretrained_error(name: str, cause: str) -> RuntimeError:
     return RuntimeError(
         f"cannot get pretrained weights for timm model {name!r}: {cause}. Fixes: model.pretrained=false "
-        "(train from scratch); run once where huggingface.co is reachable so the weights land in the "
+        "(train from scratch); run once where the Hugging Face hub is reachable so the weights land in the "
         "Hugging Face cache (HF_HOME, default ~/.cache/huggingface) and copy that cache here; or pass "
         "pretrained_cfg_overlay=dict(file='/path/to/weights.safetensors')."
     )
@@ -113,8 +104,6 @@ def build_model(
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
         if offline:
             raise _pretrained_error(name, "they are not in the local cache and HF_HUB_OFFLINE is set")
-        if not _hub_reachable():
-            raise _pretrained_error(name, "they are not in the local cache and huggingface.co is unreachable")
 
     args = dict(pretrained=pretrained, num_classes=num_classes, in_chans=in_channels, **kwargs)
     try:

@@ -1,0 +1,117 @@
+"""The CLI end to end, as a user runs it: python -m visiontrain ... in a subprocess."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from visiontrain.engine.checkpoint import load_checkpoint
+
+QUICK = ["data.name=digits", "data.batch_size=64", "trainer.epochs=2", "trainer.log_every=5",
+         "trainer.progress=plain", "schedules.lr.warmup=2", "schedules.lr.unit=steps", "ema.enabled=true"]
+
+
+def vt(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "visiontrain", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("cli") / "run"
+    proc = vt("fit", "classify-fashion", *QUICK, "--run-dir", str(run))
+    assert proc.returncode == 0, proc.stderr
+    return run
+
+
+def test_fit_writes_a_complete_run_dir(fitted):
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "model.safetensors", "model_ema.safetensors",
+                 "checkpoints/last.pt", "checkpoints/best.pt", "checkpoints/best_ema.pt"):
+        assert (fitted / name).is_file(), name
+    assert any((fitted / "tb").iterdir())
+    rows = [json.loads(l) for l in (fitted / "metrics.jsonl").read_text().splitlines()]
+    assert all("step" in r and "epoch" in r for r in rows)
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert len(evals) == 2 and "top1" in evals[-1] and "ema/top1" in evals[-1]
+    summary = json.loads((fitted / "summary.json").read_text())
+    assert summary["final"]["top1"] > 80.0  # digits, 2 epochs of a small CNN
+    assert summary["steps"] == 2 * (1437 // 64)
+    # the resolved config is what ran: the overrides are in it
+    assert "batch_size: 64" in (fitted / "config.yaml").read_text()
+    # model.safetensors holds the final weights, equal to last.pt's
+    last = load_checkpoint(fitted / "checkpoints" / "last.pt")
+    final = load_file(str(fitted / "model.safetensors"))
+    assert all(torch.equal(final[k], last["model"][k]) for k in final)
+
+
+def test_validate_run_dir_reproduces_best_metric(fitted):
+    proc = vt("validate", str(fitted))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = json.loads((fitted / "summary.json").read_text())
+    assert out["checkpoint"].endswith("best.pt")
+    assert out["top1"] == pytest.approx(summary["best"]["model"])
+    assert "ema/top1" in out
+
+
+def test_refuses_to_overwrite_and_resume_auto_continues(fitted, tmp_path):
+    proc = vt("fit", "classify-fashion", *QUICK, "--run-dir", str(fitted))
+    assert proc.returncode == 2 and "--resume auto" in proc.stderr
+    # resume a finished 2-epoch run to 3 epochs: it continues from step 44
+    proc = vt("fit", "classify-fashion", *QUICK, "trainer.epochs=3", "--run-dir", str(fitted), "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    assert "resumed from" in proc.stdout and "at step 44" in proc.stdout
+    assert json.loads((fitted / "summary.json").read_text())["steps"] == 66
+
+
+def test_init_skips_mismatched_head(fitted, tmp_path):
+    # a 3-class image folder: the 10-class head of the digits run does not fit
+    from PIL import Image
+
+    root = tmp_path / "imgs"
+    for split in ("train", "val"):
+        for c in ("a", "b", "c"):
+            (root / split / c).mkdir(parents=True)
+            for i in range(4):
+                Image.new("L", (8, 8), color=40 * i + 60 * ord(c) % 255).save(root / split / c / f"{i}.png")
+    proc = vt("fit", "classify-fashion", "data.name=image-folder", f"data.root={root}", "data.image_size=8",
+              "data.batch_size=4", "trainer.epochs=1", "trainer.progress=plain", "schedules.lr.warmup=0",
+              "--run-dir", str(tmp_path / "ft"), "--init", str(fitted / "checkpoints" / "last.pt"))
+    assert proc.returncode == 0, proc.stderr
+    # the head has 3 classes instead of 10, and the first conv takes RGB instead of grey: both skipped
+    assert "loaded 23/26 tensors; skipped 3 with another shape: " in proc.stdout
+    assert "blocks.0.0.0.weight (32, 1, 3, 3) -> (32, 3, 3, 3)" in proc.stdout
+    assert "head.weight (10, 128) -> (3, 128), head.bias (10,) -> (3,)" in proc.stdout
+
+
+def test_config_errors_name_the_key(tmp_path):
+    proc = vt("show-config", "classify-fashion", "optim.lrr=1")
+    assert proc.returncode == 2 and "optim.lrr" in proc.stderr and "optim.lr" in proc.stderr
+    proc = vt("fit", "classify-fashion", "data.batch_size=big", "--run-dir", str(tmp_path / "x"))
+    assert proc.returncode == 2 and "data.batch_size" in proc.stderr and "int" in proc.stderr
+    assert not (tmp_path / "x").exists()  # nothing written for a config that never ran
+
+
+def test_recipes_and_show_config():
+    proc = vt("recipes")
+    assert proc.returncode == 0
+    names = [line.split()[0] for line in proc.stdout.splitlines()]
+    assert {"classify-fashion", "classify-mobilevit-imagenet"} <= set(names)
+    proc = vt("show-config", "classify-mobilevit-imagenet", "optim.lr=3e-4")
+    assert proc.returncode == 0 and "lr: 0.0003" in proc.stdout and "model: mobilevit_xs" in proc.stdout
+    proc = vt("show-config", "classify-fashion", "--docs")
+    assert "trainer.log_every" in proc.stdout and "schedules.lr.warmup" in proc.stdout
+
+
+def test_missing_dataset_path_is_a_clear_error(tmp_path):
+    proc = vt("fit", "classify-mobilevit-imagenet", f"data.root={tmp_path / 'nope'}", "--run-dir",
+              str(tmp_path / "r"))
+    assert proc.returncode == 2
+    assert str(tmp_path / "nope") in proc.stderr
