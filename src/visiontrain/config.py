@@ -105,7 +105,7 @@ class EvalConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = doc("write checkpoints/last.pt every N units (0 = only at epoch ends/the end)", 1)
+    every: int = doc("write checkpoints/last.pt every N units (0 = only at the end)", 1)
     unit: Literal["epochs", "steps"] = doc("unit of checkpoint.every", "epochs")
     keep_best: int = doc("also keep the k best checkpoints as best-stepS.pt (0 = only best.pt)", 0)
     keep_every: int = doc("keep a copy step-S.pt every N steps (0 = off)", 0)

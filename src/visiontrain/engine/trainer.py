@@ -180,7 +180,7 @@ class Trainer:
         if e.unit == "epochs" and (last or (e.every > 0 and done % e.every == 0)):
             self.evaluate()
         self.epoch, self.step_in_epoch = done, 0  # a checkpoint from here resumes at the next epoch
-        if not last and (c.unit == "epochs" and (c.every == 0 or done % c.every == 0)):
+        if not last and c.unit == "epochs" and c.every > 0 and done % c.every == 0:
             self.save_last()
 
     def _log_point(self) -> None:

@@ -122,7 +122,7 @@ class ClassificationTask(Task):
         for images, labels in loader:
             images = images.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
-            if self.cfg.trainer.channels_last:
+            if self.cfg.trainer.channels_last and images.ndim == 4:
                 images = images.contiguous(memory_format=torch.channels_last)
             logits = model(images).float()
             topk = logits.topk(k, dim=-1).indices
