@@ -27,6 +27,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
+from visiontrain._tv_compat import ensure_torchvision  # noqa: E402
 from visiontrain import config as C  # noqa: E402
 from visiontrain.config import TaskConfig, doc  # noqa: E402
 from visiontrain.engine.hooks import Hook  # noqa: E402
@@ -151,6 +152,7 @@ def lightning_loop(steps: int) -> float | None:
 
 
 def main() -> int:
+    ensure_torchvision()  # Lightning imports torchmetrics, which imports torchvision
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--repeats", type=int, default=5)

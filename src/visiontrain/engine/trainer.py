@@ -94,6 +94,7 @@ class Trainer:
         self.recorder = StepRecorder(t.log_every, self.device)
         self.pending: list[dict[str, float]] = []  # rows read from the device, not yet logged
         self.skipped = self.overflow_skipped = 0
+        self.samples_seen = 0  # in this process (for throughput), counted at log points
         self.epoch_stats: dict[str, tuple[float, int]] = {}  # host-side sums of read window means
         self.hooks = HookList([*task.hooks(), *hooks], self)
         self.step_fn = TrainStep(self.model, task.losses, self.optimizer, device=self.device,
@@ -199,6 +200,7 @@ class Trainer:
         steps_left = self.clock.total_steps - self.step
         accum = self.cfg.trainer.accum_steps if self.epoch >= self.cfg.trainer.accum_after_epoch else 1
         samples = n * self.cfg.data.batch_size * self.dist.world_size * accum
+        self.samples_seen += samples
         values.update({f"lr/{g.get('name', i)}": g["lr"] for i, g in enumerate(self.optimizer.param_groups)})
         values["lr"] = self.optimizer.param_groups[0]["lr"]
         values.update({k: v for k, v in self.scalars.values.items() if k != "lr"})
@@ -339,7 +341,7 @@ class Trainer:
                 save_safetensors(self.ema.module, self.run_dir / "model_ema.safetensors")
             summary = {
                 "steps": self.step, "epochs": self.epoch, "wall_s": round(wall_s, 3),
-                "samples_per_s": self.step * self.cfg.data.batch_size * self.dist.world_size / max(wall_s, 1e-9),
+                "samples_per_s": self.samples_seen / max(wall_s, 1e-9),
                 "final": dict(self.last_eval),
                 "best": dict(self.best.best) if self.best else {}, "metric": self.metric, "mode": self.mode,
                 "skipped_steps": self.skipped, "fp16_overflow_skips": self.overflow_skipped,
