@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-step set-up for a fresh machine, then either the default recipe or the test suite.
 #
-#   bash scripts/setup.sh fit    # set up, then train the default recipe (classify-fashion)
+#   bash scripts/setup.sh fit    # set up, then train the default recipe into runs/classify-fashion-<time>
 #   bash scripts/setup.sh test   # set up, then run the test suite
 #   bash scripts/setup.sh        # set up only
 #
@@ -45,7 +45,7 @@ fi
 export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=536870912
 
 case "${1:-}" in
-  fit)  shift; exec "$venv/bin/visiontrain" fit classify-fashion --run-dir runs/classify-fashion "$@" ;;
+  fit)  shift; exec "$venv/bin/visiontrain" fit classify-fashion --run-dir "runs/classify-fashion-$(date +%Y%m%d-%H%M%S)" "$@" ;;
   test) shift; exec "$venv/bin/python" -m pytest -q "$@" ;;
   "")   echo "[setup] done: activate with 'source $venv/bin/activate'" ;;
   *)    echo "usage: bash scripts/setup.sh [fit|test] [extra args]" >&2; exit 2 ;;

@@ -6,6 +6,7 @@ writes, and the end of the run. Every one is marked ``# host sync``.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,9 @@ from visiontrain.config import Config, config_to_dict, dump_config
 from visiontrain.engine import build
 from visiontrain.engine.checkpoint import BestTracker, atomic_save, capture_rng, load_checkpoint, restore_rng
 from visiontrain.engine.distributed import DistInfo, all_reduce_mean, init_distributed, wrap_ddp
-from visiontrain.engine.ema import ModelEma, unwrap
+from visiontrain.engine.ema import ModelEma
 from visiontrain.engine.hooks import Hook, HookList
 from visiontrain.engine.logging import RunLogger
-import math
-
 from visiontrain.engine.metrics import StepRecorder
 from visiontrain.engine.param_groups import build_optimizer, build_param_groups, check_coverage, freeze_parameters
 from visiontrain.engine.precision import make_scaler
@@ -237,9 +236,9 @@ class Trainer:
                     detail = ", ".join(f"{k}={v:.6g}" for k, v in row.items())
                     raise NonFiniteLossError(
                         f"non-finite loss at step {first_step + i} (epoch {self._epoch_of(first_step + i - 1)}): "
-                        f"{detail}. The update of that step was not applied and no checkpoint was "
-                        f"written after it. Lower optim.lr, enable trainer.clip_grad, or set "
-                        f"trainer.nonfinite=skip to skip such steps.")
+                        f"{detail}. No checkpoint was written after that step (checkpoints/last.pt "
+                        f"is from before it). Lower optim.lr, enable trainer.clip_grad, or set "
+                        f"trainer.nonfinite=skip to skip such steps and go on.")
         self.pending.extend(rows)
 
     def _epoch_of(self, step_index: int) -> int:

@@ -1,0 +1,76 @@
+"""fp16 loss scaling with overflow skips, bf16, and the checkpoint files a run keeps."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from toy_task import ToyTask, toy_config
+from visiontrain.engine.checkpoint import load_checkpoint
+from visiontrain.engine.hooks import Hook
+from visiontrain.engine.trainer import Trainer
+from visiontrain.engine.weights import load_init_weights
+
+
+class Overflowing(ToyTask):
+    """A loss whose fp16 gradients overflow at GradScaler's initial scale (65536) and fit once the
+    scaler has lowered it a few times."""
+
+    def losses(self, model, batch):
+        x, y, _ = batch
+        return {"sum": model(x).sum() * 4.0}
+
+
+def test_fp16_overflow_is_skipped_and_counted_not_raised(run_dir):
+    snaps = []
+
+    class Snap(Hook):
+        def before_step(self):
+            snaps.append({k: v.clone() for k, v in self.trainer.raw_model.state_dict().items()})
+
+    cfg = toy_config(trainer__precision="fp16", trainer__max_steps=16, trainer__log_every=4,
+                     task__loss_weights={"sum": 1.0}, optim__lr=1e-4, trainer__epochs=2)
+    t = Trainer(cfg, Overflowing(cfg), run_dir, hooks=[Snap()])
+    summary = t.fit()  # trainer.nonfinite=raise: an overflow is not a failure
+    n = summary["fp16_overflow_skips"]
+    assert 1 <= n < 15 and summary["skipped_steps"] == 0
+    assert t.scaler.get_scale() == 65536.0 / 2**n  # halved once per overflow
+    same = [all(torch.equal(a[k], b[k]) for k in a) for a, b in zip(snaps, snaps[1:])]
+    assert same[:n] == [True] * n and not any(same[n:])  # the first n steps were skipped, no others
+    state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert state["scaler"]["scale"] == 65536.0 / 2**n
+
+
+def test_bf16_trains_and_logs_fp32_values(run_dir):
+    import json
+
+    t = Trainer(cfg := toy_config(trainer__precision="bf16", trainer__max_steps=8), ToyTask(cfg), run_dir)
+    t.fit()
+    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if '"train"' in l]
+    assert rows and all(isinstance(r["mse"], float) for r in rows)
+    assert t.scaler is None
+
+
+def test_periodic_and_k_best_checkpoints(run_dir):
+    cfg = toy_config(trainer__epochs=4, optim__lr=0.001, checkpoint__keep_every=8, checkpoint__keep_best=2,
+                     checkpoint__every=4, checkpoint__unit="steps", eval__every=4, eval__unit="steps")
+    Trainer(cfg, ToyTask(cfg), run_dir).fit()
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert {"last.pt", "best.pt", "step-8.pt", "step-16.pt", "step-24.pt"} <= set(names)
+    kept = [n for n in names if n.startswith("best-step")]
+    assert len(kept) == 2
+    assert load_checkpoint(run_dir / "checkpoints" / "step-16.pt")["progress"]["step"] == 16
+
+
+def test_init_from_safetensors_loads_weights_only(run_dir, tmp_path):
+    cfg = toy_config(trainer__max_steps=4)
+    first = Trainer(cfg, ToyTask(cfg), run_dir)
+    first.fit()
+    wide = toy_config(task__hidden=64)  # another hidden size: both Linear layers differ in shape
+    t = Trainer(wide, ToyTask(wide), None)
+    report = load_init_weights(t.raw_model, run_dir / "model.safetensors")
+    assert ("loaded 1/4 tensors; skipped 3 with another shape: 0.bias (32,) -> (64,), "
+            "0.weight (32, 16) -> (64, 16), 3.weight (1, 32) -> (1, 64)") in report  # 3.bias (1,) fits
+    same = Trainer(cfg, ToyTask(cfg), None, init=str(run_dir / "model.safetensors"))
+    assert all(torch.equal(a, b) for a, b in zip(same.raw_model.state_dict().values(),
+                                                 first.raw_model.state_dict().values()))
+    assert same.step == 0  # weights only: a new run
