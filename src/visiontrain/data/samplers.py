@@ -57,8 +57,10 @@ class ResumableBatchSampler(Sampler[list]):
             order = torch.randperm(self.num_samples, generator=g)
         else:
             order = torch.arange(self.num_samples)
+        # Strided shards (like DistributedSampler): batch b of every rank together are exactly the
+        # samples of batch b of one process with a world_size-times larger batch.
         per_rank = self.num_samples // self.world_size
-        return order[self.rank * per_rank:(self.rank + 1) * per_rank].tolist()
+        return order[self.rank:per_rank * self.world_size:self.world_size].tolist()
 
     def __iter__(self) -> Iterator[list]:
         order, size = self.indices(self.epoch), self.batch_size

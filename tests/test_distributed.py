@@ -1,0 +1,38 @@
+"""Two processes on CPU (gloo, torchrun): the same weights as one process with the global batch,
+also with gradient accumulation (non-final micro-steps skip the all-reduce), and only rank 0 writes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+WORKER = Path(__file__).parent / "dist_worker.py"
+
+
+def run(nproc: int, out: Path, run_dir: Path, **overrides) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           str(WORKER), str(out), str(run_dir), json.dumps(overrides)] if nproc > 1 else \
+        [sys.executable, str(WORKER), str(out), str(run_dir), json.dumps(overrides)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_two_ranks_equal_one_process_with_twice_the_batch(tmp_path, accum):
+    common = {"trainer__epochs": 2, "optim__name": "adamw", "optim__lr": 0.01, "trainer__accum_steps": accum,
+              "checkpoint__every": 1}
+    run(2, tmp_path / "ddp.pt", tmp_path / "ddp", data__batch_size=16, **common)
+    run(1, tmp_path / "single.pt", tmp_path / "single", data__batch_size=32, **common)
+    a, b = torch.load(tmp_path / "ddp.pt"), torch.load(tmp_path / "single.pt")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    # only rank 0 wrote: one metrics file, no stray per-rank files
+    files = sorted(p.relative_to(tmp_path / "ddp").as_posix() for p in (tmp_path / "ddp").rglob("*")
+                   if p.is_file() and "tb/" not in p.as_posix())
+    assert files == ["checkpoints/best.pt", "checkpoints/last.pt", "config.yaml", "metrics.jsonl",
+                     "model.safetensors", "summary.json"]
