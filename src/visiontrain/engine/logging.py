@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from visiontrain.engine.hooks import Hook
+
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
@@ -48,7 +50,7 @@ class RunLogger:
 
             self._bar = Progress(TextColumn("[bold]epoch {task.fields[epoch]}"), BarColumn(),
                                  MofNCompleteColumn(), TimeRemainingColumn(),
-                                 TextColumn("{task.fields[info]}"), transient=False)
+                                 TextColumn("{task.fields[info]}", markup=False), transient=False)
             self._bar.start()
             self._task = self._bar.add_task("train", total=total_steps, epoch=0, info="")
 
@@ -81,7 +83,7 @@ class RunLogger:
             from rich.table import Table
 
             table = Table(title=title, show_header=False)
-            for k, v in rows.items():
+            for k, v in rows.items():  # plain strings: rows are not rich markup
                 table.add_row(k, _fmt(v))
             self._bar.console.print(table)
         else:
@@ -91,9 +93,13 @@ class RunLogger:
         if not self.enabled:
             return
         if self._bar is not None:
-            self._bar.console.print(text)
+            self._bar.console.print(text, markup=False, highlight=False)
         else:
             print(text, flush=True)
+
+    def hooks(self) -> list[Hook]:
+        """On a terminal, a hook that moves the bar every step (host-side only, at most 10 Hz)."""
+        return [_BarHook(self)] if self._bar is not None else []
 
     def close(self) -> None:
         if self._bar is not None:
@@ -102,3 +108,15 @@ class RunLogger:
             self._tb.close()
         if self._jsonl is not None:
             self._jsonl.close()
+
+
+class _BarHook(Hook):
+    def __init__(self, logger: RunLogger) -> None:
+        self.logger, self.last = logger, 0.0
+
+    def after_step(self) -> None:
+        now = time.perf_counter()
+        if now - self.last >= 0.1:
+            self.last = now
+            bar = self.logger._bar
+            bar.update(self.logger._task, completed=self.trainer.step, epoch=self.trainer.epoch)

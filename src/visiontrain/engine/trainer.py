@@ -95,7 +95,8 @@ class Trainer:
         self.skipped = self.overflow_skipped = 0
         self.samples_seen = 0  # in this process (for throughput), counted at log points
         self.epoch_stats: dict[str, tuple[float, int]] = {}  # host-side sums of read window means
-        self.hooks = HookList([*task.hooks(), *hooks], self)
+        self.log = RunLogger(self.run_dir, total_steps=self.clock.total_steps, progress=t.progress, enabled=writes)
+        self.hooks = HookList([*task.hooks(), *hooks, *self.log.hooks()], self)
         self.step_fn = TrainStep(self.model, task.losses, self.optimizer, device=self.device,
                                  precision=t.precision, scaler=self.scaler, clip_grad=t.clip_grad,
                                  clip_mode=t.clip_mode, channels_last=t.channels_last,
@@ -104,7 +105,6 @@ class Trainer:
         metric = cfg.eval.metric or task.metric
         self.metric, self.mode = metric, cfg.eval.mode or task.mode
         self.best = BestTracker(self.ckpt_dir, self.mode, cfg.checkpoint.keep_best) if writes else None
-        self.log = RunLogger(self.run_dir, total_steps=self.clock.total_steps, progress=t.progress, enabled=writes)
         if init:
             self.log.print(self.init_report)
         if frozen:
