@@ -50,6 +50,7 @@ def _default_run_dir(recipe: str) -> Path:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
+    from visiontrain.engine.distributed import shutdown
     from visiontrain.engine.trainer import Trainer
     from visiontrain.tasks import build_task
 
@@ -62,8 +63,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
     elif resume is None and last.is_file():
         raise C.ConfigError(f"run dir {run_dir} already holds a run ({last}); pass --resume auto to "
                             f"continue it, or --run-dir DIR for a new run (nothing was overwritten)")
-    trainer = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=args.init)
-    summary = trainer.fit()
+    try:
+        summary = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=args.init).fit()
+    finally:
+        shutdown()
     if summary:
         print(json.dumps({"run_dir": str(run_dir), **summary}, indent=None))
     return 0

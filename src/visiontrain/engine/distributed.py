@@ -59,6 +59,7 @@ def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return t
 
 
-def barrier(info: DistInfo) -> None:
-    if info.enabled:
-        dist.barrier()
+def shutdown() -> None:
+    """Leave the process group (torchrun runs): every rank, after its last collective."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

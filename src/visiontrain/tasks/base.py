@@ -77,4 +77,4 @@ class Task(abc.ABC):
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        """Restore what ``state_dict`` returned; a task without training state has nothing to do."""
