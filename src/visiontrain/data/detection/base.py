@@ -1,0 +1,147 @@
+"""What every detection reader produces, and the dataset every detector trains on.
+
+A reader (COCO JSON, Pascal VOC XML, YOLO txt) turns annotation files into ``ImageRecord``s held in
+memory; images are decoded only when a sample is loaded. A sample is
+
+    image:  tv_tensors.Image, uint8 [3, H, W]
+    target: {"boxes": tv_tensors.BoundingBoxes (XYXY, absolute pixels, canvas_size=(H, W)),
+             "labels": int64 [N] (contiguous 0..num_classes-1),
+             "image_id": int, "orig_size": int64 tensor [2] = (H, W) of the file}
+
+before transforms. Class names and their count come from the data; ``category_ids[label]`` is the
+original category id, used to write COCO-format results.
+
+Bad data follows ``on_bad_annotation``: ``error`` raises ``BadAnnotationError`` naming the file
+and the annotation id; ``skip`` drops the annotation (or, for a missing / unreadable image file, the
+whole image) and counts it in ``skipped`` by reason. An image with no boxes is a valid negative.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+BAD_POLICIES = ("error", "skip")
+
+
+class BadAnnotationError(ValueError):
+    """An annotation or image that cannot be used; the message names the file and annotation id."""
+
+
+@dataclass
+class ImageRecord:
+    path: str                                  # image file
+    image_id: int
+    height: int
+    width: int
+    boxes: np.ndarray                          # float32 [N, 4], XYXY absolute pixels
+    labels: np.ndarray                         # int64 [N], contiguous 0..C-1
+    ann_ids: list[Any] = field(default_factory=list)   # source annotation ids (for messages)
+    difficult: np.ndarray | None = None        # bool [N] (VOC's flag; None = none difficult)
+
+
+class BadDataPolicy:
+    """Applies ``error | skip`` and counts what was skipped, by reason."""
+
+    def __init__(self, policy: str, source: str) -> None:
+        if policy not in BAD_POLICIES:
+            raise ValueError(f"data.on_bad_annotation: expected one of {', '.join(BAD_POLICIES)}, got {policy!r}")
+        self.policy, self.source = policy, source
+        self.skipped: Counter[str] = Counter()
+
+    def bad(self, reason: str, message: str) -> None:
+        """Raise under ``error``; count under ``skip``. ``message`` names the file and annotation."""
+        if self.policy == "error":
+            raise BadAnnotationError(f"{self.source}: {message} (set data.on_bad_annotation=skip to drop it)")
+        self.skipped[reason] += 1
+
+
+def check_box(policy: BadDataPolicy, box: np.ndarray, width: int, height: int, where: str) -> bool:
+    """True if an XYXY box is usable. Degenerate (x2 <= x1 or y2 <= y1) and out-of-image boxes are
+    bad data; a box that only grazes the border by rounding (up to 1 px) is clipped, not rejected."""
+    x1, y1, x2, y2 = (float(v) for v in box)
+    if not np.isfinite([x1, y1, x2, y2]).all() or x2 <= x1 or y2 <= y1:
+        policy.bad("degenerate box", f"{where}: degenerate box {[x1, y1, x2, y2]} (needs x2 > x1 and y2 > y1)")
+        return False
+    if x1 < -1 or y1 < -1 or x2 > width + 1 or y2 > height + 1:
+        policy.bad("box outside image", f"{where}: box {[x1, y1, x2, y2]} is outside the "
+                                        f"{width}x{height} image")
+        return False
+    box[:] = np.clip(box, 0, [width, height, width, height])
+    return True
+
+
+class DetectionDataset(Dataset):
+    """Records in memory, images decoded per sample, an optional v2 transform on (image, target)."""
+
+    def __init__(self, records: list[ImageRecord], class_names: list[str], category_ids: list[int], *,
+                 source: str, policy: BadDataPolicy,
+                 transform: Callable[[Any, dict], tuple[Any, dict]] | None = None) -> None:
+        self.records, self.class_names, self.category_ids = records, class_names, category_ids
+        self.source, self.policy, self.transform = source, policy, transform
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def aspect_ratios(self) -> list[float]:
+        """width / height of every image, from the annotations (no decoding)."""
+        return [r.width / r.height for r in self.records]
+
+    def with_transform(self, transform: Callable | None) -> "DetectionDataset":
+        return DetectionDataset(self.records, self.class_names, self.category_ids, source=self.source,
+                                policy=self.policy, transform=transform)
+
+    def load(self, index: int) -> tuple[Any, dict[str, Any]]:
+        """The untransformed sample (see the module docstring)."""
+        from visiontrain._tv_compat import ensure_torchvision
+        from visiontrain.data.detection.images import read_rgb
+
+        ensure_torchvision()
+        from torchvision import tv_tensors
+
+        r = self.records[index]
+        image = read_rgb(r.path)  # BadAnnotationError naming the file if it cannot be decoded
+        h, w = image.shape[-2:]
+        boxes = tv_tensors.BoundingBoxes(torch.as_tensor(r.boxes, dtype=torch.float32).reshape(-1, 4),
+                                         format="XYXY", canvas_size=(h, w))
+        target = {"boxes": boxes, "labels": torch.as_tensor(r.labels, dtype=torch.int64).reshape(-1),
+                  "image_id": r.image_id, "orig_size": torch.tensor([h, w])}
+        return tv_tensors.Image(image), target
+
+    def __getitem__(self, index: int) -> tuple[Any, dict[str, Any]]:
+        try:
+            image, target = self.load(index)
+        except BadAnnotationError as err:
+            # Readers check every file's header when indexing; what fails only on decoding (a
+            # truncated file) is raised under `error`, and under `skip` replaced by the next image
+            # (deterministic, so exact resume holds) with a warning naming the file.
+            if self.policy.policy == "error" or len(self.records) < 2:
+                raise
+            logging.getLogger("visiontrain").warning("skipping %s", err)
+            return self[(index + 1) % len(self.records)]
+        if self.transform is not None:
+            image, target = self.transform(image, target)
+        return image, target
+
+    def coco_ground_truth(self) -> dict[str, Any]:
+        """This split as a COCO dict (original category ids), for COCO evaluation."""
+        images, annotations = [], []
+        for r in self.records:
+            images.append({"id": r.image_id, "file_name": r.path, "height": r.height, "width": r.width})
+            for box, label in zip(r.boxes.reshape(-1, 4), r.labels.reshape(-1)):
+                x1, y1, x2, y2 = (float(v) for v in box)
+                annotations.append({"id": len(annotations) + 1, "image_id": r.image_id,
+                                    "category_id": self.category_ids[int(label)],
+                                    "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1),
+                                    "iscrowd": 0})
+        categories = [{"id": c, "name": n} for c, n in zip(self.category_ids, self.class_names)]
+        return {"images": images, "annotations": annotations, "categories": categories}
