@@ -25,6 +25,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   torch_pin="$(grep -E '^torch==' constraints.txt)"
   "$venv/bin/pip" install -q --disable-pip-version-check "$torch_pin"
   "$venv/bin/pip" install -q --disable-pip-version-check -c constraints.txt -e ".[test]"
+  # deepforest ships the NEON tree photos and boxes; its own requirements would pull a CUDA torch.
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "$(grep -E '^deepforest==' constraints.txt)"
   echo "$want" > "$stamp"
 else
   echo "[setup] packages up to date"

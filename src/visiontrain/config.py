@@ -35,7 +35,8 @@ def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasse
 
 @dataclass
 class DataConfig:
-    name: str = doc("dataset: fashion-mnist | digits | image-folder", "fashion-mnist")
+    name: str = doc("dataset: fashion-mnist | digits | image-folder (classification); coco | voc | yolo | "
+                    "fashion-mosaic | neon-trees (detection)", "fashion-mnist")
     root: str | None = doc("dataset directory (image-folder: ROOT/train, ROOT/val)", None)
     batch_size: int = doc("batch size per process (per micro-step under accumulation)", 256)
     eval_batch_size: int | None = doc("evaluation batch size (default: 2 x batch_size)", None)
@@ -47,6 +48,11 @@ class DataConfig:
     download: bool = doc("allow torchvision to download the dataset if it is not found", False)
     limit_train: int | None = doc("use only the first N training samples (quick runs)", None)
     limit_val: int | None = doc("use only the first N validation samples", None)
+    train_split: str = doc("detection: split name of the training set (coco: train2017, voc: trainval)", "train")
+    val_split: str = doc("detection: split name of the validation set", "val")
+    on_bad_annotation: Literal["error", "skip"] = doc(
+        "detection: a bad box, category, or image file is an error naming it, or is skipped and counted",
+        "error")
 
 
 @dataclass

@@ -75,6 +75,58 @@ class ResumableBatchSampler(Sampler[list]):
         return self.batches_per_epoch - self.start_batch
 
 
+class GroupedBatchSampler(ResumableBatchSampler):
+    """Batches whose samples share a group (e.g. aspect ratio < 1 or >= 1), so padding is small.
+
+    The epoch's permutation is walked in order, each index joining its group's open batch; a batch
+    is emitted when full (seamseg / torchvision's references). Group sizes are fixed, so the number
+    of batches per epoch is too (leftovers of each group are dropped; other samples each epoch).
+    Ranks take every world_size-th batch. Resume and seeding work as in the parent.
+    """
+
+    def __init__(self, group_ids: list[int], batch_size: int, *, seed: int, shuffle: bool = True,
+                 rank: int = 0, world_size: int = 1, seeded: bool = True) -> None:
+        self.group_ids = list(group_ids)
+        self.num_samples, self.batch_size = len(self.group_ids), batch_size
+        self.seed, self.shuffle, self.drop_last = seed, shuffle, True
+        self.rank, self.world_size, self.seeded = rank, world_size, seeded
+        self.epoch, self.start_batch = 0, 0
+        if self.num_samples == 0:
+            raise ValueError("the dataset is empty: no samples to train on")
+        counts: dict[int, int] = {}
+        for g in self.group_ids:
+            counts[g] = counts.get(g, 0) + 1
+        self.batches_per_epoch = sum(n // batch_size for n in counts.values()) // world_size
+        if self.batches_per_epoch == 0:
+            raise ValueError(f"no aspect-ratio group of {counts} fills a batch of {batch_size} on "
+                             f"{world_size} process(es) (lower data.batch_size)")
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """This rank's batches of an epoch, in order (a pure function of seed and epoch)."""
+        if self.shuffle:
+            order = torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(
+                self.seed * 1_000_003 + epoch)).tolist()
+        else:
+            order = list(range(self.num_samples))
+        open_batches: dict[int, list[int]] = {}
+        full: list[list[int]] = []
+        for i in order:
+            batch = open_batches.setdefault(self.group_ids[i], [])
+            batch.append(i)
+            if len(batch) == self.batch_size:
+                full.append(batch)
+                open_batches[self.group_ids[i]] = []
+        return full[self.rank::self.world_size][: self.batches_per_epoch]
+
+    def __iter__(self) -> Iterator[list]:
+        for b, batch in enumerate(self.batches(self.epoch)[self.start_batch:], start=self.start_batch):
+            if self.seeded:
+                s = batch_seed(self.seed, self.epoch, b)
+                yield [(i, s) for i in batch]
+            else:
+                yield batch
+
+
 class SeededDataset(Dataset):
     """Loads a batch of ``(index, seed)`` keys with torch's RNG seeded by the batch's seed.
 

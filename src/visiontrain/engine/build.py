@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from visiontrain.config import Config
-from visiontrain.data.samplers import ResumableBatchSampler, SeededDataset
+from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler, SeededDataset
 from visiontrain.engine.distributed import DistInfo
 from visiontrain.engine.schedules import Schedule, ScheduleConfig, StepClock, build_schedule
 

@@ -52,8 +52,12 @@ class Trainer:
         data = task.build_data()
         d = cfg.data
         pin = d.pin_memory and self.device.type == "cuda"
-        self.sampler = build.ResumableBatchSampler(len(data.train), d.batch_size, seed=cfg.seed,
-                                                   rank=self.dist.rank, world_size=self.dist.world_size)
+        if data.group_ids is not None:
+            self.sampler = build.GroupedBatchSampler(data.group_ids, d.batch_size, seed=cfg.seed,
+                                                     rank=self.dist.rank, world_size=self.dist.world_size)
+        else:
+            self.sampler = build.ResumableBatchSampler(len(data.train), d.batch_size, seed=cfg.seed,
+                                                       rank=self.dist.rank, world_size=self.dist.world_size)
         self.train_loader = build.train_loader(data.train, self.sampler, random_transforms=data.random_transforms,
                                                collate=data.train_collate, num_workers=d.num_workers,
                                                pin_memory=pin, persistent_workers=d.persistent_workers)
@@ -61,6 +65,7 @@ class Trainer:
                                             collate=data.eval_collate, num_workers=d.num_workers,
                                             pin_memory=pin, dist_info=self.dist)
 
+        self.data_info = data.info  # saved in checkpoints: predict rebuilds the model from it
         model = task.build_model(data.info)
         if init:
             self.init_report = load_init_weights(model, init)
@@ -292,6 +297,7 @@ class Trainer:
                         "epoch": {k: [v, n] for k, (v, n) in self.epoch_stats.items()},
                         "skipped": self.skipped, "overflow_skipped": self.overflow_skipped},
             "task": self.task.state_dict(),
+            "data_info": self.data_info,
             "config": config_to_dict(self.cfg),
         }
 

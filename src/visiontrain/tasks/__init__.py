@@ -6,8 +6,9 @@ import difflib
 from visiontrain.config import Config
 from visiontrain.tasks.base import Task, TaskData
 from visiontrain.tasks.classification import ClassificationTask
+from visiontrain.tasks.detr import DetrTask
 
-TASKS: dict[str, type[Task]] = {"classification": ClassificationTask}
+TASKS: dict[str, type[Task]] = {"classification": ClassificationTask, "detr": DetrTask}
 
 
 def build_task(cfg: Config) -> Task:

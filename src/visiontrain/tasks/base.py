@@ -27,6 +27,7 @@ class TaskData:
     random_transforms: bool = True              # train items draw from torch's RNG
     train_collate: Callable | None = None       # None: torch's default_collate
     eval_collate: Callable | None = None
+    group_ids: list[int] | None = None          # batch only samples of one group (aspect ratio)
 
 
 class Task(abc.ABC):

@@ -118,16 +118,19 @@ class DetectionDataset(Dataset):
         return tv_tensors.Image(image), target
 
     def __getitem__(self, index: int) -> tuple[Any, dict[str, Any]]:
-        try:
-            image, target = self.load(index)
-        except BadAnnotationError as err:
-            # Readers check every file's header when indexing; what fails only on decoding (a
-            # truncated file) is raised under `error`, and under `skip` replaced by the next image
-            # (deterministic, so exact resume holds) with a warning naming the file.
-            if self.policy.policy == "error" or len(self.records) < 2:
-                raise
-            logging.getLogger("visiontrain").warning("skipping %s", err)
-            return self[(index + 1) % len(self.records)]
+        # Readers check every file's header when indexing; what fails only on decoding (a
+        # truncated file) is raised under `error`, and under `skip` replaced by the next image
+        # (deterministic, so exact resume holds) with a warning naming the file.
+        for offset in range(len(self.records)):
+            try:
+                image, target = self.load((index + offset) % len(self.records))
+                break
+            except BadAnnotationError as err:
+                if self.policy.policy == "error":
+                    raise
+                logging.getLogger("visiontrain").warning("skipping %s", err)
+        else:
+            raise BadAnnotationError(f"{self.source}: no image of this split can be decoded")
         if self.transform is not None:
             image, target = self.transform(image, target)
         return image, target

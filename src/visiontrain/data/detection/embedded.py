@@ -1,0 +1,293 @@
+"""Two detection datasets built on the fly into a cache dir, as standard COCO (read with ``read_coco``).
+
+``build_fashion_mosaic``: textured canvases (smooth colour field + stripes + noise) of random width and
+height with 1-8 Fashion-MNIST items pasted at random scales and positions; 10 categories (ids 1..10,
+Fashion-MNIST's names). Train items come from Fashion-MNIST's train set, val items from its test set.
+An item is pasted through its mask (scaled intensity >= ``MASK_THRESHOLD``), tinted by a random colour,
+so the texture shows around it. A later item may hide part of an earlier one (box IoU <= 0.3 and at
+most 30% of an item's mask hidden, else the placement is retried); every box is the tight box of the
+item's *visible* mask pixels (``paste_item`` returns the box of a whole mask).
+
+``build_neon_trees``: the NEON aerial images with hand-drawn tree crowns that ship in the ``deepforest``
+2.1.0 wheel, annotated from the wheel's Pascal VOC XML files (the only annotation that every image has;
+the CSVs are partial copies: example.csv has 79 of the 279 boxes of the YELL crop). VOC coordinates are
+taken as they are (DeepForest's convention: pixel edges, 0-based). Every label ("Tree", and SOAP_061's
+"Dead" / "Alive") becomes the single category 1 "Tree". Each image is cut into a grid of ``tile`` x
+``tile`` tiles without overlap; the last row / column is padded with black on the right / bottom, so no
+pixel is in two tiles and the train/val split (by tile) leaks nothing. A box is clipped to its tile and
+kept if it keeps >= 50% of its area and >= 2 px on each side.
+
+Both builds are deterministic from the seed, happen once (a complete dir is reused), and are atomic:
+written into a temporary dir next to the target, then renamed into place.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from PIL import Image
+
+from visiontrain.data.datasets import fashion_mnist
+
+log = logging.getLogger("visiontrain")
+
+MASK_THRESHOLD = 32          # scaled item intensity at or above which a pixel belongs to the item
+MAX_IOU, MAX_HIDDEN, TRIES = 0.3, 0.3, 10
+SCALE_RANGE = (0.8, 3.0)     # x 28 px
+NEON_IMAGES = ("OSBS_029", "SOAP_061", "2019_YELL_2_541000_4977000_image_crop",
+               "2019_YELL_2_528000_4978000_image_crop2")
+DEEPFOREST_HINT = ("pip install --no-deps deepforest==2.1.0 (scripts/setup.sh installs it; --no-deps: only "
+                   "its data files are used, deepforest itself is never imported)")
+_MARKER = "BUILD.json"
+
+
+def _is_complete(target: Path, params: dict) -> bool:
+    try:
+        return json.loads((target / _MARKER).read_text()) == params and all(
+            (target / "annotations" / f"{s}.json").is_file() for s in ("train", "val"))
+    except (OSError, ValueError):
+        return False
+
+
+def _build_atomically(target: Path, params: dict, what: str, write: Callable[[Path], None]) -> Path:
+    """Run ``write(tmp_dir)`` and rename ``tmp_dir`` to ``target``, unless ``target`` is already complete."""
+    if _is_complete(target, params):
+        return target
+    if target.exists():  # incomplete, or built by other code or parameters: replaced
+        log.warning("replacing %s: incomplete or built with other parameters", target)
+        shutil.rmtree(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        log.info("building %s into %s (once; reused afterwards)", what, target)
+        write(tmp)
+        (tmp / _MARKER).write_text(json.dumps(params))
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process finished the same build first
+            if not _is_complete(target, params):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _write_coco(path: Path, images: list, annotations: list, categories: list, description: str) -> None:
+    coco = {"info": {"description": description, "version": "1"}, "licenses": [], "images": images,
+            "annotations": annotations, "categories": categories}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(coco, separators=(",", ":")))
+
+
+def _ann(ann_id: int, image_id: int, category_id: int, x1: int, y1: int, x2: int, y2: int) -> dict:
+    w, h = x2 - x1, y2 - y1
+    return {"id": ann_id, "image_id": image_id, "category_id": category_id, "bbox": [x1, y1, w, h],
+            "area": w * h, "iscrowd": 0}
+
+
+# ---------------------------------------------------------------------------------- fashion-mosaic
+def scale_item(item: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """(pixels uint8 [s, s], mask bool [s, s]) of a square grey item resized by ``scale`` (bilinear)."""
+    side = max(1, int(round(item.shape[0] * scale)))
+    pixels = np.asarray(Image.fromarray(np.ascontiguousarray(item, dtype=np.uint8)).resize(
+        (side, side), Image.BILINEAR))
+    return pixels, pixels >= MASK_THRESHOLD
+
+
+def _mask_box(mask: np.ndarray) -> tuple[int, int, int, int]:
+    rows, cols = np.flatnonzero(mask.any(1)), np.flatnonzero(mask.any(0))
+    if rows.size == 0:
+        raise ValueError("the item has no pixel >= MASK_THRESHOLD")
+    return int(cols[0]), int(rows[0]), int(cols[-1]) + 1, int(rows[-1]) + 1
+
+
+def paste_item(canvas: np.ndarray, item: np.ndarray, x: int, y: int, scale: float, *,
+               tint: tuple[float, float, float] = (1.0, 1.0, 1.0), owner: np.ndarray | None = None,
+               index: int = 0) -> tuple[int, int, int, int]:
+    """Paste grey ``item`` resized by ``scale`` with its top-left corner at (x, y) into ``canvas``
+    (uint8 [H, W, 3], in place) through its mask; returns the mask's tight box (x1, y1, x2, y2), pixel
+    edges in canvas coordinates. ``owner`` (int [H, W]), if given, gets ``index`` under the mask."""
+    pixels, mask = scale_item(item, scale)
+    s = pixels.shape[0]
+    if x < 0 or y < 0 or x + s > canvas.shape[1] or y + s > canvas.shape[0]:
+        raise ValueError(f"a {s}x{s} item at ({x}, {y}) does not fit in a {canvas.shape[1]}x{canvas.shape[0]} canvas")
+    colour = np.clip(pixels[..., None] * np.asarray(tint, dtype=np.float32), 0, 255).astype(np.uint8)
+    canvas[y:y + s, x:x + s][mask] = colour[mask]
+    if owner is not None:
+        owner[y:y + s, x:x + s][mask] = index
+    x1, y1, x2, y2 = _mask_box(mask)
+    return x + x1, y + y1, x + x2, y + y2
+
+
+def _texture(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    """Smooth random colour field + stripes + pixel noise, uint8 [h, w, 3]."""
+    gh, gw = rng.integers(2, 9, size=2)
+    low = rng.integers(0, 256, size=(gh, gw, 3), dtype=np.uint8)
+    field = np.asarray(Image.fromarray(low).resize((w, h), Image.BICUBIC), dtype=np.float32)
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    theta, period, amp = rng.uniform(0, np.pi), rng.uniform(4, 40), rng.uniform(0, 60)
+    stripes = amp * np.sin(2 * np.pi * (xx * np.cos(theta) + yy * np.sin(theta)) / period + rng.uniform(0, 6.3))
+    base = rng.uniform(0.3, 0.8)  # keep the background darker than the brightest items, on average
+    noise = rng.normal(0, rng.uniform(2, 20), size=(h, w, 1)).astype(np.float32)
+    return np.clip(field * base + stripes[..., None] + noise, 0, 255).astype(np.uint8)
+
+
+def _iou(a: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    iw = np.clip(np.minimum(a[2], boxes[:, 2]) - np.maximum(a[0], boxes[:, 0]), 0, None)
+    ih = np.clip(np.minimum(a[3], boxes[:, 3]) - np.maximum(a[1], boxes[:, 1]), 0, None)
+    inter = iw * ih
+    area = lambda b: (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])  # noqa: E731
+    return inter / (area(a) + area(boxes) - inter)
+
+
+def _mosaic(rng: np.random.Generator, items: np.ndarray, labels: np.ndarray, min_size: int, max_size: int):
+    """One image: (uint8 [H, W, 3], [(category_id, x1, y1, x2, y2)], with boxes of the visible pixels)."""
+    h, w = (int(v) for v in rng.integers(min_size, max_size + 1, size=2))
+    canvas, owner = _texture(rng, h, w), np.full((h, w), -1, dtype=np.int16)
+    placed: list[tuple[int, int, int, int]] = []   # (source index, x, y, side)
+    boxes, totals = np.zeros((0, 4), np.float64), []
+    for _ in range(int(rng.integers(1, 9))):
+        src = int(rng.integers(0, len(items)))
+        tint = tuple(rng.uniform(0.6, 1.0, size=3))
+        for _ in range(TRIES):
+            scale = min(rng.uniform(*SCALE_RANGE), min(h, w) / items.shape[1])
+            pixels, mask = scale_item(items[src], scale)
+            s = pixels.shape[0]
+            x, y = int(rng.integers(0, w - s + 1)), int(rng.integers(0, h - s + 1))
+            mx1, my1, mx2, my2 = _mask_box(mask)
+            box = np.array([x + mx1, y + my1, x + mx2, y + my2], np.float64)
+            if len(boxes) and _iou(box, boxes).max() > MAX_IOU:
+                continue
+            hidden = np.bincount(owner[y:y + s, x:x + s][mask].astype(np.int64) + 1, minlength=len(placed) + 1)[1:]
+            visible = np.bincount(owner[owner >= 0].astype(np.int64), minlength=len(placed))
+            if len(placed) and ((visible - hidden) < (1 - MAX_HIDDEN) * np.asarray(totals)).any():
+                continue
+            paste_item(canvas, items[src], x, y, scale, tint=tint, owner=owner, index=len(placed))
+            placed.append((src, x, y, s))
+            boxes, totals = np.vstack([boxes, box]), totals + [int(mask.sum())]
+            break
+    anns = []
+    for i, (src, x, y, s) in enumerate(placed):
+        x1, y1, x2, y2 = _mask_box(owner[y:y + s, x:x + s] == i)
+        anns.append((int(labels[src]) + 1, x + x1, y + y1, x + x2, y + y2))
+    return canvas, anns
+
+
+def build_fashion_mosaic(cache_dir: str | Path, *, seed: int = 0, train_images: int = 2000, val_images: int = 400,
+                         min_size: int = 128, max_size: int = 256, fashion_root: str | None = None,
+                         download: bool = False) -> Path:
+    """Build (once) ``cache_dir/fashion-mosaic-s{seed}-{train_images}-{val_images}/`` (``-{min}-{max}``
+    appended for non-default sizes) holding ``train/*.png``, ``val/*.png``, ``annotations/{train,val}.json``.
+    ``fashion_root`` / ``download`` go to ``load_fashion_mnist``."""
+    if not 28 <= min_size <= max_size:
+        raise ValueError(f"fashion-mosaic: need 28 <= min_size <= max_size, got {min_size}, {max_size}")
+    name = f"fashion-mosaic-s{seed}-{train_images}-{val_images}"
+    if (min_size, max_size) != (128, 256):
+        name += f"-{min_size}-{max_size}"
+    params = {"dataset": "fashion-mosaic", "seed": seed, "train_images": train_images, "val_images": val_images,
+              "min_size": min_size, "max_size": max_size, "version": 1}
+    categories = [{"id": i + 1, "name": n} for i, n in enumerate(fashion_mnist.CLASS_NAMES)]
+
+    def write(tmp: Path) -> None:
+        (train_x, train_y), (test_x, test_y) = fashion_mnist.load_fashion_mnist(root=fashion_root, download=download)
+        sources = {"train": (train_x, train_y, "train"), "val": (test_x, test_y, "test")}
+        for split_index, (split, n) in enumerate((("train", train_images), ("val", val_images))):
+            x, y, source = sources[split]
+            items, labels = np.asarray(x)[:, 0], np.asarray(y)
+            rng = np.random.default_rng([seed, split_index])
+            (tmp / split).mkdir()
+            images, annotations = [], []
+            for image_id in range(1, n + 1):
+                canvas, anns = _mosaic(rng, items, labels, min_size, max_size)
+                file_name = f"{image_id:06d}.png"
+                Image.fromarray(canvas).save(tmp / split / file_name, compress_level=1)
+                images.append({"id": image_id, "file_name": file_name, "height": canvas.shape[0],
+                               "width": canvas.shape[1]})
+                for ann in anns:
+                    annotations.append(_ann(len(annotations) + 1, image_id, *ann))
+            _write_coco(tmp / "annotations" / f"{split}.json", images, annotations, categories,
+                        f"fashion-mosaic {split}: Fashion-MNIST {source} items on textures, seed {seed}")
+
+    what = f"fashion-mosaic ({train_images} train / {val_images} val images, seed {seed})"
+    return _build_atomically(Path(cache_dir) / name, params, what, write)
+
+
+# ------------------------------------------------------------------------------------- neon-trees
+def deepforest_data_dir() -> Path:
+    """The ``data/`` folder of the installed deepforest package (found without importing it)."""
+    spec = importlib.util.find_spec("deepforest")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"neon-trees needs the images inside the deepforest wheel: {DEEPFOREST_HINT}")
+    data = Path(list(spec.submodule_search_locations)[0]) / "data"
+    missing = [f"{n}{ext}" for n in NEON_IMAGES for ext in (".png", ".xml") if not (data / f"{n}{ext}").is_file()]
+    if missing:
+        raise FileNotFoundError(f"{data} lacks {', '.join(missing)}: {DEEPFOREST_HINT}")
+    return data
+
+
+def read_voc_boxes(xml_path: Path) -> np.ndarray:
+    """All boxes of a VOC XML file as float64 [N, 4] XYXY (every label counts as a tree)."""
+    root = ET.parse(xml_path).getroot()
+    return np.array([[float(o.find(f"bndbox/{k}").text) for k in ("xmin", "ymin", "xmax", "ymax")]
+                     for o in root.iter("object")], dtype=np.float64).reshape(-1, 4)
+
+
+def tile_boxes(boxes: np.ndarray, x0: int, y0: int, tile: int) -> np.ndarray:
+    """Boxes clipped to the tile at (x0, y0), in tile coordinates; kept if they keep >= 50% of their
+    area and >= 2 px on each side."""
+    clipped = np.clip(boxes - [x0, y0, x0, y0], 0, tile)
+    w, h = clipped[:, 2] - clipped[:, 0], clipped[:, 3] - clipped[:, 1]
+    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    return clipped[(w >= 2) & (h >= 2) & (w * h >= 0.5 * area)]
+
+
+def build_neon_trees(cache_dir: str | Path, *, tile: int = 400, val_fraction: float = 0.25, seed: int = 0) -> Path:
+    """Build (once) ``cache_dir/neon-trees-t{tile}-s{seed}-v{val_fraction}/``: ``tile`` x ``tile`` tiles of
+    the deepforest wheel's NEON images, split by tile (``val_fraction`` of the tiles, >= 1 with boxes)."""
+    data = deepforest_data_dir()
+    if tile < 2 or not 0 < val_fraction < 1:
+        raise ValueError(f"neon-trees: need tile >= 2 and 0 < val_fraction < 1, got {tile}, {val_fraction}")
+    name = f"neon-trees-t{tile}-s{seed}-v{val_fraction:g}"
+    params = {"dataset": "neon-trees", "tile": tile, "val_fraction": val_fraction, "seed": seed, "version": 1}
+
+    def write(tmp: Path) -> None:
+        tiles = []   # (file name, pixels, boxes in tile coordinates)
+        for stem in NEON_IMAGES:
+            with Image.open(data / f"{stem}.png") as im:
+                pixels = np.asarray(im.convert("RGB"))
+            boxes = read_voc_boxes(data / f"{stem}.xml")
+            h, w = pixels.shape[:2]
+            for y0 in range(0, h, tile):
+                for x0 in range(0, w, tile):
+                    crop = np.zeros((tile, tile, 3), np.uint8)   # black padding right / bottom
+                    part = pixels[y0:y0 + tile, x0:x0 + tile]
+                    crop[:part.shape[0], :part.shape[1]] = part
+                    tiles.append((f"{stem}_x{x0}_y{y0}.png", crop, tile_boxes(boxes, x0, y0, tile)))
+        n_val = min(max(1, int(round(val_fraction * len(tiles)))), len(tiles) - 1)
+        order = [int(i) for i in np.random.default_rng(seed).permutation(len(tiles))]
+        if not any(len(tiles[i][2]) for i in order[:n_val]):   # make sure val has boxes
+            first = next(k for k in range(n_val, len(order)) if len(tiles[order[k]][2]))
+            order[n_val - 1], order[first] = order[first], order[n_val - 1]
+        for split, chosen in (("train", sorted(order[n_val:])), ("val", sorted(order[:n_val]))):
+            (tmp / split).mkdir()
+            images, annotations = [], []
+            for image_id, i in enumerate(chosen, 1):
+                file_name, crop, boxes = tiles[i]
+                Image.fromarray(crop).save(tmp / split / file_name, compress_level=1)
+                images.append({"id": image_id, "file_name": file_name, "height": tile, "width": tile})
+                for box in boxes:
+                    x1, y1, x2, y2 = (int(round(v)) for v in box)
+                    annotations.append(_ann(len(annotations) + 1, image_id, 1, x1, y1, x2, y2))
+            _write_coco(tmp / "annotations" / f"{split}.json", images, annotations, [{"id": 1, "name": "Tree"}],
+                        f"neon-trees {split}: {tile} px tiles of deepforest 2.1.0's NEON images, seed {seed}")
+
+    return _build_atomically(Path(cache_dir) / name, params, f"neon-trees ({tile} px tiles, seed {seed})", write)

@@ -1,0 +1,63 @@
+"""``data.name`` -> (train, val) DetectionDatasets, for every detection format and embedded set."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from visiontrain.data.detection.base import DetectionDataset
+
+FORMATS = ("coco", "voc", "yolo", "fashion-mosaic", "neon-trees")
+
+
+def data_cache_dir() -> Path:
+    """Where embedded datasets are built: $VISIONTRAIN_DATA_CACHE or ~/.cache/visiontrain/datasets."""
+    return Path(os.environ.get("VISIONTRAIN_DATA_CACHE", Path.home() / ".cache" / "visiontrain" / "datasets"))
+
+
+def _need_root(name: str, root: str | None, layout: str) -> Path:
+    if not root:
+        raise FileNotFoundError(f"data.name={name} needs data.root (expected layout: {layout})")
+    path = Path(root)
+    if not path.is_dir():
+        raise FileNotFoundError(f"data.root={root} does not exist (expected layout for {name}: {layout})")
+    return path
+
+
+def build_detection_splits(name: str, *, root: str | None, train_split: str, val_split: str,
+                           on_bad_annotation: str, limit_train: int | None = None,
+                           limit_val: int | None = None) -> tuple[DetectionDataset, DetectionDataset]:
+    policy = dict(on_bad_annotation=on_bad_annotation)
+    if name in ("coco", "fashion-mosaic", "neon-trees"):
+        from visiontrain.data.detection.coco import read_coco
+
+        if name == "coco":
+            base = _need_root(name, root, "ROOT/annotations/instances_<split>.json and ROOT/<split>/*.jpg")
+            ann = lambda split: base / "annotations" / f"instances_{split}.json"  # noqa: E731
+        else:
+            from visiontrain.data.detection import embedded
+
+            build = embedded.build_fashion_mosaic if name == "fashion-mosaic" else embedded.build_neon_trees
+            base = Path(build(Path(root) if root else data_cache_dir()))
+            ann = lambda split: base / "annotations" / f"{split}.json"  # noqa: E731
+        for split in (train_split, val_split):
+            if not ann(split).is_file():
+                raise FileNotFoundError(f"{name}: annotation file {ann(split)} does not exist")
+        train = read_coco(str(ann(train_split)), str(base / train_split), limit=limit_train, **policy)
+        val = read_coco(str(ann(val_split)), str(base / val_split), limit=limit_val, **policy)
+    elif name == "voc":
+        from visiontrain.data.detection.voc import read_voc
+
+        base = _need_root(name, root, "ROOT/ImageSets/Main/<split>.txt, ROOT/Annotations, ROOT/JPEGImages")
+        train = read_voc(str(base), train_split, limit=limit_train, **policy)
+        val = read_voc(str(base), val_split, class_names=train.class_names, limit=limit_val, **policy)
+    elif name == "yolo":
+        from visiontrain.data.detection.yolo import read_yolo
+
+        base = _need_root(name, root, "ROOT/images/<split>/*.jpg, ROOT/labels/<split>/*.txt, ROOT/data.yaml")
+        train = read_yolo(str(base), train_split, limit=limit_train, **policy)
+        val = read_yolo(str(base), val_split, limit=limit_val, **policy)
+    else:
+        raise ValueError(f"data.name: unknown detection dataset {name!r}; expected one of {', '.join(FORMATS)}")
+    if train.class_names != val.class_names:
+        raise ValueError(f"{name}: train and val classes differ: {train.class_names} vs {val.class_names}")
+    return train, val

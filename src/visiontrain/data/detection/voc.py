@@ -1,0 +1,138 @@
+"""Pascal VOC reader: ``ImageSets/Main/{split}.txt`` + ``Annotations/*.xml`` -> ``DetectionDataset``.
+
+VOC box coordinates are 1-based pixel indices, inclusive at both ends: a box covering the whole
+W x H image is (xmin=1, ymin=1, xmax=W, ymax=H). In the continuous XYXY pixel space every other
+reader uses, that box is (0, 0, W, H), so xmin and ymin lose 1 and xmax, ymax are kept (as
+Detectron2 does). Without it every VOC box would be shifted by a pixel against COCO / YOLO boxes.
+
+Class names come from the data: by default the sorted set of object names found in this split, so
+the caller reads train first and passes ``train.class_names`` to val (a val-only name is then bad
+data instead of silently shifting every label). ``category_ids`` are 1..C, like COCO's.
+"""
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+
+import numpy as np
+
+from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
+                                             ImageRecord, check_box)
+from visiontrain.data.detection.coco import probe_image
+
+LAYOUT = ("expected the Pascal VOC layout root/ImageSets/Main/{split}.txt (one image id a line), "
+          "root/Annotations/{id}.xml and root/JPEGImages/{id}.jpg")
+
+
+@dataclass
+class _Object:
+    index: int          # 1-based position in the XML, the annotation id in messages
+    name: str
+    box: np.ndarray     # float32 XYXY, already converted and checked
+    difficult: bool
+    where: str
+
+
+@dataclass
+class _Image:
+    image_id: int
+    path: str
+    height: int
+    width: int
+    objects: list[_Object]
+
+
+def _text(node: ET.Element, tag: str) -> str:
+    return (node.findtext(tag) or "").strip()
+
+
+def _parse(xml_path: str, image_id: int, stem: str, root: str,
+           policy: BadDataPolicy) -> _Image | None:
+    """One image's annotation, with its image file checked; None when it was skipped.
+
+    A missing or broken XML file only loses that image, so it follows the policy (unlike a broken
+    COCO file, which loses the whole dataset and always raises)."""
+    if not os.path.isfile(xml_path):
+        policy.bad("missing annotation", f"annotation file {xml_path} does not exist ({LAYOUT})")
+        return None
+    try:
+        tree = ET.parse(xml_path).getroot()
+    except ET.ParseError as err:
+        policy.bad("unreadable annotation", f"annotation file {xml_path} is not valid XML: {err}")
+        return None
+    path = os.path.join(root, "JPEGImages", _text(tree, "filename") or f"{stem}.jpg")
+    size, reason, message = probe_image(path)
+    if size is None:
+        policy.bad(reason, f"{message} (annotation {xml_path})")
+        return None
+    height, width = size
+    try:  # <size> is optional; 0 is what some tools write when they do not know it
+        declared = (int(float(_text(tree, "size/height") or 0)), int(float(_text(tree, "size/width") or 0)))
+    except ValueError:
+        declared = (0, 0)
+    if declared[0] and declared[1] and declared != (height, width):
+        policy.bad("image size mismatch", f"image file {path}: {xml_path} says {declared[1]}x{declared[0]} "
+                                          f"(WxH), the file is {width}x{height}")
+        return None
+    objects = []
+    for k, obj in enumerate(tree.findall("object"), 1):
+        where = f"{xml_path} object {k}"
+        name = _text(obj, "name")
+        try:
+            xmin, ymin, xmax, ymax = (float(_text(obj, f"bndbox/{t}")) for t in ("xmin", "ymin", "xmax", "ymax"))
+        except ValueError:
+            policy.bad("malformed annotation", f"{where} ({name!r}): bndbox needs numeric xmin, ymin, xmax, ymax")
+            continue
+        if not name:
+            policy.bad("malformed annotation", f"{where}: object has no <name>")
+            continue
+        box = np.array([xmin - 1, ymin - 1, xmax, ymax], dtype=np.float32)  # 1-based inclusive -> XYXY
+        if check_box(policy, box, width, height, where):
+            objects.append(_Object(k, name, box, _text(obj, "difficult") in ("1", "true"), where))
+    return _Image(image_id, path, height, width, objects)
+
+
+def read_voc(root: str, split: str, *, on_bad_annotation: str = "error",
+             class_names: list[str] | None = None, limit: int | None = None) -> DetectionDataset:
+    """Read one VOC split. Image ids are 1-based positions in the split file; ``limit`` keeps the
+    first N images that survive the checks; ``difficult`` flags go to ``ImageRecord.difficult``."""
+    split_file = os.path.join(root, "ImageSets", "Main", f"{split}.txt")
+    policy = BadDataPolicy(on_bad_annotation, split_file)
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"VOC root {root} does not exist; {LAYOUT}")
+    if not os.path.isfile(split_file):
+        raise FileNotFoundError(f"VOC split file {split_file} does not exist; {LAYOUT}")
+    with open(split_file, encoding="utf-8") as f:
+        stems = [line.split()[0] for line in f if line.strip()]
+
+    parsed: list[_Image] = []
+    for image_id, stem in enumerate(stems, 1):
+        if limit is not None and len(parsed) >= limit:
+            break
+        image = _parse(os.path.join(root, "Annotations", f"{stem}.xml"), image_id, stem, root, policy)
+        if image is not None:
+            parsed.append(image)
+
+    if class_names is None:
+        class_names = sorted({o.name for image in parsed for o in image.objects})
+        if not class_names:
+            raise BadAnnotationError(f"{split_file}: no objects in this split to take class names from; "
+                                     f"pass class_names")
+    label_of = {name: label for label, name in enumerate(class_names)}
+    records: list[ImageRecord] = []
+    for image in parsed:
+        kept = []
+        for o in image.objects:
+            if o.name in label_of:
+                kept.append(o)
+            else:
+                policy.bad("unknown category", f"{o.where}: unknown category {o.name!r} "
+                                               f"(known: {', '.join(class_names)})")
+        records.append(ImageRecord(
+            path=image.path, image_id=image.image_id, height=image.height, width=image.width,
+            boxes=np.array([o.box for o in kept], dtype=np.float32).reshape(-1, 4),
+            labels=np.array([label_of[o.name] for o in kept], dtype=np.int64),
+            ann_ids=[o.index for o in kept], difficult=np.array([o.difficult for o in kept], dtype=bool)))
+    return DetectionDataset(records, list(class_names), list(range(1, len(class_names) + 1)),
+                            source=split_file, policy=policy)

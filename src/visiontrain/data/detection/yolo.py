@@ -1,0 +1,143 @@
+"""YOLO (Ultralytics) reader: ``images/{split}/`` + ``labels/{split}/*.txt`` -> ``DetectionDataset``.
+
+Each label line is ``cls cx cy w h`` with the box normalised to [0, 1] by the image size, so the
+size is read from each image's header here (which also finds missing / unreadable files up front).
+A label file that does not exist means the image has no objects: Ultralytics treats it as a
+background (negative) image, and so do we. Class names come from ``data.yaml`` (``names:`` as a
+list or an ``{id: name}`` dict) or ``classes.txt``; ``category_ids`` are YOLO's own class indices.
+Segmentation lines (polygons, more than 5 fields) are not converted: they are malformed here.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
+                                             ImageRecord)
+from visiontrain.data.detection.coco import ids_text, keep_boxes, probe_images
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
+LAYOUT = ("expected the YOLO layout root/images/{split}/*.jpg|png, root/labels/{split}/<stem>.txt "
+          "and root/data.yaml (names: [...]) or root/classes.txt")
+
+
+def _class_names(root: str) -> tuple[list[int], list[str]]:
+    """(sorted class indices, names). A dict with gaps keeps its indices; labels are made contiguous."""
+    yaml_path, txt_path = os.path.join(root, "data.yaml"), os.path.join(root, "classes.txt")
+    if os.path.isfile(yaml_path):
+        try:
+            with open(yaml_path, encoding="utf-8") as f:
+                data = yaml.safe_load(f)
+        except yaml.YAMLError as err:
+            raise BadAnnotationError(f"{yaml_path}: not valid YAML: {err}") from None
+        names = data.get("names") if isinstance(data, dict) else None
+        if isinstance(names, list) and names:
+            return list(range(len(names))), [str(n) for n in names]
+        if isinstance(names, dict) and names:
+            try:
+                by_id = {int(k): str(v) for k, v in names.items()}
+            except (TypeError, ValueError):
+                raise BadAnnotationError(f"{yaml_path}: 'names' keys must be class indices, got "
+                                         f"{list(names)[:10]}") from None
+            ids = sorted(by_id)
+            return ids, [by_id[i] for i in ids]
+        raise BadAnnotationError(f"{yaml_path}: 'names' is missing or empty (expected a list of class "
+                                 f"names or an {{index: name}} mapping)")
+    if os.path.isfile(txt_path):
+        with open(txt_path, encoding="utf-8") as f:
+            names_txt = [line.strip() for line in f if line.strip()]
+        if not names_txt:
+            raise BadAnnotationError(f"{txt_path}: no class names (expected one a line)")
+        return list(range(len(names_txt))), names_txt
+    raise FileNotFoundError(f"no class names: neither {yaml_path} nor {txt_path} exists; {LAYOUT}")
+
+
+def _parse_line(line: str) -> tuple[int, float, float, float, float] | None:
+    """(class index, cx, cy, w, h), or None when the line is not 5 numbers with an integral class."""
+    fields = line.split()
+    if len(fields) != 5:
+        return None
+    try:
+        cls, cx, cy, w, h = (float(v) for v in fields)
+    except ValueError:
+        return None
+    if not cls.is_integer():
+        return None
+    return int(cls), cx, cy, w, h
+
+
+def _read_labels(label_path: str, width: int, height: int, label_of: dict[int, int],
+                 category_ids: list[int], policy: BadDataPolicy
+                 ) -> tuple[np.ndarray, np.ndarray, list[int]] | None:
+    """(boxes [N, 4], labels [N], line numbers) of one label file, empty when it does not exist (a
+    negative image); None when the file cannot be read and was skipped."""
+    if not os.path.isfile(label_path):
+        return np.zeros((0, 4), np.float32), np.zeros(0, np.int64), []
+    try:
+        with open(label_path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        policy.bad("unreadable annotation", f"label file {label_path} cannot be read: {err}")
+        return None
+    boxes: list[tuple[float, ...]] = []
+    labels, line_numbers = [], []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{label_path} line {n}"
+        parsed = _parse_line(line)
+        if parsed is None:
+            policy.bad("malformed line", f"{where}: {line.strip()[:80]!r} is not 'class cx cy w h' "
+                                         f"(5 numbers, integer class)")
+            continue
+        cls, cx, cy, w, h = parsed
+        if cls not in label_of:
+            policy.bad("unknown category", f"{where}: unknown class index {cls} "
+                                           f"(valid: {ids_text(category_ids)})")
+            continue
+        boxes.append(((cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height))
+        labels.append(label_of[cls])
+        line_numbers.append(n)
+    xyxy = np.array(boxes, dtype=np.float32).reshape(-1, 4)
+    keep = keep_boxes(policy, xyxy, width, height, lambda i: f"{label_path} line {line_numbers[i]}")
+    return xyxy[keep], np.array(labels, dtype=np.int64)[keep], [n for n, k in zip(line_numbers, keep) if k]
+
+
+def read_yolo(root: str, split: str, *, on_bad_annotation: str = "error",
+              limit: int | None = None) -> DetectionDataset:
+    """Read one YOLO split. Images (searched recursively) are taken in sorted path order and their
+    ids are 1-based positions in that order; ``limit`` keeps the first N that survive the checks."""
+    image_dir, label_dir = os.path.join(root, "images", split), os.path.join(root, "labels", split)
+    policy = BadDataPolicy(on_bad_annotation, label_dir)
+    if not os.path.isdir(image_dir):
+        raise FileNotFoundError(f"YOLO image folder {image_dir} does not exist; {LAYOUT}")
+    if not os.path.isdir(label_dir):  # every image a negative is almost surely a wrong path
+        raise FileNotFoundError(f"YOLO label folder {label_dir} does not exist; {LAYOUT}")
+    category_ids, class_names = _class_names(root)
+    label_of = {cid: label for label, cid in enumerate(category_ids)}
+    rel_paths = sorted(p.relative_to(image_dir) for p in Path(image_dir).rglob("*")
+                       if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    if not rel_paths:
+        raise FileNotFoundError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {image_dir}; {LAYOUT}")
+    paths = [os.path.join(image_dir, p) for p in rel_paths]
+
+    records: list[ImageRecord] = []
+    for image_id, (rel, path, (size, reason, message)) in enumerate(
+            zip(rel_paths, paths, probe_images(paths)), 1):
+        if limit is not None and len(records) >= limit:
+            break
+        if size is None:
+            policy.bad(reason, message)
+            continue
+        height, width = size
+        label_path = os.path.join(label_dir, rel.with_suffix(".txt"))
+        read = _read_labels(label_path, width, height, label_of, category_ids, policy)
+        if read is None:
+            continue
+        boxes, labels, line_numbers = read
+        records.append(ImageRecord(path=path, image_id=image_id, height=height, width=width,
+                                   boxes=boxes, labels=labels, ann_ids=line_numbers))
+    return DetectionDataset(records, class_names, category_ids, source=label_dir, policy=policy)

@@ -1,0 +1,86 @@
+"""What every detection task shares: data (readers, transforms, grouped batches, padded collate),
+COCO evaluation with detections gathered from every rank, and prediction on image files."""
+from __future__ import annotations
+
+import abc
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from visiontrain.tasks.base import Task, TaskData
+
+log = logging.getLogger("visiontrain")
+
+
+class DetectionTask(Task):
+    """A detector: ``transforms`` and ``predict_batch`` are the family-specific parts."""
+
+    @abc.abstractmethod
+    def transforms(self) -> tuple[Any, Any]:
+        """(train, val) v2 transforms on (image, target) samples."""
+
+    @abc.abstractmethod
+    def predict_batch(self, model: nn.Module, images: torch.Tensor, mask: torch.Tensor,
+                      orig_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Per image: boxes (absolute XYXY in the original image), scores, labels (contiguous)."""
+
+    def build_data(self) -> TaskData:
+        from visiontrain.data.detection.splits import build_detection_splits
+        from visiontrain.data.detection.transforms import collate_detection
+
+        d = self.cfg.data
+        train, val = build_detection_splits(d.name, root=d.root, train_split=d.train_split,
+                                            val_split=d.val_split, on_bad_annotation=d.on_bad_annotation,
+                                            limit_train=d.limit_train, limit_val=d.limit_val)
+        for split, ds in (("train", train), ("val", val)):
+            if ds.policy.skipped:
+                log.warning("%s %s: skipped bad data (data.on_bad_annotation=skip): %s", d.name, split,
+                            ", ".join(f"{n} {reason}" for reason, n in sorted(ds.policy.skipped.items())))
+        train_tf, val_tf = self.transforms()
+        self.val_set = val.with_transform(val_tf)
+        self.info = {"num_classes": train.num_classes, "class_names": list(train.class_names),
+                     "category_ids": list(train.category_ids)}
+        groups = [int(r >= 1.0) for r in train.aspect_ratios()] if getattr(self.cfg.task, "group_aspect", True) \
+            else None
+        return TaskData(train.with_transform(train_tf), self.val_set, self.info, random_transforms=True,
+                        train_collate=collate_detection, eval_collate=collate_detection, group_ids=groups)
+
+    def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
+        from visiontrain.evaluation.coco import coco_evaluate, gather_detections, to_coco_results
+
+        detections: list[dict] = []
+        for images, mask, targets in loader:
+            orig = torch.stack([t["orig_size"] for t in targets]).to(device)
+            preds = self.predict_batch(model, images.to(device), mask.to(device), orig)
+            for pred, target in zip(preds, targets):  # host transfer per batch: evaluation only
+                detections += to_coco_results(pred["boxes"].cpu(), pred["scores"].cpu(),  # host sync
+                                              pred["labels"].cpu(), target["image_id"],  # host sync
+                                              self.info["category_ids"])
+        detections = gather_detections(detections, dst=0)  # rank 0 scores; the others return {}
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            return {}
+        return coco_evaluate(self.val_set.coco_ground_truth(), detections)
+
+    @torch.no_grad()
+    def predict(self, model: nn.Module, images: list[torch.Tensor], device: torch.device
+                ) -> list[dict[str, torch.Tensor]]:
+        """Detections on uint8 [3, H, W] images, in their own pixel coordinates."""
+        from torchvision import tv_tensors
+
+        from visiontrain.data.detection.transforms import collate_detection
+
+        _, val_tf = self.transforms()
+        samples = []
+        for img in images:
+            h, w = img.shape[-2:]
+            empty = {"boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(h, w)),
+                     "labels": torch.zeros(0, dtype=torch.int64), "image_id": 0,
+                     "orig_size": torch.tensor([h, w])}
+            samples.append(val_tf(tv_tensors.Image(img), empty))
+        batch, mask, targets = collate_detection(samples)
+        orig = torch.stack([t["orig_size"] for t in targets]).to(device)
+        model.eval()
+        return [{k: v.cpu() for k, v in p.items()}  # host sync (prediction output)
+                for p in self.predict_batch(model, batch.to(device), mask.to(device), orig)]

@@ -1,0 +1,104 @@
+"""DETR: set prediction with Hungarian matching (Carion et al. 2020), on any detection dataset.
+
+The weighted loss dict (ce / L1 / GIoU, copied per decoder layer with an ``_i`` suffix), the
+backbone's lower lr (``optim.lr_mult``), clipping at 0.1 and the lr drop are engine settings in the
+recipe; this file holds what is specific to DETR: the model, the matcher and criterion, the box
+format (normalised cxcywh of each image's own size) and COCO evaluation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from visiontrain.config import TaskConfig, doc, register_task_config
+from visiontrain.tasks.detection import DetectionTask
+
+
+@dataclass
+class DetrConfig(TaskConfig):
+    name: str = doc("task name", "detr")
+    backbone: str = doc("torchvision ResNet: resnet18 | resnet34 | resnet50 | resnet101", "resnet50")
+    pretrained_backbone: bool = doc("ImageNet weights for the backbone (must be cached locally)", False)
+    train_backbone_layers: list[str] = doc("trained backbone parts (stem, layer1..layer4); the rest frozen",
+                                           factory=lambda: ["layer2", "layer3", "layer4"])
+    feature_layer: str = doc("backbone output: layer4 (stride 32, the paper) or layer3 (stride 16)", "layer4")
+    frozen_bn: bool = doc("FrozenBatchNorm2d in the backbone (the paper; needs pretrained weights)", True)
+    hidden_dim: int = doc("transformer width", 256)
+    nheads: int = doc("attention heads", 8)
+    enc_layers: int = doc("encoder layers", 6)
+    dec_layers: int = doc("decoder layers", 6)
+    dim_feedforward: int = doc("feed-forward width", 2048)
+    dropout: float = doc("transformer dropout", 0.1)
+    num_queries: int = doc("object queries (max detections per image)", 100)
+    aux_loss: bool = doc("losses on every decoder layer's output (suffix _i)", True)
+    eos_coef: float = doc("weight of the no-object class in the cross-entropy", 0.1)
+    cost_class: float = doc("matching cost weight: class probability", 1.0)
+    cost_bbox: float = doc("matching cost weight: L1 box distance", 5.0)
+    cost_giou: float = doc("matching cost weight: generalized IoU", 2.0)
+    train_scales: list[int] = doc("shorter-side sizes drawn for training",
+                                  factory=lambda: list(range(480, 801, 32)))
+    max_size: int = doc("cap on the longer side", 1333)
+    crop_resize: list[int] = doc("crop branch: shorter-side sizes before the crop", factory=lambda: [400, 500, 600])
+    crop_min: int = doc("crop branch: smallest crop side", 384)
+    crop_max: int = doc("crop branch: largest crop side", 600)
+    val_size: int = doc("evaluation: shorter side", 800)
+    group_aspect: bool = doc("batch images of like aspect ratio together", True)
+
+
+register_task_config("detr", DetrConfig)
+
+
+class DetrTask(DetectionTask):
+    name = "detr"
+    metric, mode = "AP", "max"
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        from visiontrain.models.detr_loss import detr_weight_dict
+
+        t = cfg.task
+        self.default_loss_weights = detr_weight_dict(aux_layers=t.dec_layers - 1 if t.aux_loss else 0)
+
+    def transforms(self) -> tuple[Any, Any]:
+        from visiontrain.data.detection.transforms import detr_train_transform, detr_val_transform
+
+        t = self.cfg.task
+        return (detr_train_transform(t.train_scales, t.max_size, t.crop_resize, t.crop_min, t.crop_max),
+                detr_val_transform(t.val_size, t.max_size))
+
+    def build_model(self, info: dict[str, Any]) -> nn.Module:
+        from visiontrain.models.detr import DETR
+        from visiontrain.models.detr_loss import HungarianMatcher, SetCriterion
+
+        t = self.cfg.task
+        matcher = HungarianMatcher(t.cost_class, t.cost_bbox, t.cost_giou)
+        self.criterion = SetCriterion(info["num_classes"], matcher, self.loss_weights, eos_coef=t.eos_coef)
+        return DETR(info["num_classes"], backbone=t.backbone, hidden_dim=t.hidden_dim, nheads=t.nheads,
+                    enc_layers=t.enc_layers, dec_layers=t.dec_layers, dim_feedforward=t.dim_feedforward,
+                    dropout=t.dropout, num_queries=t.num_queries, pretrained_backbone=t.pretrained_backbone,
+                    train_backbone_layers=tuple(t.train_backbone_layers), feature_layer=t.feature_layer,
+                    frozen_bn=t.frozen_bn)
+
+    def losses(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        from torchvision.ops import box_convert
+
+        images, mask, targets = batch
+        outputs = model(images, mask)
+        if not self.cfg.task.aux_loss:
+            outputs.pop("aux_outputs", None)
+        normalised = []
+        for t in targets:  # boxes as cxcywh of the image's own size; no host read (size is a tensor)
+            wh = t["size"].flip(0).repeat(2).to(t["boxes"].dtype)
+            normalised.append({"labels": t["labels"],
+                               "boxes": box_convert(t["boxes"], "xyxy", "cxcywh") / wh})
+        self.criterion.to(images.device)
+        return self.criterion(outputs, normalised)
+
+    def predict_batch(self, model: nn.Module, images: torch.Tensor, mask: torch.Tensor,
+                      orig_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        from visiontrain.models.detr import postprocess
+
+        return postprocess(model(images, mask), orig_sizes)

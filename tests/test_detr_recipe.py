@@ -1,0 +1,98 @@
+"""The detect-detr recipe end to end on a small generated COCO dataset, and `visiontrain predict`."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from visiontrain import config as C
+
+
+def vt(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "visiontrain", *args], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def coco_root(tmp_path_factory) -> Path:
+    """A 24/8-image fashion-mosaic laid out as a COCO dataset (instances_<split>.json)."""
+    from visiontrain.data.detection.embedded import build_fashion_mosaic
+
+    base = build_fashion_mosaic(tmp_path_factory.mktemp("mosaic"), train_images=24, val_images=8)
+    root = tmp_path_factory.mktemp("coco")
+    (root / "annotations").mkdir()
+    for split in ("train", "val"):
+        shutil.copy(base / "annotations" / f"{split}.json", root / "annotations" / f"instances_{split}.json")
+        shutil.copytree(base / split, root / split)
+    return root
+
+
+@pytest.fixture(scope="module")
+def fitted(coco_root, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("detr") / "run"
+    proc = vt("fit", "detect-detr", "data.name=coco", f"data.root={coco_root}", "data.batch_size=4",
+              "data.num_workers=0", "trainer.max_steps=4", "trainer.log_every=2", "eval.every=1",
+              "--run-dir", str(run))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run
+
+
+def test_detect_detr_smoke_fit(fitted):
+    rows = [json.loads(l) for l in (fitted / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [2, 4]
+    # DETR's weighted loss dict: final layer and the aux copy (2 decoder layers -> suffix _0)
+    for key in ("loss_ce", "loss_bbox", "loss_giou", "loss_ce_0", "loss_bbox_0", "loss_giou_0", "class_error",
+                "cardinality_error", "loss_bbox_w", "grad_norm", "total"):
+        assert key in train[-1], key
+    assert train[-1]["total"] == pytest.approx(
+        sum(train[-1][k] for k in ("loss_ce", "loss_ce_0")) + sum(
+            train[-1][f"{k}_w"] for k in ("loss_bbox", "loss_giou", "loss_bbox_0", "loss_giou_0")), rel=1e-4)
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert evals and {"AP", "AP50", "AP75", "APs", "APm", "APl"} <= set(evals[-1])
+    summary = json.loads((fitted / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["metric"] == "AP50"
+
+
+def test_predict_draws_boxes_and_writes_coco_results(fitted, coco_root, tmp_path):
+    images = sorted((coco_root / "val").glob("*.png"))[:2]
+    out = tmp_path / "pred"
+    proc = vt("predict", str(fitted / "checkpoints" / "last.pt"), *map(str, images), "--out", str(out),
+              "--threshold", "0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for img in images:
+        drawn = Image.open(out / f"{img.stem}.png")
+        assert drawn.size == Image.open(img).size and drawn.mode == "RGB"
+    dets = json.loads((out / "detections.json").read_text())
+    assert len(dets) == 2 * 20  # threshold 0: every query of both images (20 queries)
+    cats = {c["id"] for c in json.loads((coco_root / "annotations" / "instances_val.json").read_text())["categories"]}
+    for d in dets:
+        assert d["image_id"] in (1, 2) and d["category_id"] in cats and 0 <= d["score"] <= 1
+        w, h = Image.open(images[d["image_id"] - 1]).size
+        x, y, bw, bh = d["bbox"]
+        assert -1e-3 <= x and -1e-3 <= y and x + bw <= w + 1e-3 and y + bh <= h + 1e-3
+
+
+def test_predict_refuses_a_classification_checkpoint(tmp_path):
+    run = tmp_path / "cls"
+    proc = vt("fit", "classify-fashion", "data.name=digits", "trainer.max_steps=2", "schedules.lr.warmup=0",
+              "--run-dir", str(run))
+    assert proc.returncode == 0, proc.stderr
+    proc = vt("predict", str(run / "checkpoints" / "last.pt"), "x.png", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "detection" in proc.stderr
+
+
+def test_detr_recipes_load():
+    for name in ("detect-detr", "detect-detr-r50-coco"):
+        cfg = C.load_config(name)
+        assert cfg.task.name == "detr" and cfg.trainer.clip_grad == 0.1
+    cfg = C.load_config("detect-detr-r50-coco")
+    assert (cfg.task.enc_layers, cfg.task.dec_layers, cfg.task.hidden_dim, cfg.task.num_queries) == (6, 6, 256, 100)
+    assert cfg.optim.lr_mult == {"^backbone\\.": 0.1} and cfg.schedules["lr"].milestones == [200]
