@@ -3,16 +3,17 @@
 Targets are a list (one per image) of ``{"labels": int64 [n_i], "boxes": float [n_i,4]}`` with
 boxes normalised ``cxcywh`` (the model's output format).
 
-Host syncs: the matching problem is solved by scipy on the CPU, so each matcher call moves its
-cost matrix to the host -- once for the whole batch, not once per image.  The criterion calls the
-matcher once per output set (main + each auxiliary decoder layer), so a forward makes exactly
-``1 + aux_layers`` device->host transfers (none if the batch has no targets at all) and no other
+Host syncs: the matching problem is solved by scipy on the CPU, so the cost matrices go to the
+host -- those of the final layer and of every auxiliary layer stacked into ONE transfer per batch
+(not one per image or per layer; none if the batch has no targets at all). There are no other
 host reads: every logged value (class_error, cardinality_error) stays a tensor, so the training
 loop decides when to read them.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import numpy as np
 
 from visiontrain._tv_compat import ensure_torchvision
 
@@ -69,12 +70,23 @@ class HungarianMatcher:
 
     @torch.no_grad()
     def __call__(self, outputs: dict, targets: Targets) -> Matches:
+        return self.match_many([outputs], targets)[0]
+
+    @torch.no_grad()
+    def match_many(self, output_sets: Sequence[dict], targets: Targets) -> list[Matches]:
+        """Match several output sets (the final layer and every auxiliary one) with ONE transfer
+        of all their cost matrices to the host."""
         sizes = [t["boxes"].shape[0] for t in targets]  # shapes are host metadata: no sync
         empty = torch.empty(0, dtype=torch.int64)
         if sum(sizes) == 0:  # nothing to match anywhere: skip the transfer entirely
-            return [(empty, empty) for _ in targets]
-        cost = self.cost_matrix(outputs, targets)
-        cost = cost.cpu().numpy()  # host sync: one per batch (Hungarian matching runs on the CPU)
+            return [[(empty, empty) for _ in targets] for _ in output_sets]
+        costs = torch.stack([self.cost_matrix(out, targets) for out in output_sets])
+        costs = costs.cpu().numpy()  # host sync: one per batch (Hungarian matching runs on the CPU)
+        return [self._solve(cost, sizes) for cost in costs]
+
+    @staticmethod
+    def _solve(cost: "np.ndarray", sizes: list[int]) -> Matches:
+        empty = torch.empty(0, dtype=torch.int64)
         matches: Matches = []
         start = 0
         for i, n in enumerate(sizes):
@@ -183,9 +195,11 @@ class SetCriterion(nn.Module):
 
         common = (starts, labels, boxes, sizes, num_boxes)
         main = {k: v for k, v in outputs.items() if k != "aux_outputs"}
-        losses = self._set_losses(main, self.matcher(main, targets), *common, final=True)
-        for i, aux in enumerate(outputs.get("aux_outputs", [])):
-            aux_losses = self._set_losses(aux, self.matcher(aux, targets), *common, final=False)
+        aux_sets = list(outputs.get("aux_outputs", []))
+        matches = self.matcher.match_many([main, *aux_sets], targets)  # one host transfer in all
+        losses = self._set_losses(main, matches[0], *common, final=True)
+        for i, (aux, aux_matches) in enumerate(zip(aux_sets, matches[1:])):
+            aux_losses = self._set_losses(aux, aux_matches, *common, final=False)
             losses.update({f"{k}_{i}": v for k, v in aux_losses.items()})
         return losses
 
