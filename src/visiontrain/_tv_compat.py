@@ -12,6 +12,7 @@ then imports torchvision.  Call it before anything imports torchvision or timm.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes, hashlib, importlib.util, logging, os, platform, re, shutil, struct
 import subprocess, sys, tempfile, threading
 from pathlib import Path
@@ -56,20 +57,16 @@ def _missing_symbols(sos, search_dirs):
             if name in STUB_LIBS:
                 continue
             for cand in [str(p / name) for p in (so.parent, *search_dirs) if (p / name).exists()] + [name]:
-                try:
+                with contextlib.suppress(OSError):
                     handles.append(ctypes.CDLL(cand, mode=ctypes.RTLD_GLOBAL))
                     break
-                except OSError:
-                    pass
             else:
                 raise RuntimeError(f"{so.name} needs {name}, which cannot be found; stubs cannot fix that")
 
     def defined(sym):
         for h in handles:
-            try:
+            with contextlib.suppress(AttributeError):
                 return bool(h[sym])  # dlsym; searches h and its dependencies
-            except AttributeError:
-                pass
         return False
     return {s: t for s, t in undef.items() if not defined(s)}
 

@@ -7,6 +7,7 @@ registers its own dataclass), so task-specific keys are checked exactly like eng
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import types
@@ -205,10 +206,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is float and isinstance(value, str):
-        try:  # YAML 1.1 reads 3e-4 (no dot) as a string
+        with contextlib.suppress(ValueError):  # YAML 1.1 reads 3e-4 (no dot) as a string
             return float(value)
-        except ValueError:
-            pass
     if tp is bool and not isinstance(value, bool):
         raise ConfigError(f"{key}: expected bool (true/false), got {value!r}")
     if tp in (int, float) and isinstance(value, bool):

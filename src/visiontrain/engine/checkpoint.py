@@ -7,6 +7,7 @@ a checkpoint holds only tensors and plain containers, so nothing in it can run c
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
@@ -37,10 +38,8 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as err:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         if isinstance(err, OSError):
             raise CheckpointError(f"could not write checkpoint {path}: {err.strerror or err} "
                                   f"(the previous file, if any, is intact)") from err
