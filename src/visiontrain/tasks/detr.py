@@ -60,6 +60,9 @@ class DetrTask(DetectionTask):
         from visiontrain.models.detr_loss import detr_weight_dict
 
         t = cfg.task
+        if t.val_size >= t.max_size:
+            raise ValueError(f"task.val_size={t.val_size} must be below task.max_size={t.max_size} "
+                             f"(the longer side is capped at max_size)")
         self.default_loss_weights = detr_weight_dict(aux_layers=t.dec_layers - 1 if t.aux_loss else 0)
 
     def transforms(self) -> tuple[Any, Any]:
