@@ -292,3 +292,29 @@ def test_training_steps_reduce_the_loss():
     with torch.no_grad():
         last = total()
     assert last < 0.8 * first.detach(), (first.item(), last.item())  # 14.2 -> ~9.3 in practice
+
+
+def test_backbone_weights_from_a_grey_timm_classifier(tmp_path):
+    """task.backbone_weights: a timm ResNet-18 trained on 1-channel images starts the DETR trunk
+    (stem adapted to RGB, classifier and unused layer4 ignored); a missing file names the key."""
+    import timm
+    from safetensors.torch import save_file
+
+    from visiontrain import config as C
+    from visiontrain.tasks.detr import DetrTask
+
+    grey = timm.create_model("resnet18", num_classes=10, in_chans=1)
+    save_file({k: v.contiguous() for k, v in grey.state_dict().items()}, str(tmp_path / "grey.safetensors"))
+    cfg = C.load_config("detect-detr", [f"task.backbone_weights={tmp_path / 'grey.safetensors'}"])
+    task = DetrTask(cfg)
+    model = task.build_model({"num_classes": 3})
+    report = task.init_weights(model)
+    body = model.backbone.body
+    assert "conv1.weight 1 -> 3 input channels" in report and "fc.weight" in report
+    assert torch.equal(body.layer2[0].conv1.weight, grey.layer2[0].conv1.weight)
+    assert torch.equal(body.bn1.running_mean, grey.bn1.running_mean)
+    # timm's adaptation: the grey filter repeated over RGB and divided by 3, so a grey image gives the same output
+    assert torch.allclose(body.conv1.weight.sum(1), grey.conv1.weight[:, 0], atol=1e-6)
+    missing = DetrTask(C.load_config("detect-detr", [f"task.backbone_weights={tmp_path / 'nope.safetensors'}"]))
+    with pytest.raises(ValueError, match="task.backbone_weights.*nope.safetensors"):
+        missing.init_weights(missing.build_model({"num_classes": 3}))

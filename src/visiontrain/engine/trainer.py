@@ -67,8 +67,10 @@ class Trainer:
 
         self.data_info = data.info  # saved in checkpoints: predict rebuilds the model from it
         model = task.build_model(data.info)
+        # a fresh run starts from the task's pretrained parts, then --init; a resumed one from its checkpoint
+        self.init_reports = [] if resume else [r for r in (task.init_weights(model),) if r]
         if init:
-            self.init_report = load_init_weights(model, init)
+            self.init_reports.append(load_init_weights(model, init))
         frozen = freeze_parameters(model, cfg.optim.freeze, cfg.optim.frozen_bn)
         model.to(self.device)
         if t.channels_last:
@@ -110,8 +112,8 @@ class Trainer:
         metric = cfg.eval.metric or task.metric
         self.metric, self.mode = metric, cfg.eval.mode or task.mode
         self.best = BestTracker(self.ckpt_dir, self.mode, cfg.checkpoint.keep_best) if writes else None
-        if init:
-            self.log.print(self.init_report)
+        for report in self.init_reports:
+            self.log.print(report)
         if frozen:
             self.log.print(f"frozen {len(frozen)} parameter tensors")
         self.step, self.epoch, self.step_in_epoch = 0, 0, 0

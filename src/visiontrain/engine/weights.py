@@ -24,25 +24,45 @@ def _state_from_file(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_init_weights(model: nn.Module, path: str | Path) -> str:
+def _input_conv_adaptable(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """A first conv trained on grey (1) or RGB (3) images, wanted with the other channel count."""
+    return (src.dim() == dst.dim() == 4 and src.shape[0] == dst.shape[0] and src.shape[2:] == dst.shape[2:]
+            and src.shape[1] in (1, 3) and dst.shape[1] in (1, 3) and src.shape[1] != dst.shape[1])
+
+
+def _adapt_input_conv(weight: torch.Tensor, channels: int) -> torch.Tensor:
+    """Grey -> RGB: the filter repeated over the channels and divided by 3, so an RGB image of a grey
+    one gives the same response; RGB -> grey: summed over the channels (what timm does for grey)."""
+    if channels == 1:
+        return weight.sum(1, keepdim=True)
+    return weight.repeat(1, channels, 1, 1) / channels
+
+
+def load_init_weights(model: nn.Module, path: str | Path, *, what: str = "--init") -> str:
     """Load weights only; tensors whose shape differs (a new class count) or that the model lacks
-    are skipped and reported. Returns the report line."""
+    are skipped and reported. An input conv of 1 channel loaded into 3 (or back) is adapted, so a
+    model trained on grey images can start an RGB one. ``what`` names the option in messages. Returns the report line."""
     source = _state_from_file(path)
     own = model.state_dict()
-    loaded, mismatched, unexpected = {}, [], []
+    loaded, mismatched, unexpected, adapted = {}, [], [], []
     for key, tensor in source.items():
         if key not in own:
             unexpected.append(key)
-        elif own[key].shape != tensor.shape:
-            mismatched.append(f"{key} {tuple(tensor.shape)} -> {tuple(own[key].shape)}")
-        else:
+        elif own[key].shape == tensor.shape:
             loaded[key] = tensor
+        elif _input_conv_adaptable(tensor, own[key]):
+            loaded[key] = _adapt_input_conv(tensor, own[key].shape[1])
+            adapted.append(f"{key} {tensor.shape[1]} -> {own[key].shape[1]} input channels")
+        else:
+            mismatched.append(f"{key} {tuple(tensor.shape)} -> {tuple(own[key].shape)}")
     if not loaded:
-        raise CheckpointError(f"--init {path}: no tensor matches this model by name and shape "
+        raise CheckpointError(f"{what} {path}: no tensor matches this model by name and shape "
                               f"(is it a checkpoint of another model?)")
     model.load_state_dict(loaded, strict=False)
     missing = [k for k in own if k not in loaded]
-    parts = [f"--init {path}: loaded {len(loaded)}/{len(own)} tensors"]
+    parts = [f"{what} {path}: loaded {len(loaded)}/{len(own)} tensors"]
+    if adapted:
+        parts.append(f"adapted {', '.join(adapted)}")
     if mismatched:
         parts.append(f"skipped {len(mismatched)} with another shape: {', '.join(mismatched)}")
     if unexpected:

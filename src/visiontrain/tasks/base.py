@@ -30,6 +30,21 @@ class TaskData:
     group_ids: list[int] | None = None          # batch only samples of one group (aspect ratio)
 
 
+@dataclass
+class ExportSpec:
+    """What ``visiontrain export`` traces: a module whose inputs and outputs are plain tensors (no
+    dicts or lists, so ONNX/TorchScript/torch.export all accept it) and an example input."""
+    module: nn.Module                           # in eval mode; e.g. the network up to its raw outputs
+    example_inputs: tuple[torch.Tensor, ...]
+    input_names: list[str]
+    output_names: list[str]
+    dynamic_batch: bool = True                  # batch dimension left free in the exported graph
+
+
+class ExportUnsupported(Exception):
+    """A task/model that cannot be exported in a format; the message says why and what to do."""
+
+
 class Task(abc.ABC):
     name: str = ""
     default_loss_weights: dict[str, float] = {}
@@ -63,6 +78,17 @@ class Task(abc.ABC):
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]] | None:
         """Custom optimizer groups; None lets the engine build them from the optim rules."""
         return None
+
+    def init_weights(self, model: nn.Module) -> str | None:
+        """Load pretrained parts the config names (e.g. a backbone file) at the start of a fresh
+        run; returns a report line. Not called on resume, validate or predict, where the
+        checkpoint holds every weight, so the file need not exist there."""
+        return None
+
+    def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
+        """The traceable form of ``model`` for ``visiontrain export``; tasks that can be exported
+        override this."""
+        raise ExportUnsupported(f"task {self.name!r} does not support export")
 
     def hooks(self) -> list[Hook]:
         return []

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from visiontrain.config import TaskConfig, doc, register_task_config
+from visiontrain.tasks.base import ExportSpec
 from visiontrain.tasks.detection import DetectionTask
 
 
@@ -22,6 +23,9 @@ class DetrConfig(TaskConfig):
     name: str = doc("task name", "detr")
     backbone: str = doc("torchvision ResNet: resnet18 | resnet34 | resnet50 | resnet101", "resnet50")
     pretrained_backbone: bool = doc("ImageNet weights for the backbone (must be cached locally)", False)
+    backbone_weights: str = doc("file (.safetensors or checkpoint) with ResNet weights for the backbone, e.g. "
+                                "the model.safetensors of a classification run with task.model=resnet18; "
+                                "'' = none", "")
     train_backbone_layers: list[str] = doc("trained backbone parts (stem, layer1..layer4); the rest frozen",
                                            factory=lambda: ["layer2", "layer3", "layer4"])
     feature_layer: str = doc("backbone output: layer4 (stride 32, the paper) or layer3 (stride 16)", "layer4")
@@ -79,11 +83,27 @@ class DetrTask(DetectionTask):
         t = self.cfg.task
         matcher = HungarianMatcher(t.cost_class, t.cost_bbox, t.cost_giou)
         self.criterion = SetCriterion(info["num_classes"], matcher, self.loss_weights, eos_coef=t.eos_coef)
-        return DETR(info["num_classes"], backbone=t.backbone, hidden_dim=t.hidden_dim, nheads=t.nheads,
+        model = DETR(info["num_classes"], backbone=t.backbone, hidden_dim=t.hidden_dim, nheads=t.nheads,
                     enc_layers=t.enc_layers, dec_layers=t.dec_layers, dim_feedforward=t.dim_feedforward,
                     dropout=t.dropout, num_queries=t.num_queries, pretrained_backbone=t.pretrained_backbone,
                     train_backbone_layers=tuple(t.train_backbone_layers), feature_layer=t.feature_layer,
                     frozen_bn=t.frozen_bn)
+        return model
+
+    def init_weights(self, model: nn.Module) -> str | None:
+        """``task.backbone_weights``: a ResNet's own weights (torchvision or timm names: conv1, bn1,
+        layer1..) into the trunk; its classifier and the layers DETR does not use are ignored, and a
+        grey stem is adapted to RGB."""
+        from visiontrain.engine.checkpoint import CheckpointError
+        from visiontrain.engine.weights import load_init_weights
+
+        path = self.cfg.task.backbone_weights
+        if not path:
+            return None
+        try:
+            return load_init_weights(model.backbone.body, path, what="task.backbone_weights")
+        except (CheckpointError, FileNotFoundError) as err:
+            raise ValueError(f"task.backbone_weights: {err}") from err
 
     def losses(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         from torchvision.ops import box_convert
@@ -105,3 +125,16 @@ class DetrTask(DetectionTask):
         from visiontrain.models.detr import postprocess
 
         return postprocess(model(images, mask), orig_sizes)
+
+    def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
+        """The raw outputs (pred_logits [B,Q,C+1], pred_boxes [B,Q,4] normalised cxcywh) from images
+        [B,3,H,W] prepared as for evaluation and their padding mask [B,H,W] (True = padding): the
+        Hungarian-free post-processing is a softmax and a box scale, left to the caller."""
+        from visiontrain.export import DictOutputs
+
+        side = -(-self.cfg.task.val_size // 32) * 32
+        images = torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(0))
+        mask = torch.zeros(2, side, side, dtype=torch.bool)
+        mask[1, :, side - side // 4:] = True  # the second image padded on the right, as in a real batch
+        return ExportSpec(DictOutputs(model.eval(), ["pred_logits", "pred_boxes"]), (images, mask),
+                          ["images", "mask"], ["pred_logits", "pred_boxes"])
