@@ -5,6 +5,7 @@
     visiontrain validate RUN_DIR|CHECKPOINT [k=v ...]
     visiontrain show-config RECIPE|FILE [k=v ...] [--docs]
     visiontrain predict CHECKPOINT IMAGE... --out DIR [--threshold 0.5] [--ema]
+    visiontrain export CHECKPOINT --format onnx|exported-program|torchscript [--out FILE] [--ema]
 """
 from __future__ import annotations
 
@@ -122,6 +123,19 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from visiontrain.export import export_checkpoint
+    from visiontrain.tasks.base import ExportUnsupported
+
+    try:
+        result = export_checkpoint(args.checkpoint, args.format, args.out, use_ema=args.ema)
+    except ExportUnsupported as err:
+        print(f"visiontrain: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    print(json.dumps(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="visiontrain", description="Train vision models from recipes.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -147,6 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--threshold", type=float, default=0.5, help="minimum score drawn and written")
     pred.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
     pred.set_defaults(fn=cmd_predict)
+
+    exp = sub.add_parser("export", help="write a checkpoint's network as ONNX / ExportedProgram / TorchScript "
+                                        "and compare it with PyTorch")
+    exp.add_argument("checkpoint")
+    exp.add_argument("--format", required=True, choices=["onnx", "exported-program", "torchscript"])
+    exp.add_argument("--out", help="output file (default: the checkpoint path with the format's suffix)")
+    exp.add_argument("--ema", action="store_true", help="export the checkpoint's EMA weights")
+    exp.set_defaults(fn=cmd_export)
 
     show = sub.add_parser("show-config", help="print the resolved config")
     show.add_argument("recipe")

@@ -12,6 +12,9 @@ def predict_images(task: Any, state: dict[str, Any], images: list[str], out: Pat
                    score_threshold: float = 0.5, use_ema: bool = False) -> int:
     """Writes OUT/<stem>.png (boxes, class names, scores) and OUT/detections.json (COCO results
     format; image_id = position in the argument list, 1-based). Returns the detection count."""
+    from visiontrain._tv_compat import ensure_torchvision
+
+    ensure_torchvision()  # nothing before this point need have loaded torchvision (e.g. the rcnn task)
     from torchvision.utils import draw_bounding_boxes
     from PIL import Image
 

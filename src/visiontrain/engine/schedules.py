@@ -9,6 +9,9 @@ Semantics (``W`` = warmup in steps, ``T`` = total steps of the run):
 * Warmup: linear from ``warmup_start`` (default 0.0) at step 0 to the main schedule's
   starting value at step ``W`` (that is ``base``; for ``multistep`` with a milestone
   inside the warmup it is the already-decayed value, so the curve never jumps).
+  ``warmup_factor`` instead starts it at that fraction of the value it ramps to
+  (seamseg's burn-in from a third of the lr): relative, so it stays right when the lr
+  is overridden or scaled by ``optim.base_batch``.
 * The main schedule runs over ``[W, T]`` with ``t = (step - W) / (T - W)``, so cosine,
   linear and poly reach ``end`` exactly at ``T``. At ``step >= T`` the value is clamped
   to the value at ``T``.
@@ -55,6 +58,8 @@ class ScheduleConfig:
     power: float = field(default=0.9, metadata={"doc": "exponent of poly"})
     warmup: float = field(default=0.0, metadata={"doc": "linear warmup length in `unit` (0 = none)"})
     warmup_start: float | None = field(default=None, metadata={"doc": "value at step 0 of the warmup (default 0)"})
+    warmup_factor: float | None = field(default=None, metadata={"doc": "warmup starts at this fraction of the "
+                                                                       "value it ramps to (instead of warmup_start)"})
     unit: str = field(default="steps", metadata={"doc": "steps | epochs: unit of warmup, milestones, step_size"})
     base: float | None = field(default=None, metadata={"doc": "start value of the main schedule (default: the "
                                                               "configured value, e.g. optim.lr)"})
@@ -142,6 +147,7 @@ class Schedule:
     gamma: float = 0.1
     power: float = 0.9
     name: str = "value"
+    warmup_factor: float | None = None  # if set, the warmup starts at this fraction of its target
 
     def __call__(self, step: int) -> float:
         if step < 0:
@@ -151,7 +157,8 @@ class Schedule:
             return self._main(total, 1.0)
         if step < w:
             target = self._main(w, 0.0)
-            return self.warmup_start + (target - self.warmup_start) * (step / w)
+            start = self.warmup_start if self.warmup_factor is None else self.warmup_factor * target
+            return start + (target - start) * (step / w)
         return self._main(step, (step - w) / (total - w))
 
     def _main(self, step: float, t: float) -> float:
@@ -203,6 +210,10 @@ def build_schedule(
     warmup_start = _finite(
         name, "warmup_start", cfg.warmup_start if cfg.warmup_start is not None else 0.0
     )
+    if cfg.warmup_factor is not None and cfg.warmup_start is not None:
+        raise ValueError(f"schedule {name!r}: give warmup_start (absolute) or warmup_factor (relative), not both")
+    warmup_factor = None if cfg.warmup_factor is None else _finite(name, "warmup_factor", cfg.warmup_factor,
+                                                                   min_value=0.0)
     gamma = _finite(name, "gamma", cfg.gamma, min_value=0.0)
     power = _finite(name, "power", cfg.power, min_value=0.0)
     warmup = _finite(name, "warmup", cfg.warmup, min_value=0.0)
@@ -241,7 +252,7 @@ def build_schedule(
     return Schedule(
         shape=cfg.shape, base=start, end=end, total_steps=float(total),
         warmup_steps=warmup_steps, warmup_start=warmup_start, step_size=step_size_steps,
-        milestones=milestones, gamma=gamma, power=power, name=name,
+        milestones=milestones, gamma=gamma, power=power, name=name, warmup_factor=warmup_factor,
     )  # fmt: skip
 
 

@@ -7,8 +7,11 @@ from visiontrain.config import Config
 from visiontrain.tasks.base import Task, TaskData
 from visiontrain.tasks.classification import ClassificationTask
 from visiontrain.tasks.detr import DetrTask
+from visiontrain.tasks.rcnn import RcnnTask
+from visiontrain.tasks.yolo import YoloTask
 
-TASKS: dict[str, type[Task]] = {"classification": ClassificationTask, "detr": DetrTask}
+TASKS: dict[str, type[Task]] = {"classification": ClassificationTask, "detr": DetrTask, "rcnn": RcnnTask,
+                                "yolo": YoloTask}
 
 
 def build_task(cfg: Config) -> Task:

@@ -12,7 +12,7 @@ from torch import nn
 
 from visiontrain.config import TaskConfig, doc, register_task_config
 from visiontrain.engine.hooks import Hook
-from visiontrain.tasks.base import Task, TaskData
+from visiontrain.tasks.base import ExportSpec, Task, TaskData
 
 
 @dataclass
@@ -135,6 +135,12 @@ class ClassificationTask(Task):
         loss, top1, top5, n = sums.tolist()  # host sync (end of evaluation)
         n = max(n, 1.0)
         return {"top1": 100.0 * top1 / n, "top5": 100.0 * top5 / n, "loss": loss / n}
+
+    def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
+        """Images [B, C, S, S] (normalised as in training) -> logits [B, classes]; batch left free."""
+        example = torch.randn(2, info["in_channels"], info["image_size"], info["image_size"],
+                              generator=torch.Generator().manual_seed(0))
+        return ExportSpec(model.eval(), (example,), ["images"], ["logits"])
 
     def hooks(self) -> list[Hook]:
         t = self.cfg.task

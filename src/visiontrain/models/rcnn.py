@@ -1,0 +1,149 @@
+"""Faster R-CNN with an FPN (Ren et al. 2015; Lin et al. 2017), built from torchvision's parts.
+
+torchvision's ``FasterRCNN`` resizes, normalises and pads images itself (``GeneralizedRCNNTransform``)
+and checks every target box on the host. visiontrain's detection data already arrive resized,
+ImageNet-normalised and padded into one batch with each image's real size known, so
+:class:`PreparedFasterRCNN` keeps torchvision's backbone, RPN and RoI heads (same modules, same
+state-dict keys, same four losses) and skips that transform: the work is done once, and nothing in
+the forward pass reads a device value that torchvision's own heads do not.
+
+Labels follow torchvision's convention inside the model (0 = background, classes from 1); the task
+maps its contiguous 0-based labels in and out.
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+
+from visiontrain._tv_compat import ensure_torchvision
+
+ensure_torchvision()
+
+import torch  # noqa: E402
+import torchvision  # noqa: E402
+from torch import Tensor, nn  # noqa: E402
+from torchvision.models.detection import FasterRCNN  # noqa: E402
+from torchvision.models.detection.anchor_utils import AnchorGenerator  # noqa: E402
+from torchvision.models.detection.backbone_utils import _mobilenet_extractor, _resnet_fpn_extractor  # noqa: E402
+from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead  # noqa: E402
+from torchvision.models.detection.image_list import ImageList  # noqa: E402
+from torchvision.ops import FeaturePyramidNetwork, FrozenBatchNorm2d, MultiScaleRoIAlign  # noqa: E402
+from torchvision.ops.feature_pyramid_network import LastLevelMaxPool  # noqa: E402
+
+from visiontrain.engine.param_groups import freeze_parameters  # noqa: E402
+
+__all__ = ["BACKBONES", "PreparedFasterRCNN", "RcnnExport", "build_faster_rcnn", "fpn_levels"]
+
+RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101")
+BACKBONES = (*RESNETS, "mobilenet_v3_large")
+
+
+def cached_imagenet_weights(name: str) -> torchvision.models.WeightsEnum:
+    """torchvision's default ImageNet weights for ``name`` if the file is already in the torch hub
+    cache; otherwise a clear error up front instead of a download that hangs on an offline machine."""
+    weights = torchvision.models.get_model_weights(name).DEFAULT
+    path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(weights.url))
+    if not os.path.isfile(path):
+        raise RuntimeError(
+            f"task.pretrained_backbone=true needs the torchvision {name} ImageNet weights in the local cache, but "
+            f"{path} does not exist. Fixes: task.pretrained_backbone=false (train from scratch), or download "
+            f"{weights.url} on a machine with network access and copy it to {path} (TORCH_HOME moves the cache).")
+    return weights
+
+
+def fpn_levels(backbone: str, returned_layers: Sequence[int]) -> int:
+    """Feature maps the FPN gives the heads: one per returned stage plus the max-pooled top level."""
+    if backbone not in BACKBONES:
+        raise ValueError(f"task.backbone: unknown backbone {backbone!r}; expected one of {', '.join(BACKBONES)}")
+    return len(returned_layers) + 1
+
+
+def _fpn_backbone(name: str, pretrained: bool, trainable_layers: int, frozen_bn: bool,
+                  returned_layers: Sequence[int], channels: int) -> nn.Module:
+    """Trunk + FPN with ``channels`` outputs (torchvision fixes 256; CPU recipes want fewer).
+
+    The stages below ``trainable_layers`` are frozen by torchvision's rule; their batch norms become
+    FrozenBatchNorm2d even when ``frozen_bn`` is off, so a frozen stage really is frozen (torchvision
+    alone would keep updating its running statistics)."""
+    weights = cached_imagenet_weights(name) if pretrained else None
+    norm = FrozenBatchNorm2d if frozen_bn else nn.BatchNorm2d
+    trunk = getattr(torchvision.models, name)(weights=weights, norm_layer=norm)
+    try:
+        if name in RESNETS:
+            net = _resnet_fpn_extractor(trunk, trainable_layers, list(returned_layers))
+        else:
+            net = _mobilenet_extractor(trunk, True, trainable_layers, list(returned_layers))
+    except ValueError as err:  # torchvision names the allowed range
+        raise ValueError(f"task.trainable_layers / task.returned_layers for {name}: {err}") from None
+    frozen = [n for n, p in net.body.named_parameters() if not p.requires_grad]
+    if frozen and not frozen_bn:
+        freeze_parameters(net.body, [f"^{re.escape(n)}$" for n in frozen], frozen_bn=True)
+    if channels != net.out_channels:
+        in_channels = [block[0].in_channels for block in net.fpn.inner_blocks]
+        net.fpn = FeaturePyramidNetwork(in_channels, channels, extra_blocks=LastLevelMaxPool())
+        net.out_channels = channels
+    return net
+
+
+class PreparedFasterRCNN(FasterRCNN):
+    """torchvision's Faster R-CNN on a prepared batch: ``forward(images [B,3,H,W] normalised and
+    padded, image_sizes [(h, w)] of the real pixels, targets=None)`` returns ``(detections, losses)``;
+    detections (eval mode) are in the coordinates of the prepared images, losses (train mode) are
+    torchvision's four: loss_objectness, loss_rpn_box_reg, loss_classifier, loss_box_reg."""
+
+    def forward(self, images: Tensor, image_sizes: list[tuple[int, int]],  # type: ignore[override]
+                targets: list[dict[str, Tensor]] | None = None
+                ) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
+        batch = ImageList(images, image_sizes)
+        features = self.backbone(images)
+        proposals, rpn_losses = self.rpn(batch, features, targets)
+        detections, roi_losses = self.roi_heads(features, proposals, image_sizes, targets)
+        return detections, {**rpn_losses, **roi_losses}
+
+
+def build_faster_rcnn(num_classes: int, *, backbone: str = "resnet50", pretrained_backbone: bool = False,
+                      trainable_layers: int = 3, frozen_bn: bool = True, returned_layers: Sequence[int] = (1, 2, 3, 4),
+                      fpn_channels: int = 256, anchor_sizes: Sequence[int] = (32, 64, 128, 256, 512),
+                      aspect_ratios: Sequence[float] = (0.5, 1.0, 2.0), representation_size: int = 1024,
+                      rpn_pre_nms_top_n: Sequence[int] = (2000, 1000),
+                      rpn_post_nms_top_n: Sequence[int] = (2000, 1000), rpn_batch_size_per_image: int = 256,
+                      box_batch_size_per_image: int = 512, box_score_thresh: float = 0.05,
+                      box_nms_thresh: float = 0.5, detections_per_img: int = 100) -> PreparedFasterRCNN:
+    """A Faster R-CNN for ``num_classes`` object classes (background added), with one anchor size per
+    FPN level; the defaults are torchvision's ``fasterrcnn_resnet50_fpn``. Pairs are (train, test)."""
+    levels = fpn_levels(backbone, returned_layers)
+    if len(anchor_sizes) != levels:
+        raise ValueError(f"task.anchor_sizes: need one size per FPN level ({levels}: {len(returned_layers)} returned "
+                         f"layers + the pooled level), got {list(anchor_sizes)}")
+    for key, pair in (("rpn_pre_nms_top_n", rpn_pre_nms_top_n), ("rpn_post_nms_top_n", rpn_post_nms_top_n)):
+        if len(pair) != 2:
+            raise ValueError(f"task.{key}: expected [train, test], got {list(pair)}")
+    body = _fpn_backbone(backbone, pretrained_backbone, trainable_layers, frozen_bn, returned_layers, fpn_channels)
+    anchors = AnchorGenerator(tuple((s,) for s in anchor_sizes), (tuple(aspect_ratios),) * levels)
+    pool = MultiScaleRoIAlign([str(i) for i in range(levels - 1)], output_size=7, sampling_ratio=2)
+    model = PreparedFasterRCNN(
+        body, num_classes=None, rpn_anchor_generator=anchors, box_roi_pool=pool,
+        box_head=TwoMLPHead(fpn_channels * 7 * 7, representation_size),
+        box_predictor=FastRCNNPredictor(representation_size, num_classes + 1),
+        rpn_pre_nms_top_n_train=rpn_pre_nms_top_n[0], rpn_pre_nms_top_n_test=rpn_pre_nms_top_n[1],
+        rpn_post_nms_top_n_train=rpn_post_nms_top_n[0], rpn_post_nms_top_n_test=rpn_post_nms_top_n[1],
+        rpn_batch_size_per_image=rpn_batch_size_per_image, box_batch_size_per_image=box_batch_size_per_image,
+        box_score_thresh=box_score_thresh, box_nms_thresh=box_nms_thresh, box_detections_per_img=detections_per_img)
+    model.transform = None  # never used: the data pipeline resizes, normalises and pads
+    return model
+
+
+class RcnnExport(nn.Module):
+    """One prepared image [1,3,H,W] -> (boxes [N,4] XYXY in its pixels, labels [N] 0-based, scores [N]):
+    the full detector with its post-processing (NMS included), in tensors only."""
+
+    def __init__(self, model: PreparedFasterRCNN) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, image: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        size = (image.shape[-2], image.shape[-1])
+        detections, _ = self.model(image, [size])
+        det = detections[0]
+        return det["boxes"], det["labels"] - 1, det["scores"]

@@ -1,0 +1,177 @@
+"""Faster R-CNN with an FPN, trained the way seamseg trains its two-stage detectors.
+
+What comes from seamseg (``scripts/train_detection.py``): the four losses weighted by
+``task.loss_weights`` (its ``loss_weights``), SGD with Nesterov momentum, parameter groups that
+split norm layers from the rest (norm lr 0 when batch norm is frozen, no weight decay on norms
+unless ``weight_decay_norm``), a per-iteration poly schedule with a burn-in from a third of the lr
+(``schedules.lr: {shape: poly, warmup: 500, warmup_factor: 0.333}``), frozen first backbone stages
+and frozen batch norm. The network is torchvision's (``models/rcnn.py``); DetectionTask supplies the
+data, aspect-ratio grouped batches, COCO evaluation and prediction.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from visiontrain.config import TaskConfig, doc, register_task_config
+from visiontrain.engine.param_groups import no_decay_names
+from visiontrain.tasks.base import ExportSpec, TaskData
+from visiontrain.tasks.detection import DetectionTask
+
+LOSSES = ("loss_objectness", "loss_rpn_box_reg", "loss_classifier", "loss_box_reg")
+_NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+
+
+@dataclass
+class RcnnConfig(TaskConfig):
+    name: str = doc("task name", "rcnn")
+    backbone: str = doc("resnet18 | resnet34 | resnet50 | resnet101 | mobilenet_v3_large", "resnet50")
+    pretrained_backbone: bool = doc("ImageNet weights for the backbone (must be cached locally)", False)
+    trainable_layers: int = doc("backbone stages trained, from the top (resnet 0-5, 5 = all; mobilenet 0-6); "
+                                "the rest frozen, their batch norm too", 3)
+    frozen_bn: bool = doc("FrozenBatchNorm2d in the whole backbone, and lr 0 for any trainable norm layer left "
+                          "(seamseg bn_frozen); needs pretrained weights to make sense", True)
+    weight_decay_norm: bool = doc("weight decay on norm-layer parameters too (seamseg weight_decay_norm)", False)
+    returned_layers: list[int] = doc("backbone stages fed to the FPN (resnet 1-4; mobilenet stage indices)",
+                                     factory=lambda: [1, 2, 3, 4])
+    fpn_channels: int = doc("FPN width", 256)
+    anchor_sizes: list[int] = doc("anchor side per FPN level (one per returned layer + the pooled level)",
+                                  factory=lambda: [32, 64, 128, 256, 512])
+    aspect_ratios: list[float] = doc("anchor aspect ratios (h/w) at every level", factory=lambda: [0.5, 1.0, 2.0])
+    representation_size: int = doc("width of the box head's two fully connected layers", 1024)
+    rpn_pre_nms_top_n: list[int] = doc("RPN proposals kept per level before NMS [train, test]",
+                                       factory=lambda: [2000, 1000])
+    rpn_post_nms_top_n: list[int] = doc("RPN proposals kept per image after NMS [train, test]",
+                                        factory=lambda: [2000, 1000])
+    rpn_batch_size_per_image: int = doc("anchors sampled per image for the RPN losses", 256)
+    box_batch_size_per_image: int = doc("proposals sampled per image for the RoI head losses", 512)
+    box_score_thresh: float = doc("evaluation: drop detections scoring below this", 0.05)
+    box_nms_thresh: float = doc("evaluation: per-class NMS IoU", 0.5)
+    detections_per_img: int = doc("evaluation: detections kept per image", 100)
+    train_scales: list[int] = doc("shorter-side sizes drawn for training", factory=lambda: [800])
+    max_size: int = doc("cap on the longer side", 1333)
+    val_size: int = doc("evaluation: shorter side", 800)
+    vertical_flip: bool = doc("also flip training images vertically (aerial photos)", False)
+    group_aspect: bool = doc("batch images of like aspect ratio together", True)
+
+
+register_task_config("rcnn", RcnnConfig)
+
+
+def collate_with_sizes(batch: list[tuple[Any, dict[str, Any]]]) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
+    """The detection collate plus ``hw``: each image's real (h, w) as Python ints, read from the
+    images' shapes here in the data loader, so the training step never reads sizes from the device."""
+    from visiontrain.data.detection.transforms import collate_detection
+
+    images, mask, targets = collate_detection(batch)
+    for (img, _), target in zip(batch, targets):
+        target["hw"] = (int(img.shape[-2]), int(img.shape[-1]))
+    return images, mask, targets
+
+
+class RcnnTask(DetectionTask):
+    name = "rcnn"
+    default_loss_weights = {k: 1.0 for k in LOSSES}
+    metric, mode = "AP", "max"
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        t = cfg.task
+        if not t.train_scales:
+            raise ValueError("task.train_scales: give at least one training size")
+        if t.val_size >= t.max_size or max(t.train_scales) > t.max_size:
+            raise ValueError(f"task.val_size={t.val_size} must be below and task.train_scales={t.train_scales} at most "
+                             f"task.max_size={t.max_size} (the longer side is capped at max_size)")
+
+    def transforms(self) -> tuple[Any, Any]:
+        from visiontrain._tv_compat import ensure_torchvision
+
+        ensure_torchvision()
+        import torchvision.transforms.v2 as T
+
+        from visiontrain.data.detection.transforms import IMAGENET_MEAN, IMAGENET_STD
+
+        t = self.cfg.task
+        finish = [T.ToDtype(torch.float32, scale=True), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+        flips = [T.RandomHorizontalFlip()] + ([T.RandomVerticalFlip()] if t.vertical_flip else [])
+        train = T.Compose([*flips, T.RandomShortestSize(list(t.train_scales), max_size=t.max_size),
+                           T.SanitizeBoundingBoxes(labels_getter=lambda sample: sample[1]["labels"]), *finish])
+        return train, T.Compose([T.Resize(t.val_size, max_size=t.max_size), *finish])
+
+    def build_data(self) -> TaskData:
+        data = super().build_data()
+        data.train_collate = data.eval_collate = collate_with_sizes
+        return data
+
+    def build_model(self, info: dict[str, Any]) -> nn.Module:
+        from visiontrain.models.rcnn import build_faster_rcnn
+
+        t = self.cfg.task
+        return build_faster_rcnn(
+            info["num_classes"], backbone=t.backbone, pretrained_backbone=t.pretrained_backbone,
+            trainable_layers=t.trainable_layers, frozen_bn=t.frozen_bn, returned_layers=t.returned_layers,
+            fpn_channels=t.fpn_channels, anchor_sizes=t.anchor_sizes,
+            aspect_ratios=t.aspect_ratios, representation_size=t.representation_size,
+            rpn_pre_nms_top_n=t.rpn_pre_nms_top_n,
+            rpn_post_nms_top_n=t.rpn_post_nms_top_n, rpn_batch_size_per_image=t.rpn_batch_size_per_image,
+            box_batch_size_per_image=t.box_batch_size_per_image, box_score_thresh=t.box_score_thresh,
+            box_nms_thresh=t.box_nms_thresh, detections_per_img=t.detections_per_img)
+
+    def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
+        """seamseg's groups: norm-layer parameters (lr 0 under frozen_bn, no weight decay unless
+        weight_decay_norm) and the rest. ``optim.lr_mult`` regexes and ``optim.no_decay_bias_norm``
+        still apply on top, so every optim key keeps its meaning."""
+        o, t = self.cfg.optim, self.cfg.task
+        rules = [(re.compile(k), v) for k, v in o.lr_mult.items()]
+        skip = no_decay_names(model) if o.no_decay_bias_norm else set()
+        groups: dict[tuple[bool, bool, float], dict[str, Any]] = {}
+        for mod_name, module in model.named_modules():
+            is_norm = isinstance(module, _NORMS)
+            for p_name, param in module.named_parameters(recurse=False):
+                if not param.requires_grad:
+                    continue
+                name = f"{mod_name}.{p_name}" if mod_name else p_name
+                mult = 0.0 if is_norm and t.frozen_bn else next((m for r, m in rules if r.search(name)), 1.0)
+                decay = o.weight_decay > 0 and name not in skip and (t.weight_decay_norm or not is_norm)
+                key = (is_norm, decay, mult)
+                if key not in groups:
+                    groups[key] = {"params": [], "param_names": [], "decay": decay, "lr_mult": mult,
+                                   "weight_decay": o.weight_decay if decay else 0.0,
+                                   "name": f"{'norm' if is_norm else 'other'}{'' if decay else '_no_decay'}_x{mult:g}"}
+                groups[key]["params"].append(param)
+                groups[key]["param_names"].append(name)
+        return list(groups.values())
+
+    def losses(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        images, _, targets = batch
+        sizes = [t["hw"] for t in targets]  # Python ints from the collate: no device read
+        tv_targets = [{"boxes": t["boxes"], "labels": t["labels"] + 1} for t in targets]  # 0 = background
+        _, losses = model(images, sizes, tv_targets)
+        return losses
+
+    def predict_batch(self, model: nn.Module, images: torch.Tensor, mask: torch.Tensor,
+                      orig_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        real = ~mask
+        heights, widths = real.any(dim=2).sum(dim=1), real.any(dim=1).sum(dim=1)
+        sizes = list(zip(heights.tolist(), widths.tolist()))  # host sync (evaluation: RoI heads need ints)
+        detections, _ = model(images, sizes)
+        out = []
+        for det, (h, w), orig in zip(detections, sizes, orig_sizes):
+            scale = torch.stack([orig[1] / w, orig[0] / h]).repeat(2).to(det["boxes"].dtype)
+            out.append({"boxes": det["boxes"] * scale, "scores": det["scores"], "labels": det["labels"] - 1})
+        return out
+
+    def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
+        """The whole detector with post-processing on one prepared image (resized so its shorter
+        side is ``val_size``, ImageNet-normalised): boxes in that image's pixels, 0-based labels,
+        scores. torchvision's R-CNN exports to ONNX with its NMS (opset >= 11)."""
+        from visiontrain.models.rcnn import RcnnExport
+
+        side = -(-self.cfg.task.val_size // 32) * 32
+        example = torch.randn(1, 3, side, side, generator=torch.Generator().manual_seed(0))
+        return ExportSpec(RcnnExport(model).eval(), (example,), ["image"], ["boxes", "labels", "scores"],
+                          dynamic_batch=False)

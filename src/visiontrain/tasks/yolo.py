@@ -1,0 +1,222 @@
+"""YOLOv3, GluonCV style: Darknet-53 (or a smaller timm backbone), nine anchors over three scales,
+four logged losses, batch mixup switched off for the last epochs, multi-scale training, per-class
+NMS, and VOC07 11-point mAP next to COCO AP at every evaluation.
+
+The engine settings GluonCV's script hard-codes (SGD momentum 0.9, weight decay 5e-4 with none on
+biases and BN, warmup then step / cosine / poly) are recipe keys; what is YOLO-specific lives here
+and in ``models.yolo`` / ``models.yolo_loss``: all of it runs on the device without host reads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from visiontrain.config import TaskConfig, doc, register_task_config
+from visiontrain.engine.hooks import Hook
+from visiontrain.models.yolo import COCO_ANCHORS
+from visiontrain.tasks.base import ExportSpec
+from visiontrain.tasks.detection import DetectionTask
+
+
+@dataclass
+class YoloConfig(TaskConfig):
+    name: str = doc("task name", "yolo")
+    backbone: str = doc("timm feature extractor with stride 8/16/32 maps: darknet53 (the paper), "
+                        "cs3darknet_focus_s, resnet18, ...", "darknet53")
+    backbone_width: float = doc("channel multiplier for timm's Darknet / CSP-Darknet backbones (0.25: a "
+                                "CPU-sized Darknet); 1.0 = as published", 1.0)
+    pretrained_backbone: bool = doc("timm's pretrained backbone weights (must be cached locally)", False)
+    neck_channels: list[int] = doc("widths of the detection blocks at stride 32, 16, 8",
+                                   factory=lambda: [512, 256, 128])
+    anchors: list[list[float]] = doc("anchor (w, h) in input pixels, 3 x k pairs: k for stride 8, then 16, 32",
+                                     factory=lambda: [list(a) for a in COCO_ANCHORS])
+    obj_prior: float = doc("initial objectness probability (bias of the objectness outputs)", 0.01)
+    size: int = doc("training input side (letterbox: the longer side)", 416)
+    val_size: int = doc("evaluation / prediction input side", 416)
+    letterbox: bool = doc("keep the aspect ratio (longer side = size, padded) instead of stretching to "
+                          "size x size as GluonCV does", False)
+    multiscale_sizes: list[int] = doc("input sides drawn every multiscale_interval steps, on the device "
+                                      "(multiples of 32; empty = always `size`)",
+                                      factory=lambda: list(range(320, 609, 32)))
+    multiscale_interval: int = doc("optimizer steps between input-size draws", 10)
+    flip: bool = doc("random horizontal flip", True)
+    photometric: bool = doc("random brightness / contrast / saturation / hue (SSD's photometric distort)", True)
+    zoom_out: float = doc("random expand (zoom out) up to this factor, p=0.5 (1 = off)", 4.0)
+    iou_crop: bool = doc("SSD's random IoU-constrained crop", True)
+    extra_match_iou: float | None = doc("also assign a box to every other anchor whose shape IoU with it is above "
+                                        "this (YOLOv4: more positives, faster from scratch); null = the best "
+                                        "anchor only, as GluonCV", None)
+    ignore_iou: float = doc("no objectness loss for predictions overlapping a ground truth above this IoU", 0.7)
+    label_smoothing: bool = doc("GluonCV's class label smoothing: targets 1 - e and e, e = min(1/C, 1/40)", False)
+    mixup: bool = doc("mix each batch with a permutation of itself (boxes of both kept, weighted)", False)
+    mixup_alpha: float = doc("mixup ratio ~ Beta(alpha, alpha)", 1.5)
+    no_mixup_epochs: int = doc("switch mixup off for the last N epochs", 20)
+    conf_threshold: float = doc("drop detections scoring below this before NMS", 0.01)
+    nms_iou: float = doc("per-class NMS IoU threshold", 0.45)
+    pre_nms_topk: int = doc("(box, class) candidates per image going into NMS", 400)
+    max_detections: int = doc("detections kept per image after NMS", 100)
+    group_aspect: bool = doc("batch images of like aspect ratio together (useful with letterbox)", True)
+
+
+register_task_config("yolo", YoloConfig)
+
+
+def _check_config(t: YoloConfig) -> None:
+    """Every value the model, targets and transforms rely on, checked before anything is built."""
+    if not t.anchors or len(t.anchors) % 3 or any(len(a) != 2 or min(a) <= 0 for a in t.anchors):
+        raise ValueError(f"task.anchors: need 3 x k positive (w, h) pairs, got {t.anchors}")
+    for key in ("size", "val_size"):
+        if getattr(t, key) < 32:
+            raise ValueError(f"task.{key}: must be at least 32, got {getattr(t, key)}")
+    bad = [s for s in t.multiscale_sizes if s < 32 or s % 32]
+    if bad:
+        raise ValueError(f"task.multiscale_sizes: sizes must be multiples of 32 (>= 32), got {bad}")
+    if t.multiscale_interval < 1:
+        raise ValueError(f"task.multiscale_interval: must be >= 1, got {t.multiscale_interval}")
+    if t.mixup and t.mixup_alpha <= 0:
+        raise ValueError(f"task.mixup_alpha: must be > 0 with task.mixup=true, got {t.mixup_alpha}")
+    if t.zoom_out < 1:
+        raise ValueError(f"task.zoom_out: must be >= 1 (1 = off), got {t.zoom_out}")
+    if t.extra_match_iou is not None and not 0 < t.extra_match_iou < 1:
+        raise ValueError(f"task.extra_match_iou: must be in (0, 1) or null, got {t.extra_match_iou}")
+    for key in ("ignore_iou", "nms_iou", "obj_prior"):
+        if not 0 < getattr(t, key) < 1:
+            raise ValueError(f"task.{key}: must be in (0, 1), got {getattr(t, key)}")
+    if t.pre_nms_topk < 1 or t.max_detections < 1:
+        raise ValueError(f"task.pre_nms_topk / task.max_detections: must be >= 1, got "
+                         f"{t.pre_nms_topk} / {t.max_detections}")
+
+
+class YoloSchedule(Hook):
+    """Tells the task the optimizer step (multi-scale sizes are a function of it) and switches mixup
+    off for the last ``no_mixup_epochs`` epochs; both derive from the trainer's checkpointed state."""
+
+    def before_epoch(self) -> None:
+        task, epochs = self.trainer.task, self.trainer.cfg.trainer.epochs
+        task.mixing = task.cfg.task.mixup and self.trainer.epoch < epochs - task.cfg.task.no_mixup_epochs
+
+    def before_step(self) -> None:
+        self.trainer.task.step = self.trainer.step
+
+
+class YoloTask(DetectionTask):
+    name = "yolo"
+    default_loss_weights = {"loss_obj": 1.0, "loss_center": 1.0, "loss_scale": 1.0, "loss_cls": 1.0}
+    metric, mode = "AP50", "max"
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        _check_config(cfg.task)
+        self.mixing = cfg.task.mixup
+        self.step = 0
+        self.num_classes = 0
+
+    def transforms(self) -> tuple[Any, Any]:
+        from visiontrain.data.detection.yolo_transforms import yolo_train_transform, yolo_val_transform
+
+        t = self.cfg.task
+        train = yolo_train_transform(t.size, letterbox=t.letterbox, flip=t.flip, photometric=t.photometric,
+                                     zoom_out=t.zoom_out, iou_crop=t.iou_crop)
+        return train, yolo_val_transform(t.val_size, letterbox=t.letterbox)
+
+    def build_model(self, info: dict[str, Any]) -> nn.Module:
+        from visiontrain.models.yolo import YOLOv3
+
+        t = self.cfg.task
+        self.num_classes = info["num_classes"]
+        return YOLOv3(info["num_classes"], len(t.anchors) // 3, backbone=t.backbone, backbone_width=t.backbone_width,
+                      neck_channels=t.neck_channels, pretrained_backbone=t.pretrained_backbone,
+                      obj_prior=t.obj_prior)
+
+    def losses(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        from visiontrain.models.yolo import decode
+        from visiontrain.models.yolo_loss import (build_targets, mixup, multiscale_size, pad_targets,
+                                                  rescale_batch, yolo_losses)
+
+        """Multi-scale resize, then mixup, then targets from the decoded predictions: in that order
+        so the targets see the boxes exactly as the network sees the pixels. All on the device."""
+        t = self.cfg.task
+        images, _, targets = batch
+        boxes, labels = pad_targets(targets, images.device)
+        if t.multiscale_sizes:
+            size = multiscale_size(self.cfg.seed, self.step, t.multiscale_sizes, t.multiscale_interval)
+            images, boxes = rescale_batch(images, boxes, size / t.size)
+        if self.mixing and images.shape[0] > 1:
+            images, boxes, labels, weights = mixup(images, boxes, labels, t.mixup_alpha)
+        else:
+            weights = (labels >= 0).to(images.dtype)
+        anchors = self.anchors(images.device)
+        pred, pred_boxes, sizes = decode(model(images), anchors, self.num_classes)
+        assigned = build_targets(boxes, labels, weights, pred_boxes, anchors, sizes, tuple(images.shape[-2:]),
+                                 self.num_classes, ignore_iou=t.ignore_iou, label_smoothing=t.label_smoothing,
+                                 extra_match_iou=t.extra_match_iou)
+        return yolo_losses(pred, assigned)
+
+    def anchors(self, device: torch.device) -> torch.Tensor:
+        """The configured anchors as a [K, 2] tensor on ``device`` (a host-to-device copy, no read)."""
+        return torch.tensor(self.cfg.task.anchors, dtype=torch.float32, device=device)
+
+    def predict_batch(self, model: nn.Module, images: torch.Tensor, mask: torch.Tensor,
+                      orig_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        from visiontrain.models.yolo import postprocess
+
+        t = self.cfg.task
+        valid_hw = torch.stack([(~mask).any(2).sum(1), (~mask).any(1).sum(1)], 1)  # unpadded (h, w)
+        return postprocess(model(images), self.anchors(images.device), self.num_classes, valid_hw, orig_sizes,
+                           conf_threshold=t.conf_threshold, nms_iou=t.nms_iou, pre_nms_topk=t.pre_nms_topk,
+                           max_detections=t.max_detections)
+
+    def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
+        """COCO AP (pycocotools) and the VOC07 11-point mAP at IoU 0.5 (``voc07_mAP``, GluonCV's
+        validation metric, difficult boxes ignored) from one pass over the validation set."""
+        from visiontrain.evaluation.coco import coco_evaluate, gather_detections, to_coco_results
+
+        detections: list[dict] = []
+        for images, mask, targets in loader:
+            orig = torch.stack([t["orig_size"] for t in targets]).to(device)
+            preds = self.predict_batch(model, images.to(device), mask.to(device), orig)
+            for pred, target in zip(preds, targets):  # to_coco_results: one host sync per image (evaluation)
+                detections += to_coco_results(pred["boxes"], pred["scores"], pred["labels"], target["image_id"],
+                                              self.info["category_ids"])
+        detections = gather_detections(detections, dst=0)  # rank 0 scores; the others return {}
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            return {}
+        metrics = coco_evaluate(self.val_set.coco_ground_truth(), detections)
+        metrics["voc07_mAP"] = voc07_from_coco_results(self.val_set.records, detections, self.info["category_ids"])
+        return metrics
+
+    def hooks(self) -> list[Hook]:
+        return [YoloSchedule()]
+
+    def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
+        """The network up to its three raw maps (decoding and NMS stay in PyTorch) on a square
+        ``val_size`` batch of two (torch.export would specialise a batch of one to 1), batch left free."""
+        model.eval()
+        size = self.cfg.task.val_size
+        return ExportSpec(module=model, example_inputs=(torch.zeros(2, 3, size, size),), input_names=["images"],
+                          output_names=["out_stride8", "out_stride16", "out_stride32"], dynamic_batch=True)
+
+
+def voc07_from_coco_results(records: list[Any], detections: list[dict], category_ids: list[int]) -> float:
+    """VOC07 11-point mAP at IoU 0.5 of COCO-format results against the dataset's own records
+    (absolute XYXY, contiguous labels, VOC ``difficult`` flags where the reader has them)."""
+    import numpy as np
+
+    from visiontrain.evaluation.voc import voc_map
+
+    label_of = {c: i for i, c in enumerate(category_ids)}
+    per_image: dict[int, list[dict]] = {}
+    for d in detections:
+        per_image.setdefault(d["image_id"], []).append(d)
+    preds, gts = [], []
+    for r in records:
+        dets = per_image.get(r.image_id, [])
+        xywh = np.array([d["bbox"] for d in dets], dtype=np.float64).reshape(-1, 4)
+        preds.append({"boxes": np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], 1),
+                      "scores": np.array([d["score"] for d in dets], dtype=np.float64),
+                      "labels": np.array([label_of[d["category_id"]] for d in dets], dtype=np.int64)})
+        gts.append({"boxes": r.boxes, "labels": r.labels, "difficult": r.difficult})
+    return voc_map(preds, gts, len(category_ids), use_07_metric=True)["mAP"]
