@@ -2,36 +2,19 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
+from detection_helpers import mosaic_coco, vt
 from visiontrain import config as C
-
-
-def vt(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "visiontrain", *args], capture_output=True, text=True,
-                          env=env, timeout=600)
 
 
 @pytest.fixture(scope="module")
 def coco_root(tmp_path_factory) -> Path:
     """A 24/8-image fashion-mosaic laid out as a COCO dataset (instances_<split>.json)."""
-    from visiontrain.data.detection.embedded import build_fashion_mosaic
-
-    base = build_fashion_mosaic(tmp_path_factory.mktemp("mosaic"), train_images=24, val_images=8)
-    root = tmp_path_factory.mktemp("coco")
-    (root / "annotations").mkdir()
-    for split in ("train", "val"):
-        shutil.copy(base / "annotations" / f"{split}.json", root / "annotations" / f"instances_{split}.json")
-        shutil.copytree(base / split, root / split)
-    return root
+    return mosaic_coco(tmp_path_factory, train_images=24, val_images=8)
 
 
 @pytest.fixture(scope="module")

@@ -47,8 +47,10 @@ class DetectionTask(Task):
         return TaskData(train.with_transform(train_tf), self.val_set, self.info, random_transforms=True,
                         train_collate=collate_detection, eval_collate=collate_detection, group_ids=groups)
 
-    def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
-        from visiontrain.evaluation.coco import coco_evaluate, gather_detections, to_coco_results
+    def collect_detections(self, model: nn.Module, loader: Any, device: torch.device) -> list[dict] | None:
+        """COCO-format detections of the whole validation set, gathered to rank 0; None on the
+        other ranks (they have nothing to score)."""
+        from visiontrain.evaluation.coco import gather_detections, to_coco_results
 
         detections: list[dict] = []
         for images, mask, targets in loader:
@@ -58,8 +60,16 @@ class DetectionTask(Task):
                 detections += to_coco_results(pred["boxes"].cpu(), pred["scores"].cpu(),  # host sync
                                               pred["labels"].cpu(), target["image_id"],  # host sync
                                               self.info["category_ids"])
-        detections = gather_detections(detections, dst=0)  # rank 0 scores; the others return {}
+        detections = gather_detections(detections, dst=0)
         if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            return None
+        return detections
+
+    def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
+        from visiontrain.evaluation.coco import coco_evaluate
+
+        detections = self.collect_detections(model, loader, device)
+        if detections is None:  # not rank 0
             return {}
         return coco_evaluate(self.val_set.coco_ground_truth(), detections)
 

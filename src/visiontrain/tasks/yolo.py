@@ -172,17 +172,10 @@ class YoloTask(DetectionTask):
     def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
         """COCO AP (pycocotools) and the VOC07 11-point mAP at IoU 0.5 (``voc07_mAP``, GluonCV's
         validation metric, difficult boxes ignored) from one pass over the validation set."""
-        from visiontrain.evaluation.coco import coco_evaluate, gather_detections, to_coco_results
+        from visiontrain.evaluation.coco import coco_evaluate
 
-        detections: list[dict] = []
-        for images, mask, targets in loader:
-            orig = torch.stack([t["orig_size"] for t in targets]).to(device)
-            preds = self.predict_batch(model, images.to(device), mask.to(device), orig)
-            for pred, target in zip(preds, targets):  # to_coco_results: one host sync per image (evaluation)
-                detections += to_coco_results(pred["boxes"], pred["scores"], pred["labels"], target["image_id"],
-                                              self.info["category_ids"])
-        detections = gather_detections(detections, dst=0)  # rank 0 scores; the others return {}
-        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        detections = self.collect_detections(model, loader, device)
+        if detections is None:  # not rank 0
             return {}
         metrics = coco_evaluate(self.val_set.coco_ground_truth(), detections)
         metrics["voc07_mAP"] = voc07_from_coco_results(self.val_set.records, detections, self.info["category_ids"])
