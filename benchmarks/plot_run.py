@@ -28,10 +28,10 @@ def main() -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for term in terms:
         ax1.plot([r["step"] for r in train], [r[term] for r in train], label=term)
-    ax1.set(xlabel="step", ylabel="train loss", title=f"{args.run_dir.name}: train losses")
+    ax1.set(xlabel="step", ylabel="train scalars", title=f"{args.run_dir.name}: training")
     ax1.legend()
-    metrics = [k for k in (evals[0] if evals else {}) if k not in ("kind", "step", "epoch", "time")
-               and not k.startswith("ema/")]
+    metrics = [k for k in (evals[0] if evals else {}) if k not in ("kind", "step", "epoch", "time")]
+    metrics = [k for k in metrics if not k.startswith("ema/")] or metrics  # EMA-only runs (DINO's teacher)
     for m in metrics:
         ax2.plot([r["step"] for r in evals], [r[m] for r in evals], marker="o", label=m)
     ax2.set(xlabel="step", ylabel="metric", title="evaluation")

@@ -49,6 +49,8 @@ def test_fit_writes_a_complete_run_dir(fitted):
     last = load_checkpoint(fitted / "checkpoints" / "last.pt")
     final = load_file(str(fitted / "model.safetensors"))
     assert all(torch.equal(final[k], last["model"][k]) for k in final)
+    modes = {(fitted / n).stat().st_mode & 0o777 for n in ("model.safetensors", "checkpoints/last.pt")}
+    assert len(modes) == 1  # the weights file gets the same permissions as the checkpoints (not 0600)
 
 
 def test_validate_run_dir_reproduces_best_metric(fitted):

@@ -233,3 +233,11 @@ def test_dump_yaml_round_trip(recipe: str, overrides: list[str]) -> None:
     assert again == cfg
     assert type(again.task) is type(cfg.task)
     assert C.dump_config(again) == text
+
+
+def test_override_reaches_a_dotted_schedule_name() -> None:
+    cfg = load_config("ssl-dino", ["schedules.task.teacher_temp.warmup=3", "schedules.loss.dino.shape=cosine",
+                                   "schedules.task.student_temp={shape: linear, end: 0.2}"])
+    assert cfg.schedules["task.student_temp"].end == 0.2
+    assert cfg.schedules["task.teacher_temp"].warmup == 3 and cfg.schedules["task.teacher_temp"].warmup_start == 0.04
+    assert cfg.schedules["loss.dino"].shape == "cosine"

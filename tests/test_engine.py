@@ -166,3 +166,26 @@ def test_lr_schedule_reaches_optimizer(run_dir):
     expected = [0.0, 0.05, 0.1, 0.1 * 5 / 6, 0.1 * 4 / 6, 0.1 * 3 / 6, 0.1 * 2 / 6, 0.1 * 1 / 6]
     assert [s[0] for s in seen] == pytest.approx(expected)
     assert all(len(set(s)) == 1 for s in seen)  # every group follows (lr_mult 1)
+
+
+@pytest.mark.parametrize("which,expected", [("both", {"mse", "ema/mse"}), ("model", {"mse"}), ("ema", {"ema/mse"})])
+def test_eval_models_and_at_start(run_dir, which, expected):
+    t = train(toy_config(ema__enabled=True, eval__models=which, eval__at_start=True, trainer__epochs=1), run_dir)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, t.step]  # before the first step, then at the end
+    assert all(expected == {k for k in r if "mse" in k} for r in evals)
+    assert evals[0]["mse" if which != "ema" else "ema/mse"] > evals[-1]["mse" if which != "ema" else "ema/mse"]
+
+
+def test_sync_bn_converts_under_ddp_and_is_refused_on_the_cpu():
+    from visiontrain.engine.distributed import DistInfo, convert_sync_bn
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
+    assert convert_sync_bn(net, DistInfo(), torch.device("cpu")) is net  # one process: nothing to sync
+    with pytest.raises(ValueError, match="trainer.sync_bn=false"):
+        convert_sync_bn(net, DistInfo(rank=0, world_size=2), torch.device("cpu"))
+    converted = convert_sync_bn(net, DistInfo(rank=0, world_size=2), torch.device("cuda", 0))
+    assert isinstance(converted[1], torch.nn.SyncBatchNorm)
+    no_bn = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))
+    assert convert_sync_bn(no_bn, DistInfo(rank=0, world_size=2), torch.device("cpu")) is no_bn

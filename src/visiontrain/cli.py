@@ -1,7 +1,7 @@
 """The command line: parse, load the config, call the engine. Nothing else lives here.
 
     visiontrain recipes
-    visiontrain fit RECIPE|FILE [k=v ...] [--run-dir DIR] [--resume auto|PATH] [--init PATH]
+    visiontrain fit RECIPE|FILE [k=v ...] [--run-dir DIR] [--resume auto|PATH] [--init PATH] [--nproc N]
     visiontrain validate RUN_DIR|CHECKPOINT [k=v ...]
     visiontrain show-config RECIPE|FILE [k=v ...] [--docs]
     visiontrain predict CHECKPOINT IMAGE... --out DIR [--threshold 0.5] [--ema]
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import yaml
 
 from visiontrain import config as C
 
-EXIT_USAGE, EXIT_NONFINITE = 2, 3
+EXIT_USAGE, EXIT_NONFINITE = 2, 3  # and EXIT_PREEMPTED = 4 (engine.preemption): last.pt written, resume
 
 
 def _recipe_summary(path: Path) -> str:
@@ -56,7 +57,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from visiontrain.engine.trainer import Trainer
     from visiontrain.tasks import build_task
 
-    cfg = C.load_config(args.recipe, args.overrides)
+    cfg = C.load_config(args.recipe, args.overrides)  # errors surface here, before any process starts
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(args.recipe)
     last = run_dir / "checkpoints" / "last.pt"
     resume = args.resume
@@ -65,6 +66,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     elif resume is None and last.is_file():
         raise C.ConfigError(f"run dir {run_dir} already holds a run ({last}); pass --resume auto to "
                             f"continue it, or --run-dir DIR for a new run (nothing was overwritten)")
+    if args.nproc is not None and args.nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        _exec_torchrun(args)
     try:
         summary = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=args.init).fit()
     finally:
@@ -72,6 +75,19 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if summary:
         print(json.dumps({"run_dir": str(run_dir), **summary}, indent=None))
     return 0
+
+
+def _exec_torchrun(args: argparse.Namespace) -> None:
+    """``fit ... --nproc N``: become ``torchrun --standalone --nproc-per-node N -m visiontrain fit ...``
+    (exec: the scheduler's signals then reach torchrun, which passes them to every rank)."""
+    argv = ["fit", args.recipe, *args.overrides]
+    for flag, value in (("--run-dir", args.run_dir), ("--resume", args.resume), ("--init", args.init)):
+        if value is not None:
+            argv += [flag, value]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+           "-m", "visiontrain", *argv]
+    sys.stdout.flush()
+    os.execv(sys.executable, cmd)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -147,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--run-dir", help="output directory (default runs/<recipe>)")
     fit.add_argument("--resume", help="'auto' (the run dir's last.pt) or a checkpoint path")
     fit.add_argument("--init", help="load weights only; tensors of another shape are skipped")
+    fit.add_argument("--nproc", type=int, help="launch N processes on this machine through torchrun "
+                                               "(one per GPU; gloo on CPU)")
     fit.set_defaults(fn=cmd_fit)
 
     val = sub.add_parser("validate", help="evaluate a run dir's best (else last) checkpoint or a file")
@@ -182,11 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = build_parser().parse_args(argv)
     from visiontrain.engine.checkpoint import CheckpointError
+    from visiontrain.engine.preemption import EXIT_PREEMPTED, Preempted
     from visiontrain.engine.step import NonFiniteLossError
     import visiontrain.tasks  # noqa: F401  (registers every task's config section)
 
     try:
         return args.fn(args)
+    except Preempted as err:
+        print(f"visiontrain: {err}", file=sys.stderr)
+        return EXIT_PREEMPTED
     except NonFiniteLossError as err:
         print(f"visiontrain: error: {err}", file=sys.stderr)
         return EXIT_NONFINITE

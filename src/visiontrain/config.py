@@ -91,6 +91,8 @@ class TrainerConfig:
     channels_last: bool = doc("channels_last memory format for model and images", False)
     compile: bool = doc("torch.compile the model", False)
     threads: int | None = doc("torch intra-op threads (None = torch default)", None)
+    sync_bn: bool = doc("under DDP, convert BatchNorm layers to SyncBatchNorm (batch statistics over all ranks)",
+                        False)
     progress: Literal["auto", "bar", "plain"] = doc("rich bar on a terminal, plain lines otherwise", "auto")
 
 
@@ -108,6 +110,9 @@ class EvalConfig:
     unit: Literal["epochs", "steps"] = doc("unit of eval.every", "epochs")
     metric: str | None = doc("checkpoint metric (default: the task's)", None)
     mode: Literal["max", "min"] | None = doc("max or min for the checkpoint metric", None)
+    models: Literal["both", "model", "ema"] = doc(
+        "which weights to evaluate when an EMA is kept (ema: only the EMA, e.g. DINO's teacher)", "both")
+    at_start: bool = doc("also evaluate before the first step (the metric at initialisation)", False)
 
 
 @dataclass
@@ -238,6 +243,8 @@ _ROOT: type = Config
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     parts = dotted.split(".")
+    if len(parts) >= 3 and parts[0] == "schedules" and parts[1] in ("loss", "task"):
+        parts[1:3] = [f"{parts[1]}.{parts[2]}"]  # schedule names hold a dot: schedules.task.<scalar>.<field>
     node = tree
     for part in parts[:-1]:
         child = node.get(part)

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from visiontrain.config import Config
 from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler, SeededDataset
 from visiontrain.engine.distributed import DistInfo
+from visiontrain.engine.preemption import ignore_stop_signals
 from visiontrain.engine.schedules import Schedule, ScheduleConfig, StepClock, build_schedule
 
 
@@ -40,6 +41,7 @@ def train_loader(ds: Dataset, sampler: ResumableBatchSampler, *, random_transfor
     sampler.seeded = random_transforms
     return DataLoader(SeededDataset(ds) if random_transforms else ds, batch_sampler=sampler,
                       num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
+                      worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
                       persistent_workers=persistent_workers and num_workers > 0,
                       generator=torch.Generator().manual_seed(0))
 
@@ -53,6 +55,7 @@ def eval_loader(ds: Dataset, batch_size: int, *, collate: Callable | None, num_w
         sampler = DistributedSampler(ds, dist_info.world_size, dist_info.rank, shuffle=False)
     return DataLoader(ds, batch_size=batch_size, shuffle=False, sampler=sampler,
                       num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
+                      worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
                       generator=torch.Generator().manual_seed(0))
 
 

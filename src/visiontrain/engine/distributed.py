@@ -50,6 +50,19 @@ def wrap_ddp(model: nn.Module, info: DistInfo, device: torch.device,
                                                find_unused_parameters=find_unused_parameters)
 
 
+def convert_sync_bn(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
+    """BatchNorm -> SyncBatchNorm under DDP (``trainer.sync_bn``); a model without BN is unchanged.
+    torch's SyncBatchNorm has no CPU kernel, so a CPU run with BN layers is refused at start-up
+    rather than failing at its first training step."""
+    if not info.enabled:
+        return model
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if device.type == "cpu" and any(isinstance(m, nn.SyncBatchNorm) for m in model.modules()):
+        raise ValueError("trainer.sync_bn=true: torch's SyncBatchNorm runs on GPUs only and this run is on "
+                         "the CPU; set trainer.sync_bn=false (each rank then keeps its own batch statistics)")
+    return model
+
+
 def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     """Mean over ranks (log points and evaluation only: a collective is a sync point)."""
     if info.enabled:

@@ -17,13 +17,14 @@ from torch import nn
 from visiontrain.config import Config, config_to_dict, dump_config
 from visiontrain.engine import build
 from visiontrain.engine.checkpoint import BestTracker, atomic_save, capture_rng, load_checkpoint, restore_rng
-from visiontrain.engine.distributed import DistInfo, all_reduce_mean, init_distributed, wrap_ddp
+from visiontrain.engine.distributed import DistInfo, all_reduce_mean, convert_sync_bn, init_distributed, wrap_ddp
 from visiontrain.engine.ema import ModelEma
 from visiontrain.engine.hooks import Hook, HookList
 from visiontrain.engine.logging import RunLogger
 from visiontrain.engine.metrics import StepRecorder
 from visiontrain.engine.param_groups import build_optimizer, build_param_groups, check_coverage, freeze_parameters
 from visiontrain.engine.precision import make_scaler
+from visiontrain.engine.preemption import Preempted, StopFlag
 from visiontrain.engine.schedules import scale_lr_by_batch
 from visiontrain.engine.step import NonFiniteLossError, TrainStep
 from visiontrain.engine.weights import load_init_weights, save_safetensors
@@ -72,6 +73,8 @@ class Trainer:
         if init:
             self.init_reports.append(load_init_weights(model, init))
         frozen = freeze_parameters(model, cfg.optim.freeze, cfg.optim.frozen_bn)
+        if t.sync_bn:  # before the EMA copy, so a teacher/EMA gets the same layers
+            model = convert_sync_bn(model, self.dist, self.device)
         model.to(self.device)
         if t.channels_last:
             model.to(memory_format=torch.channels_last)
@@ -117,6 +120,7 @@ class Trainer:
         if frozen:
             self.log.print(f"frozen {len(frozen)} parameter tensors")
         self.step, self.epoch, self.step_in_epoch = 0, 0, 0
+        self.stop = StopFlag()  # SIGTERM / SIGUSR1 while fit() runs: checkpoint, then Preempted
         self.last_eval: dict[str, float] = {}
         self.last_eval_step = -1
         # Set-up may draw from the global RNGs a varying amount (first-time imports do), so the
@@ -127,6 +131,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
+        self.stop.install()
+        try:
+            return self._fit()
+        finally:
+            self.stop.restore()
+
+    def _fit(self) -> dict[str, Any]:
         t, total = self.cfg.trainer, self.clock.total_steps
         self.hooks("before_train")
         self._t_start = self._t_window = time.perf_counter()
@@ -135,6 +146,8 @@ class Trainer:
         eval_every = e.every if e.unit == "steps" else 0
         ckpt_every = c.every if c.unit == "steps" else 0
         before_step, after_step = self.hooks.callbacks("before_step"), self.hooks.callbacks("after_step")
+        if e.at_start and self.step == 0:
+            self.evaluate()  # the metric at initialisation, measured the same way as later ones
         while self.epoch < t.epochs and self.step < total:
             self.model.train()
             accum = t.accum_steps if self.epoch >= t.accum_after_epoch else 1
@@ -157,17 +170,36 @@ class Trainer:
                 self.step_in_epoch += 1
                 for fn in after_step:
                     fn()
-                if self.step % t.log_every == 0 or self.step == total:
+                at_log_point = self.step % t.log_every == 0 or self.step == total
+                if at_log_point:
                     self._log_point()
                 if eval_every and self.step % eval_every == 0 and self.step < total:
                     self.evaluate()
                 if ckpt_every and self.step % ckpt_every == 0 and self.step < total:
                     self.save_last()
+                if self.step_in_epoch < steps_this_epoch and self._stop_now(at_log_point):
+                    self._preempt()
             if self.step_in_epoch >= steps_this_epoch:
                 self._end_epoch()
+                if self.step < total and self._stop_now(True):  # at the epoch boundary, after its checkpoint
+                    self._preempt()
             else:
                 break  # max_steps reached mid-epoch
         return self._finish(time.perf_counter() - self._t_start)
+
+    def _stop_now(self, at_log_point: bool) -> bool:
+        """A single process stops after any step; ranks agree only at log points (one all-reduce)."""
+        if self.dist.enabled:
+            return at_log_point and self.stop.agreed(True, self.device)  # host sync (log point)
+        return self.stop.requested
+
+    def _preempt(self) -> None:
+        self.save_last()  # every rank: it reads the metric rows (a collective); rank 0 writes
+        where = f"{self.ckpt_dir / 'last.pt'} written; continue with --resume auto" if self.ckpt_dir \
+            else "no run dir, nothing written"
+        self.log.print(f"stopped by {self.stop.name} at step {self.step} (epoch {self.epoch}): {where}")
+        self.log.close()
+        raise Preempted(f"stopped by {self.stop.name} at step {self.step}; {where}")
 
     def _next_batches(self, batches: Any, accum: int) -> list[Any]:
         """The micro-batches of one step (host-side loading: CPU tensors, no device reads)."""
@@ -257,14 +289,15 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
         self.check_finite()  # host sync: never evaluate or save after a bad step under `raise`
-        metrics = self._eval_model(self.raw_model, "")
-        if self.ema is not None:
+        which = self.cfg.eval.models
+        metrics = self._eval_model(self.raw_model, "") if which != "ema" or self.ema is None else {}
+        if self.ema is not None and which != "model":
             metrics.update(self._eval_model(self.ema.module, "ema/"))
         self.last_eval, self.last_eval_step = metrics, self.step
         self.log.log("eval", self.step, self.epoch, metrics)
         self.hooks("after_eval", metrics)
         if self.best is not None and self.metric:
-            if self.metric not in metrics:
+            if self.metric not in metrics and f"ema/{self.metric}" not in metrics:
                 raise KeyError(f"eval.metric={self.metric!r} is not among the task's metrics "
                                f"{sorted(k for k in metrics if not k.startswith('ema/'))}")
             state = None

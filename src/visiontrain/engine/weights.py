@@ -1,6 +1,8 @@
 """Weights in and out: --init (shape-tolerant), safetensors export, resume compatibility checks."""
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,9 @@ def save_safetensors(model: nn.Module, path: Path) -> None:
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     tmp = path.with_name(f".{path.name}.tmp")
     save_file(state, str(tmp))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # safetensors writes 0600; give the file the usual mode, as checkpoints
     tmp.replace(path)
 
 

@@ -7,11 +7,12 @@ from visiontrain.config import Config
 from visiontrain.tasks.base import Task, TaskData
 from visiontrain.tasks.classification import ClassificationTask
 from visiontrain.tasks.detr import DetrTask
+from visiontrain.tasks.dino import DinoTask
 from visiontrain.tasks.rcnn import RcnnTask
 from visiontrain.tasks.yolo import YoloTask
 
 TASKS: dict[str, type[Task]] = {"classification": ClassificationTask, "detr": DetrTask, "rcnn": RcnnTask,
-                                "yolo": YoloTask}
+                                "yolo": YoloTask, "dino": DinoTask}
 
 
 def build_task(cfg: Config) -> Task:

@@ -64,6 +64,16 @@ class ImageFolderClassification(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
+    mean, std = IMAGENET_MEAN, IMAGENET_STD
+
+    def raw_item(self, index: int) -> tuple[Any, int]:
+        """The decoded RGB PIL image and its label, for transforms built elsewhere (DINO's multi-crop)."""
+        from PIL import Image
+
+        path, label = self.samples[index]
+        with Image.open(path) as img:
+            return img.convert("RGB"), int(label)
+
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
         from PIL import Image
 

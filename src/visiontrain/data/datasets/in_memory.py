@@ -171,6 +171,14 @@ class InMemoryClassification(Dataset):
         x = self._deterministic_tf(x)
         return x.sub_(torch.tensor(self.mean).view(1, -1, 1, 1)).div_(torch.tensor(self.std).view(1, -1, 1, 1))
 
+    def raw_item(self, index: int) -> tuple[Tensor, int]:
+        """The untransformed uint8 image [C,H,W] (values 0..max_value) and its label: the input of
+        transforms built elsewhere (e.g. DINO's multi-crop)."""
+        x = self.images[index]
+        if self.max_value != 255.0:
+            x = (x.float() * (255.0 / self.max_value)).round_().to(torch.uint8)
+        return x, int(self.labels[index])
+
     def _random_item(self, index: int) -> tuple[Tensor, int]:
         x = self.images[index].float().mul_(1.0 / self.max_value)
         return self._random_tf(x).contiguous(), int(self.labels[index])

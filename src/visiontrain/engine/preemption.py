@@ -1,0 +1,67 @@
+"""Preemption: SIGTERM / SIGUSR1 (what SLURM and most schedulers send before a kill) -> stop cleanly.
+
+The signal handler only sets a host-side flag. A single process acts on it after the current
+step; under torchrun the ranks agree at the next log point with one extra all-reduce there (a log
+point is already a sync point), so no step pays a collective for it. The trainer then writes
+``checkpoints/last.pt`` and raises :class:`Preempted`; the CLI exits with ``EXIT_PREEMPTED`` (4)
+and ``--resume auto`` continues exactly.
+
+DataLoader workers ignore both signals (``ignore_stop_signals`` is their ``worker_init_fn``): a
+scheduler signals every process of the job, and a worker killed by it would take the run down
+before the checkpoint is written. The main process shuts the workers down itself.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+import torch
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+EXIT_PREEMPTED = 4
+
+
+class Preempted(Exception):
+    """Raised after last.pt was written because a stop signal arrived."""
+
+
+def ignore_stop_signals(_worker_id: int = 0) -> None:
+    """DataLoader ``worker_init_fn``: leave stopping to the main process."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+class StopFlag:
+    """Installs handlers for the stop signals while a run trains; ``requested`` is a plain bool."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.requested, self.signum = True, signum
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread (e.g. a run inside a test thread)
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def agreed(self, distributed: bool, device: torch.device) -> bool:
+        """Whether any rank got a stop signal. Distributed: an all-reduce (call at log points only)."""
+        if not distributed:
+            return self.requested
+        flag = torch.tensor([1.0 if self.requested else 0.0], device=device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())  # host sync (log point)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else "a stop signal"

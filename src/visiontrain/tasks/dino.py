@@ -1,0 +1,193 @@
+"""DINO self-supervised training (Caron et al. 2021) with the k-NN evaluation of its teacher.
+
+What DINO needs from the engine it gets from the engine, not from a second mechanism:
+- the teacher *is* the engine's EMA (``ema.enabled``); its momentum 0.996 -> 1 is
+  ``schedules.ema_decay`` (cosine), so resume and checkpointing need nothing new;
+- the teacher temperature warm-up is ``schedules.task.teacher_temp``; weight decay 0.04 -> 0.4 is
+  ``schedules.weight_decay`` (decayed group only); lr warmup + cosine is ``schedules.lr`` with
+  ``optim.base_batch: 256``; per-parameter clipping is ``trainer.clip_mode: param``;
+- cancelling the last layer's gradients in the first epochs is an ``after_backward`` hook.
+The task owns only the centre (saved in every checkpoint through ``state_dict``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Subset
+
+from visiontrain.config import ConfigError, TaskConfig, doc, register_task_config
+from visiontrain.engine.ema import unwrap
+from visiontrain.engine.hooks import Hook
+from visiontrain.engine.preemption import ignore_stop_signals
+from visiontrain.tasks.base import ExportSpec, Task, TaskData
+
+
+@dataclass
+class DinoConfig(TaskConfig):
+    name: str = doc("task name", "dino")
+    backbone: str = doc("timm model (vit_small_patch16_224, vit_tiny_patch16_224, resnet50, ...)",
+                        "vit_tiny_patch16_224")
+    patch_size: int | None = doc("ViT patch size (null: the model's own; e.g. 4 for 28 px images)", None)
+    backbone_args: dict[str, Any] = doc("extra timm.create_model arguments (embed_dim, depth, num_heads...)",
+                                        factory=dict)
+    drop_path_rate: float = doc("stochastic depth of the student (the teacher, in eval mode, has none)", 0.1)
+    out_dim: int = doc("prototypes K of the head's last layer", 65536)
+    hidden_dim: int = doc("head MLP width", 2048)
+    bottleneck_dim: int = doc("head bottleneck before L2 normalisation", 256)
+    head_layers: int = doc("linear layers of the head MLP", 3)
+    head_bn: bool = doc("BatchNorm in the head MLP", False)
+    norm_last_layer: bool = doc("fix the weight norm of the last layer at 1 (not trained)", True)
+    global_crop_size: int = doc("side of the 2 global crops", 224)
+    local_crop_size: int = doc("side of the local crops", 96)
+    local_crops: int = doc("number of local crops", 8)
+    global_scale: list[float] = doc("RandomResizedCrop scale range of the global crops", factory=lambda: [0.4, 1.0])
+    local_scale: list[float] = doc("RandomResizedCrop scale range of the local crops", factory=lambda: [0.05, 0.4])
+    blur_sigma: list[float] = doc("Gaussian blur sigma range in pixels", factory=lambda: [0.1, 2.0])
+    student_temp: float = doc("student softmax temperature", 0.1)
+    teacher_temp: float = doc("teacher temperature (warm it up with schedules.task.teacher_temp)", 0.04)
+    center_momentum: float = doc("EMA momentum of the centre of the teacher outputs", 0.9)
+    freeze_last_layer: int = doc("epochs during which the last layer's gradients are cancelled", 1)
+    knn_k: int = doc("k-NN evaluation: neighbours", 20)
+    knn_temperature: float = doc("k-NN evaluation: vote temperature", 0.07)
+    knn_bank: int | None = doc("k-NN evaluation: use the first N train images as the bank (null: all)", None)
+
+
+register_task_config("dino", DinoConfig)
+
+N_GLOBAL = 2
+
+
+class BindTeacher(Hook):
+    """The teacher is the engine's EMA model: hand it to the task once everything is built/resumed."""
+
+    def before_train(self) -> None:
+        self.trainer.task.teacher = self.trainer.ema.module
+
+
+class FreezeLastLayer(Hook):
+    """DINO's cancel_gradients_last_layer: no update of the head's last layer in the first epochs."""
+
+    def before_train(self) -> None:
+        self.params = list(unwrap(self.trainer.model).head.last_layer.parameters())
+
+    def after_backward(self) -> None:
+        if self.trainer.epoch < self.trainer.task.cfg.task.freeze_last_layer:
+            for p in self.params:
+                p.grad = None
+
+
+class DinoTask(Task):
+    name = "dino"
+    default_loss_weights = {"dino": 1.0}
+    metric, mode = "knn_top1", "max"
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        if not cfg.ema.enabled:
+            raise ConfigError("task dino: the teacher is the engine's EMA of the student; set ema.enabled=true "
+                              "(with ema.decay=0.996 and schedules.ema_decay: {shape: cosine, end: 1.0})")
+        t = cfg.task
+        self.teacher_temp = t.teacher_temp
+        self.teacher: nn.Module | None = None
+        self.center = torch.zeros(1, t.out_dim)
+        self.bank: Any = None
+        self.num_classes = 0
+
+    # ------------------------------------------------------------------ data and model
+    def build_data(self) -> TaskData:
+        from visiontrain.data.datasets import build_classification_data
+        from visiontrain.data.multicrop import MultiCropDataset, MultiCropSpec
+
+        d, t = self.cfg.data, self.cfg.task
+        data = build_classification_data(d.name, root=d.root, image_size=d.image_size, augment="none",
+                                         limit_train=d.limit_train, limit_val=d.limit_val, download=d.download)
+        src = data.train
+        spec = MultiCropSpec(global_size=t.global_crop_size, local_size=t.local_crop_size,
+                             local_crops=t.local_crops, global_scale=tuple(t.global_scale),
+                             local_scale=tuple(t.local_scale), blur_sigma=tuple(t.blur_sigma),
+                             mean=tuple(src.mean), std=tuple(src.std))
+        n_bank = len(src) if t.knn_bank is None else min(t.knn_bank, len(src))
+        self.bank = src if n_bank == len(src) else Subset(src, range(n_bank))
+        self.num_classes = data.num_classes
+        info = {"num_classes": data.num_classes, "class_names": data.class_names,
+                "in_channels": data.in_channels, "image_size": data.image_size}
+        return TaskData(MultiCropDataset(src, spec), data.val, info, random_transforms=True)
+
+    def build_model(self, info: dict[str, Any]) -> nn.Module:
+        from visiontrain.models.dino import DinoHead, MultiCropWrapper, build_backbone
+
+        t = self.cfg.task
+        self.num_classes = info["num_classes"]
+        backbone = build_backbone(t.backbone, in_channels=info["in_channels"], image_size=t.global_crop_size,
+                                  patch_size=t.patch_size, drop_path_rate=t.drop_path_rate,
+                                  extra=dict(t.backbone_args))
+        head = DinoHead(backbone.num_features, t.out_dim, hidden_dim=t.hidden_dim, bottleneck_dim=t.bottleneck_dim,
+                        layers=t.head_layers, use_bn=t.head_bn, norm_last_layer=t.norm_last_layer)
+        return MultiCropWrapper(backbone, head)
+
+    # ------------------------------------------------------------------ training
+    def losses(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        from visiontrain.models.dino import dino_loss, update_center
+
+        crops, _ = batch
+        t = self.cfg.task
+        student_out = model(crops)
+        with torch.no_grad():
+            teacher_out = self.teacher(crops[:N_GLOBAL]).float()
+        if self.center.device != teacher_out.device:
+            self.center = self.center.to(teacher_out.device)  # once: the first step or after a resume
+        loss, q = dino_loss(student_out, teacher_out, self.center, student_temp=t.student_temp,
+                            teacher_temp=self.teacher_temp, n_global=N_GLOBAL)
+        with torch.no_grad():
+            entropy = -(q * q.clamp_min(1e-12).log()).sum(-1).mean()  # collapse to one prototype: -> 0
+            center_norm = self.center.norm()  # before this batch's update, as used in the loss
+            update_center(self.center, teacher_out, t.center_momentum)
+        return {"dino": loss, "teacher_entropy": entropy, "center_norm": center_norm}
+
+    def hooks(self) -> list[Hook]:
+        return [BindTeacher(), FreezeLastLayer()]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"center": self.center.detach().cpu().clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        center = state.get("center")
+        if center is None or tuple(center.shape) != tuple(self.center.shape):
+            raise ValueError(f"the checkpoint's DINO centre has shape {None if center is None else list(center.shape)}, "
+                             f"this run's head has out_dim {self.cfg.task.out_dim}")
+        self.center = center.to(self.center.device).clone()
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
+        """k-NN top-1 of the backbone's features: the bank (train images, no augmentation) sharded
+        over ranks and gathered, each rank's share of the test set voted against it, counts summed."""
+        from visiontrain.evaluation.knn import all_gather_rows, extract_features, knn_predict
+
+        t, d = self.cfg.task, self.cfg.data
+        encode, cl = unwrap(model).backbone, self.cfg.trainer.channels_last
+        rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
+            if torch.distributed.is_initialized() else (0, 1)
+        n = len(self.bank)
+        shard = Subset(self.bank, range(rank * n // world, (rank + 1) * n // world))
+        bank_loader = DataLoader(shard, batch_size=d.eval_batch_size or 2 * d.batch_size,
+                                 num_workers=d.num_workers,
+                                 worker_init_fn=ignore_stop_signals if d.num_workers else None)
+        bank_x, bank_y = extract_features(encode, bank_loader, device, cl)
+        bank_x, bank_y = all_gather_rows(bank_x), all_gather_rows(bank_y)
+        test_x, test_y = extract_features(encode, loader, device, cl)
+        pred = knn_predict(bank_x, bank_y, test_x, num_classes=self.num_classes, k=t.knn_k,
+                           temperature=t.knn_temperature)
+        counts = torch.stack([(pred == test_y).sum(), torch.tensor(test_y.numel(), device=device)]).double()
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(counts)
+        correct, total = counts.tolist()  # host sync (end of evaluation)
+        return {"knn_top1": 100.0 * correct / max(total, 1.0)}
+
+    def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
+        """The backbone: images [B, C, S, S] (normalised) -> features [B, D], the part used downstream."""
+        size = self.cfg.task.global_crop_size
+        example = torch.randn(2, info["in_channels"], size, size, generator=torch.Generator().manual_seed(0))
+        return ExportSpec(unwrap(model).backbone.eval(), (example,), ["images"], ["features"])

@@ -1,0 +1,278 @@
+"""DINO: the loss and centre on hand-checked numbers, the schedules as wired by the recipe, the
+teacher as the engine's EMA, freeze_last_layer, per-parameter clipping, k-NN on a toy case,
+multi-crop, exact resume (with the centre), no host read in the step, and a CLI smoke fit."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from detection_helpers import vt
+from test_host_syncs import ALL_ON, run_counted
+from test_resume import Crash, CrashAt, assert_bit_identical
+from visiontrain import config as C
+from visiontrain.engine.hooks import Hook
+from visiontrain.engine.trainer import Trainer
+from visiontrain.evaluation.knn import knn_predict
+from visiontrain.models.dino import dino_loss, update_center
+from visiontrain.tasks import build_task
+
+# 8x8 digits, a 1-block ViT with 2 px patches: a few seconds per run on one thread.
+TINY = ["data.name=digits", "task.patch_size=2", "task.global_crop_size=8", "task.local_crop_size=4",
+        "task.backbone_args={embed_dim: 32, depth: 1, num_heads: 2}", "task.out_dim=64", "task.hidden_dim=32",
+        "task.bottleneck_dim=16", "task.local_crops=2", "task.knn_bank=null", "task.blur_sigma=[0.1, 0.5]",
+        "data.batch_size=32", "data.eval_batch_size=200", "data.num_workers=0", "trainer.progress=plain",
+        "trainer.precision=fp32"]
+NO_WARMUP = ["schedules.lr.warmup=0", "schedules.task.teacher_temp.warmup=0"]  # for runs shorter than an epoch
+
+
+def cfg_of(*overrides: str) -> C.Config:
+    return C.load_config("ssl-dino", TINY + list(overrides))
+
+
+def test_dino_loss_skips_each_crop_against_itself():
+    # teacher: crop 0 -> class 0, crop 1 -> class 1 (sharp); student: [3/4, 1/4], [1/4, 3/4], [1/2, 1/2]
+    teacher = torch.tensor([[50.0, 0.0], [0.0, 50.0]])
+    p = torch.tensor([[0.75, 0.25], [0.25, 0.75], [0.5, 0.5]])
+    student = p.log() * 0.1  # softmax(student / 0.1) == p
+    loss, q = dino_loss(student, teacher, torch.zeros(1, 2), student_temp=0.1, teacher_temp=1.0)
+    # pairs (t0, s1), (t0, s2), (t1, s0), (t1, s2): -ln 1/4, -ln 1/2, -ln 1/4, -ln 1/2
+    assert loss.item() == pytest.approx(1.5 * math.log(2), rel=1e-5)
+    assert q.shape == (2, 1, 2) and q[0, 0, 0].item() == pytest.approx(1.0)
+
+
+def test_dino_loss_subtracts_the_centre_and_sharpens_with_the_teacher_temperature():
+    student = torch.zeros(3, 2)  # uniform student: every pair costs ln 2 whatever the teacher says
+    teacher = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    loss, q = dino_loss(student, teacher, torch.tensor([[1.0, 0.0]]), student_temp=0.1, teacher_temp=0.5)
+    assert loss.item() == pytest.approx(math.log(2), rel=1e-6)
+    assert torch.allclose(q, torch.full_like(q, 0.5))  # centred logits are equal: uniform
+    _, q = dino_loss(student, teacher, torch.zeros(1, 2), student_temp=0.1, teacher_temp=0.5)
+    assert q[0, 0, 0].item() == pytest.approx(math.exp(2) / (math.exp(2) + 1), rel=1e-6)  # softmax([2, 0])
+
+
+def test_centre_is_an_ema_of_the_batch_mean():
+    center = torch.zeros(1, 2)
+    update_center(center, torch.tensor([[1.0, 2.0], [3.0, 4.0]]), 0.9)
+    assert torch.allclose(center, torch.tensor([[0.2, 0.3]]))
+    update_center(center, torch.tensor([[1.0, 2.0], [3.0, 4.0]]), 0.9)
+    assert torch.allclose(center, torch.tensor([[0.38, 0.57]]))
+
+
+def test_knn_weights_votes_by_similarity():
+    train = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.8, 0.2], [0.0, 1.0]]), dim=1)
+    labels = torch.tensor([0, 0, 0, 1])
+    test = torch.nn.functional.normalize(torch.tensor([[1.0, 0.05], [0.05, 1.0]]), dim=1)
+    assert knn_predict(train, labels, test, num_classes=2, k=1).tolist() == [0, 1]
+    # k=4: three class-0 neighbours against one, but the class-1 sample is far more similar to
+    # test 1 and exp(sim / 0.07) lets it outvote them; a plain majority would say 0
+    assert knn_predict(train, labels, test, num_classes=2, k=4, temperature=0.07).tolist() == [0, 1]
+    assert knn_predict(train, labels, test, num_classes=2, k=4, temperature=100.0).tolist() == [0, 0]
+
+
+def test_multicrop_gives_two_global_then_local_crops():
+    task = build_task(cfg_of("task.local_crops=3"))
+    data = task.build_data()
+    torch.manual_seed(0)
+    crops, label = data.train[5]
+    assert [tuple(c.shape) for c in crops] == [(1, 8, 8)] * 2 + [(1, 4, 4)] * 3
+    assert isinstance(label, int) and crops[0].dtype == torch.float32
+    torch.manual_seed(0)
+    again, _ = data.train[5]
+    assert all(torch.equal(a, b) for a, b in zip(crops, again))  # torch's RNG only: reproducible
+    assert not torch.equal(crops[0], crops[1])
+
+
+def test_recipe_schedules_reach_the_teacher_the_temperature_and_the_decayed_group():
+    cfg = cfg_of("trainer.epochs=4", "schedules.task.teacher_temp.warmup=2")
+    trainer = Trainer(cfg, build_task(cfg), None)
+    clock, weights = trainer.clock, {}
+    total, per_epoch = clock.total_steps, clock.steps_per_epoch
+
+    def at(step):
+        trainer.scalars.apply(step, weights)
+        decayed = [g["weight_decay"] for g in trainer.optimizer.param_groups if g["decay"]]
+        free = [g["weight_decay"] for g in trainer.optimizer.param_groups if not g["decay"]]
+        return trainer.ema.decay, trainer.task.teacher_temp, decayed, free
+
+    assert at(0) == (pytest.approx(0.996), pytest.approx(0.04), [pytest.approx(0.04)], [0.0])
+    ema, temp, _, _ = at(per_epoch)  # half-way through the 2-epoch temperature warm-up
+    assert temp == pytest.approx(0.055)
+    assert at(2 * per_epoch)[1] == pytest.approx(0.07) and at(3 * per_epoch)[1] == pytest.approx(0.07)
+    ema_mid, _, wd_mid, _ = at(total // 2)
+    assert ema_mid == pytest.approx(0.998, abs=2e-5) and wd_mid[0] == pytest.approx(0.22, abs=2e-3)
+    assert at(total) == (pytest.approx(1.0), pytest.approx(0.07), [pytest.approx(0.4)], [0.0])
+    lr0 = cfg.optim.lr * cfg.data.batch_size / 256  # lr = base x global batch / 256
+    assert trainer.base_lr == pytest.approx(lr0)
+
+
+class TeacherCheck(Hook):
+    """Snapshots the teacher and checks it after the first step against the EMA formula."""
+
+    def before_step(self) -> None:
+        if self.trainer.step == 0:
+            self.old = {k: v.clone() for k, v in self.trainer.ema.module.state_dict().items()}
+
+    def after_step(self) -> None:
+        if self.trainer.step == 1:
+            teacher, student = self.trainer.ema.module, self.trainer.raw_model
+            self.no_grad = all(p.grad is None and not p.requires_grad for p in teacher.parameters())
+            in_optim = {id(p) for g in self.trainer.optimizer.param_groups for p in g["params"]}
+            self.untouched = not any(id(p) in in_optim for p in teacher.parameters())
+            new_s = student.state_dict()
+            self.err = max((v - (0.996 * self.old[k] + 0.004 * new_s[k])).abs().max().item()
+                           for k, v in teacher.state_dict().items() if v.is_floating_point())
+            self.moved = any(not torch.equal(v, self.old[k]) for k, v in teacher.state_dict().items())
+
+
+def test_teacher_gets_no_gradient_and_is_the_ema_of_the_student():
+    cfg = cfg_of("trainer.max_steps=1", "eval.at_start=false", *NO_WARMUP)
+    check = TeacherCheck()
+    Trainer(cfg, build_task(cfg), None, hooks=[check]).fit()
+    assert check.no_grad and check.untouched and check.moved
+    assert check.err < 1e-6
+
+
+class LastLayerGrads(Hook):
+    def after_backward(self) -> None:
+        head = self.trainer.raw_model.head
+        last = [p.grad is None for p in head.last_layer.parameters() if p.requires_grad]
+        rest = [p.grad is None for p in head.mlp.parameters()]
+        self.seen.append((self.trainer.epoch, all(last), any(last), any(rest)))
+
+
+def test_freeze_last_layer_cancels_exactly_that_layer_for_exactly_those_epochs():
+    cfg = cfg_of("trainer.epochs=3", "task.freeze_last_layer=2", "data.limit_train=96", "eval.every=0",
+                 "eval.at_start=false", *NO_WARMUP)
+    probe = LastLayerGrads()
+    probe.seen = []
+    trainer = Trainer(cfg, build_task(cfg), None, hooks=[probe])
+    before = trainer.raw_model.head.last_layer.parametrizations.weight.original1.detach().clone()
+    trainer.fit()
+    assert [s[0] for s in probe.seen] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for epoch, all_none, any_none, rest_none in probe.seen:
+        assert not rest_none  # every other layer keeps its gradients
+        assert (all_none, any_none) == ((True, True) if epoch < 2 else (False, False))
+    assert not torch.equal(before, trainer.raw_model.head.last_layer.parametrizations.weight.original1)
+
+
+class ParamNorms(Hook):
+    def after_backward(self) -> None:
+        self.norms.extend(p.grad.norm().item() for p in self.trainer.raw_model.parameters() if p.grad is not None)
+
+
+def test_per_parameter_clipping_bounds_every_gradient():
+    cfg = cfg_of("trainer.max_steps=2", "trainer.clip_grad=0.001", "eval.at_start=false", *NO_WARMUP)
+    probe = ParamNorms()
+    probe.norms = []
+    Trainer(cfg, build_task(cfg), None, hooks=[probe]).fit()
+    assert probe.norms and max(probe.norms) <= 0.001 * (1 + 1e-4)
+    assert cfg.trainer.clip_mode == "param" and C.load_config("ssl-dino").trainer.clip_grad == 3.0
+
+
+def dino_state(trainer: Trainer) -> dict[str, torch.Tensor]:
+    out = {f"model.{k}": v for k, v in trainer.raw_model.state_dict().items()}
+    out.update({f"teacher.{k}": v for k, v in trainer.ema.module.state_dict().items()})
+    out["center"] = trainer.task.center
+    return out
+
+
+def test_mid_epoch_resume_is_bit_exact_with_the_centre(tmp_path):
+    cfg = cfg_of("trainer.epochs=2", "data.limit_train=320", "checkpoint.every=4", "checkpoint.unit=steps",
+                 "eval.every=1", "task.knn_bank=100", "data.limit_val=50", "schedules.lr.warmup=0.5",
+                 "schedules.task.teacher_temp.warmup=0.5")
+    full = Trainer(cfg, build_task(cfg), tmp_path / "full")
+    full.fit()
+    crashed = Trainer(cfg, build_task(cfg), tmp_path / "crashed", hooks=[CrashAt(13)])  # epoch 1, step 3
+    with pytest.raises(Crash):
+        crashed.fit()
+    resumed = Trainer(cfg, build_task(cfg), tmp_path / "crashed", resume=str(tmp_path / "crashed/checkpoints/last.pt"))
+    assert resumed.step == 12
+    resumed.fit()
+    assert_bit_identical(dino_state(full), dino_state(resumed))
+    assert full.task.center.abs().sum() > 0
+
+
+def test_dino_step_has_no_host_reads(monkeypatch):
+    cfg = C.load_config("ssl-dino", TINY + ALL_ON + ["trainer.epochs=2", "data.batch_size=8", "eval.at_start=false",
+                                                     *NO_WARMUP])
+    counter = run_counted(Trainer, cfg, build_task(cfg), monkeypatch)
+    assert counter.calls == [], counter.calls[0][1]
+
+
+def test_dino_needs_the_ema_teacher():
+    with pytest.raises(C.ConfigError, match="ema.enabled=true"):
+        build_task(cfg_of("ema.enabled=false"))
+
+
+def test_recipes_load():
+    small = C.load_config("ssl-dino")
+    assert small.schedules["task.teacher_temp"].warmup_start == 0.04 and small.task.teacher_temp == 0.07
+    big = C.load_config("ssl-dino-vits16-imagenet", ["data.root=/data/imagenet"])
+    t = big.task
+    assert (t.backbone, t.out_dim, t.local_crops, t.global_crop_size, t.local_crop_size) == \
+        ("vit_small_patch16_224", 65536, 10, 224, 96)
+    assert (big.data.name, big.data.batch_size, big.trainer.epochs, big.optim.lr, big.optim.base_batch) == \
+        ("image-folder", 64, 100, 5e-4, 256)
+    assert big.schedules["lr"].warmup == 10 and big.schedules["lr"].end == 1e-6
+    assert big.schedules["task.teacher_temp"].warmup == 30 and big.schedules["ema_decay"].end == 1.0
+    assert big.trainer.precision == "fp16" and big.trainer.sync_bn
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    run = tmp_path_factory.mktemp("dino") / "run"
+    proc = vt("fit", "ssl-dino", *TINY, "trainer.max_steps=6", "trainer.log_every=3", "trainer.epochs=1",
+              "data.limit_train=320", "schedules.lr.warmup=0.2", "schedules.task.teacher_temp.warmup=0.2",
+              "--run-dir", str(run))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run
+
+
+def test_cli_smoke_fit_evaluates_at_init_and_saves_the_centre(fitted):
+    run = fitted
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 6] and all(0 < r["ema/knn_top1"] <= 100 for r in evals)
+    assert not any(k == "knn_top1" for r in evals for k in r)  # eval.models=ema: the teacher only
+    train = [r for r in rows if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [3, 6]
+    assert all(k in train[-1] for k in ("dino", "teacher_entropy", "center_norm", "grad_norm"))
+    assert 0 < train[-1]["teacher_entropy"] <= math.log(64) + 1e-4
+    ckpt = torch.load(run / "checkpoints/last.pt", weights_only=True)
+    assert ckpt["task"]["center"].shape == (1, 64) and ckpt["task"]["center"].abs().sum() > 0
+    assert json.loads((run / "summary.json").read_text())["best"]["ema"] > 0
+
+
+def test_validate_and_export_the_teacher_backbone(fitted, tmp_path):
+    proc = vt("validate", str(fitted))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["ema/knn_top1"] > 0
+    proc = vt("export", str(fitted / "checkpoints/last.pt"), "--format", "onnx", "--ema", "--out",
+              str(tmp_path / "teacher.onnx"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["outputs"] == ["features"] and result["max_abs_diff"] < 1e-4
+    proc = vt("predict", str(fitted / "checkpoints/last.pt"), "x.png", "--out", str(tmp_path / "p"))
+    assert proc.returncode != 0 and "predict works for detection recipes" in proc.stderr
+
+
+def test_image_folder_rgb_path_of_the_imagenet_recipe(tmp_path):
+    """The ImageNet recipe's data path (PIL RGB images, jitter with saturation and hue, 3-channel
+    ViT with 16 px patches) on a tiny folder, at reduced sizes."""
+    from test_classification_data import _png_tree
+
+    _png_tree(tmp_path, {"train": ["a", "b"], "val": ["a", "b"]}, n=8)
+    cfg = C.load_config("ssl-dino-vits16-imagenet", [
+        f"data.root={tmp_path}", "data.image_size=32", "data.batch_size=4", "data.num_workers=0",
+        "task.global_crop_size=32", "task.local_crop_size=16", "task.local_crops=2", "task.out_dim=32",
+        "task.hidden_dim=16", "task.bottleneck_dim=8", "task.backbone_args={depth: 1, embed_dim: 24, num_heads: 2}",
+        "trainer.precision=fp32", "trainer.sync_bn=false", "trainer.max_steps=2", "trainer.progress=plain",
+        "eval.every=0", *NO_WARMUP])
+    trainer = Trainer(cfg, build_task(cfg), None)
+    crops, _ = trainer.train_loader.dataset.dataset[0]
+    assert [tuple(c.shape) for c in crops] == [(3, 32, 32)] * 2 + [(3, 16, 16)] * 2
+    trainer.fit()
+    assert 0 <= trainer.last_eval["ema/knn_top1"] <= 100

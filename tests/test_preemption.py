@@ -1,0 +1,105 @@
+"""Preemption: SIGTERM / SIGUSR1 to a training run (the main process and its DataLoader worker,
+as a scheduler signals the whole job) -> last.pt written, exit code 4; --resume auto then ends with
+weights bit-identical to an uninterrupted run."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from visiontrain.engine.checkpoint import load_checkpoint
+from visiontrain.engine.preemption import EXIT_PREEMPTED
+
+ARGS = ["classify-fashion", "data.name=digits", "data.batch_size=16", "data.augment=basic", "data.num_workers=1",
+        "trainer.epochs=12", "trainer.log_every=5", "trainer.threads=1", "trainer.progress=plain",
+        "checkpoint.every=1", "eval.every=4", "task.drop_rate=0.2", "optim.lr=0.003"]
+
+
+def start(run_dir: Path, *options: str, overrides: tuple[str, ...] = ()) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "visiontrain", "fit", *ARGS, *overrides, "--run-dir", str(run_dir),
+                             *options],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)  # its own process group, like a job
+
+
+def logged_step(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    steps = [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip().endswith("}")]
+    return max(steps, default=0)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("full") / "run"
+    proc = start(run)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    return run
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_stop_signal_writes_last_and_resume_is_exact(uninterrupted, tmp_path, sig):
+    run = tmp_path / "run"
+    proc = start(run)
+    deadline = time.time() + 300
+    while logged_step(run) < 60 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be signalled"
+    os.killpg(proc.pid, sig)  # the main process and its DataLoader worker, as a scheduler does
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == EXIT_PREEMPTED, err[-3000:]
+    assert f"stopped by {sig.name}" in err and "--resume auto" in err
+    state = load_checkpoint(run / "checkpoints" / "last.pt")  # the newest checkpoint loads
+    stopped_at = state["progress"]["step"]
+    assert 60 <= stopped_at < 12 * (1437 // 16)
+    assert not (run / "model.safetensors").exists()  # the run did not finish
+
+    resumed = start(run, "--resume", "auto")
+    out, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err[-3000:]
+    assert f"resumed from {run / 'checkpoints' / 'last.pt'} at step {stopped_at}" in out
+    a, b = load_file(str(uninterrupted / "model.safetensors")), load_file(str(run / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+
+SIX = ("trainer.epochs=6",)
+
+
+def test_two_ranks_agree_to_stop_at_a_log_point_and_resume_exactly(tmp_path):
+    """fit --nproc 2 (torchrun, gloo): the whole process group gets SIGTERM; the ranks agree at the
+    next log point, rank 0 writes last.pt, and the resumed run equals an uninterrupted one."""
+    full = tmp_path / "full"
+    proc = start(full, "--nproc", "2", overrides=SIX)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+
+    run = tmp_path / "run"
+    proc = start(run, "--nproc", "2", overrides=SIX)
+    deadline = time.time() + 300
+    while logged_step(run) < 30 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be signalled"
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and "stopped by SIGTERM" in out + err, err[-3000:]
+    stopped_at = load_checkpoint(run / "checkpoints" / "last.pt")["progress"]["step"]
+    assert stopped_at % 5 == 0 and 30 <= stopped_at < 6 * (1437 // 32)  # a log point (log_every=5)
+    proc = start(run, "--nproc", "2", "--resume", "auto", overrides=SIX)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    a, b = load_file(str(full / "model.safetensors")), load_file(str(run / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    files = sorted(p.name for p in run.iterdir() if p.is_file())
+    assert files == ["config.yaml", "metrics.jsonl", "model.safetensors", "summary.json"]  # rank 0 only
