@@ -12,6 +12,9 @@ before the checkpoint is written. The main process shuts the workers down itself
 """
 from __future__ import annotations
 
+import atexit
+import multiprocessing
+import multiprocessing.util  # noqa: F401  (registers its exit handler before ours: ours runs first)
 import signal
 import threading
 from typing import Any
@@ -27,9 +30,20 @@ class Preempted(Exception):
 
 
 def ignore_stop_signals(_worker_id: int = 0) -> None:
-    """DataLoader ``worker_init_fn``: leave stopping to the main process."""
+    """DataLoader ``worker_init_fn``: leave stopping to the main process. (A worker still exits when
+    its loader shuts it down, or within seconds of its parent's death: torch's worker watchdog.)"""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+@atexit.register
+def _kill_daemon_children() -> None:
+    """At exit, multiprocessing terminates daemonic children (DataLoader workers) with SIGTERM and
+    joins them; workers that ignore SIGTERM would block that join forever. Kill them first: what
+    terminate() means for a daemon, with a signal they cannot ignore."""
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
 
 
 class StopFlag:

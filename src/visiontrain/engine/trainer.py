@@ -136,6 +136,7 @@ class Trainer:
             return self._fit()
         finally:
             self.stop.restore()
+            self.train_loader._iterator = None  # shut down persistent workers now, not at interpreter exit
 
     def _fit(self) -> dict[str, Any]:
         t, total = self.cfg.trainer, self.clock.total_steps

@@ -1,0 +1,57 @@
+"""Every task family under torchrun with 2 gloo ranks (`fit --nproc 2`): it trains, evaluates sharded
+(classification sums, COCO detections gathered to rank 0, the k-NN bank gathered), and the result
+equals a one-process `validate` of the checkpoint it wrote; only rank 0 writes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from detection_helpers import mosaic_coco, vt
+from test_dino import NO_WARMUP, TINY as DINO_TINY
+from test_rcnn import TINY as RCNN_TINY
+from test_yolo import TINY as YOLO_TINY
+
+
+@pytest.fixture(scope="module")
+def coco_root(tmp_path_factory) -> Path:
+    return mosaic_coco(tmp_path_factory, 8, 4)  # 4 val images: 2 per rank, no padding duplicates
+
+
+def cases(coco: Path) -> dict[str, tuple[list[str], str]]:
+    # detection and k-NN evaluate one image per batch, so one process and two ranks compute the same
+    # thing (a padded batch of other images would change border features)
+    det = ["data.name=coco", f"data.root={coco}", "data.batch_size=2", "data.eval_batch_size=1",
+           "data.num_workers=0", "trainer.epochs=1"]
+    return {
+        "classify-fashion": (["data.name=digits", "data.batch_size=64", "trainer.epochs=1", "data.limit_train=512",
+                              "data.limit_val=100"], "top1"),
+        "detect-detr": (det + ["task.backbone=resnet18", "task.hidden_dim=32", "task.dim_feedforward=64",
+                        "task.enc_layers=1", "task.dec_layers=1", "task.num_queries=5", "task.train_scales=[96]",
+                        "task.val_size=96", "task.max_size=128"], "AP"),
+        "detect-faster-rcnn": (det + RCNN_TINY[:-2], "AP"),
+        "detect-yolov3": (det + YOLO_TINY + ["task.size=64", "task.val_size=64", "task.multiscale_sizes=[64]",
+                                             "schedules.lr.warmup=0"], "AP"),
+        "ssl-dino": (DINO_TINY + ["data.batch_size=16", "trainer.epochs=1", "data.limit_train=128",
+                                  "task.knn_bank=101", "data.limit_val=50", "eval.at_start=false",
+                                  "data.eval_batch_size=1"] + NO_WARMUP,
+                     "ema/knn_top1"),
+    }
+
+
+@pytest.mark.parametrize("recipe", ["classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3",
+                                    "ssl-dino"])
+def test_two_ranks_train_and_evaluate_like_one_process(recipe, coco_root, tmp_path):
+    overrides, metric = cases(coco_root)[recipe]
+    run = tmp_path / "run"
+    proc = vt("fit", recipe, *overrides, "trainer.progress=plain", "--run-dir", str(run), "--nproc", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] >= 1
+    final = summary["final"][metric]
+    proc = vt("validate", str(run / "checkpoints" / "last.pt"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])[metric] == pytest.approx(final, abs=1e-6)
+    stray = [p.name for p in run.rglob("*") if p.is_file() and "rank" in p.name]
+    assert not stray
