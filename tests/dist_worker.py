@@ -10,6 +10,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 from toy_task import ToyTask, toy_config  # noqa: E402
+from visiontrain.engine.distributed import shutdown  # noqa: E402
 from visiontrain.engine.trainer import Trainer  # noqa: E402
 
 out, run_dir, overrides = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
@@ -18,3 +19,4 @@ trainer = Trainer(cfg, ToyTask(cfg), run_dir)
 trainer.fit()
 if trainer.dist.is_main:
     torch.save(trainer.raw_model.state_dict(), out)
+shutdown()  # all ranks leave the process group together

@@ -36,3 +36,39 @@ def test_two_ranks_equal_one_process_with_twice_the_batch(tmp_path, accum):
                    if p.is_file() and "tb/" not in p.as_posix())
     assert files == ["checkpoints/best.pt", "checkpoints/last.pt", "config.yaml", "metrics.jsonl",
                      "model.safetensors", "summary.json"]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_shards_are_disjoint_cover_the_data_and_depend_on_seed_and_epoch(world):
+    from visiontrain.data.samplers import ResumableBatchSampler
+
+    n, batch = 103, 4
+
+    def epoch_batches(rank: int, epoch: int, seed: int = 7, start: int = 0) -> list[list[int]]:
+        s = ResumableBatchSampler(n, batch, seed=seed, rank=rank, world_size=world, seeded=False)
+        s.set_epoch(epoch, start_batch=start)
+        return list(s)
+
+    shards = [[i for b in epoch_batches(r, 1) for i in b] for r in range(world)]
+    flat = [i for s in shards for i in s]
+    assert len(flat) == len(set(flat))                      # disjoint
+    assert len(flat) == (n // world // batch) * batch * world and len(flat) > n - world * batch  # all but the remainder
+    assert len({len(s) for s in shards}) == 1               # the same step count on every rank
+    assert shards[0] == [i for b in epoch_batches(0, 1) for i in b]           # a function of (seed, epoch)
+    assert shards[0] != [i for b in epoch_batches(0, 2) for i in b]
+    assert shards[0] != [i for b in epoch_batches(0, 1, seed=8) for i in b]
+    assert epoch_batches(1, 1, start=3) == epoch_batches(1, 1)[3:]             # mid-epoch resume
+
+
+def test_ddp_searches_unused_parameters_only_when_the_task_asks(monkeypatch):
+    from toy_task import ToyTask, toy_config
+    from visiontrain.engine import trainer as trainer_module
+
+    seen = []
+    monkeypatch.setattr(trainer_module, "wrap_ddp", lambda model, *a, **kw: seen.append(kw) or model)
+    cfg = toy_config()
+    trainer_module.Trainer(cfg, ToyTask(cfg), None)
+    task = ToyTask(cfg)
+    task.find_unused_parameters = True
+    trainer_module.Trainer(cfg, task, None)
+    assert [kw["find_unused_parameters"] for kw in seen] == [False, True]

@@ -54,6 +54,7 @@ def _default_run_dir(recipe: str) -> Path:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from visiontrain.engine.distributed import shutdown
+    from visiontrain.engine.preemption import Preempted
     from visiontrain.engine.trainer import Trainer
     from visiontrain.tasks import build_task
 
@@ -70,8 +71,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
         _exec_torchrun(args)
     try:
         summary = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=args.init).fit()
-    finally:
-        shutdown()
+    except Preempted:
+        shutdown()  # every rank stopped at the same, agreed step
+        raise
+    except BaseException:
+        shutdown(barrier=False)  # other ranks may be gone: leave without waiting for them
+        raise
+    shutdown()
     if summary:
         print(json.dumps({"run_dir": str(run_dir), **summary}, indent=None))
     return 0

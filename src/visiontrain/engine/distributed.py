@@ -72,7 +72,14 @@ def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return t
 
 
-def shutdown() -> None:
-    """Leave the process group (torchrun runs): every rank, after its last collective."""
+def shutdown(*, barrier: bool = True) -> None:
+    """Leave the process group (torchrun runs): every rank, after its last collective.
+
+    The barrier makes the ranks leave together. Rank 0 still writes files after the last collective;
+    a rank that tears gloo down meanwhile, or a process that exits with the group still alive, can
+    abort with "terminate called without an active exception". After an error on one rank the
+    others may never arrive, so the error paths leave without it."""
     if dist.is_initialized():
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()

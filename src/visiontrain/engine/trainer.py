@@ -89,7 +89,8 @@ class Trainer:
         self.ema = ModelEma(model, cfg.ema.decay, warmup=cfg.ema.warmup, every=cfg.ema.every) \
             if cfg.ema.enabled else None
         self.raw_model = model
-        self.model: nn.Module = wrap_ddp(model, self.dist, self.device)
+        self.model: nn.Module = wrap_ddp(model, self.dist, self.device,
+                                         find_unused_parameters=task.find_unused_parameters)
         if t.compile:
             self.model = torch.compile(self.model)
         self.scaler = make_scaler(t.precision, self.device)

@@ -50,6 +50,9 @@ class Task(abc.ABC):
     default_loss_weights: dict[str, float] = {}
     metric: str = ""                            # default checkpoint metric
     mode: str = "max"
+    # DDP's unused-parameter search costs a graph traversal every step: only a task whose forward
+    # can skip parameters (e.g. a branch taken on some steps only) sets this
+    find_unused_parameters: bool = False
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
