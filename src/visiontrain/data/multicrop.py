@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -102,6 +102,3 @@ class MultiCropDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[list[Tensor], int]:
         image, label = self.source.raw_item(int(index))
         return self.transform(image), label
-
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[list[Tensor], int]]:
-        return [self[i] for i in indices]

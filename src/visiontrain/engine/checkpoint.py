@@ -24,14 +24,19 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; the message names the file."""
 
 
+def give_usual_mode(path: str | os.PathLike) -> None:
+    """The mode a plain ``open()`` would give (0666 less the umask), for files that tools create 0600."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
+        give_usual_mode(tmp)  # mkstemp makes 0600
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-_NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
+NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
 
 
 class ParamGroupError(ValueError):
@@ -60,7 +60,7 @@ def no_decay_names(model: nn.Module) -> set[str]:
     for mod_name, mod in model.named_modules():
         for p_name, p in mod.named_parameters(recurse=False):
             full = f"{mod_name}.{p_name}" if mod_name else p_name
-            if p.ndim <= 1 or p_name == "bias" or isinstance(mod, _NORM_TYPES):
+            if p.ndim <= 1 or p_name == "bias" or isinstance(mod, NORM_TYPES):
                 names.add(full)
     return names
 

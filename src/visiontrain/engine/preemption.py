@@ -68,10 +68,8 @@ class StopFlag:
             signal.signal(sig, handler)
         self._previous = {}
 
-    def agreed(self, distributed: bool, device: torch.device) -> bool:
-        """Whether any rank got a stop signal. Distributed: an all-reduce (call at log points only)."""
-        if not distributed:
-            return self.requested
+    def any_rank(self, device: torch.device) -> bool:
+        """Whether any rank got a stop signal: an all-reduce, so every rank calls it at a log point."""
         flag = torch.tensor([1.0 if self.requested else 0.0], device=device)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         return bool(flag.item())  # host sync (log point)

@@ -192,7 +192,7 @@ class Trainer:
     def _stop_now(self, at_log_point: bool) -> bool:
         """A single process stops after any step; ranks agree only at log points (one all-reduce)."""
         if self.dist.enabled:
-            return at_log_point and self.stop.agreed(True, self.device)  # host sync (log point)
+            return at_log_point and self.stop.any_rank(self.device)  # host sync (log point)
         return self.stop.requested
 
     def _preempt(self) -> None:

@@ -1,15 +1,13 @@
 """Weights in and out: --init (shape-tolerant), safetensors export, resume compatibility checks."""
 from __future__ import annotations
 
-import os
-
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
+from visiontrain.engine.checkpoint import CheckpointError, give_usual_mode, load_checkpoint
 
 
 def _state_from_file(path: str | Path) -> dict[str, torch.Tensor]:
@@ -80,9 +78,7 @@ def save_safetensors(model: nn.Module, path: Path) -> None:
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     tmp = path.with_name(f".{path.name}.tmp")
     save_file(state, str(tmp))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # safetensors writes 0600; give the file the usual mode, as checkpoints
+    give_usual_mode(tmp)  # safetensors writes 0600; the same mode as the checkpoints
     tmp.replace(path)
 
 

@@ -18,12 +18,11 @@ import torch
 from torch import nn
 
 from visiontrain.config import TaskConfig, doc, register_task_config
-from visiontrain.engine.param_groups import no_decay_names
+from visiontrain.engine.param_groups import NORM_TYPES, no_decay_names
 from visiontrain.tasks.base import ExportSpec, TaskData
 from visiontrain.tasks.detection import DetectionTask
 
 LOSSES = ("loss_objectness", "loss_rpn_box_reg", "loss_classifier", "loss_box_reg")
-_NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
 
 @dataclass
@@ -130,7 +129,7 @@ class RcnnTask(DetectionTask):
         skip = no_decay_names(model) if o.no_decay_bias_norm else set()
         groups: dict[tuple[bool, bool, float], dict[str, Any]] = {}
         for mod_name, module in model.named_modules():
-            is_norm = isinstance(module, _NORMS)
+            is_norm = isinstance(module, NORM_TYPES)
             for p_name, param in module.named_parameters(recurse=False):
                 if not param.requires_grad:
                     continue

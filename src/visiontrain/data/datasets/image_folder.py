@@ -23,6 +23,8 @@ LAYOUT = "ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg (one sub-directory
 class ImageFolderClassification(Dataset):
     """Items ``(float32 [3,S,S] normalised image, int label)``; ``mode`` is "val", "basic" or "imagenet"."""
 
+    mean, std = IMAGENET_MEAN, IMAGENET_STD  # the normalisation, also for transforms built elsewhere
+
     def __init__(self, samples: list[tuple[str, int]], classes: list[str], *, image_size: int, mode: str) -> None:
         self.samples = list(samples)
         self.classes = list(classes)
@@ -63,8 +65,6 @@ class ImageFolderClassification(Dataset):
 
     def __len__(self) -> int:
         return len(self.samples)
-
-    mean, std = IMAGENET_MEAN, IMAGENET_STD
 
     def raw_item(self, index: int) -> tuple[Any, int]:
         """The decoded RGB PIL image and its label, for transforms built elsewhere (DINO's multi-crop)."""
