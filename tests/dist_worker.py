@@ -19,4 +19,5 @@ trainer = Trainer(cfg, ToyTask(cfg), run_dir)
 trainer.fit()
 if trainer.dist.is_main:
     torch.save(trainer.raw_model.state_dict(), out)
+del trainer  # DDP must not outlive the process group
 shutdown()  # all ranks leave the process group together

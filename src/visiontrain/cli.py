@@ -71,9 +71,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
         _exec_torchrun(args)
     try:
         summary = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=args.init).fit()
-    except Preempted:
+    except Preempted as err:
+        err = err.with_traceback(None)  # its frames hold the trainer (and DDP): drop them before shutdown
         shutdown()  # every rank stopped at the same, agreed step
-        raise
+        raise err
     except BaseException:
         shutdown(barrier=False)  # other ranks may be gone: leave without waiting for them
         raise

@@ -4,6 +4,7 @@ With no torchrun variables this is a single process and every helper is a no-op.
 """
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -75,11 +76,14 @@ def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
 def shutdown(*, barrier: bool = True) -> None:
     """Leave the process group (torchrun runs): every rank, after its last collective.
 
-    The barrier makes the ranks leave together. Rank 0 still writes files after the last collective;
-    a rank that tears gloo down meanwhile, or a process that exits with the group still alive, can
-    abort with "terminate called without an active exception". After an error on one rank the
-    others may never arrive, so the error paths leave without it."""
+    Objects that hold the group must be gone before it is destroyed: a DDP reducer that outlives it
+    aborts the process at exit ("terminate called without an active exception"). The trainer is
+    kept alive only by reference cycles (its hooks point back to it) once the caller drops it, so
+    they are collected first. The barrier makes the ranks leave together (rank 0 still writes files
+    after the last collective); after an error on one rank the others may never arrive, so the
+    error paths leave without it."""
     if dist.is_initialized():
+        gc.collect()
         if barrier:
             dist.barrier()
         dist.destroy_process_group()
