@@ -14,11 +14,12 @@ import torch
 WORKER = Path(__file__).parent / "dist_worker.py"
 
 
-def run(nproc: int, out: Path, run_dir: Path, **overrides) -> None:
+def run(nproc: int, out: Path, run_dir: Path, resume: Path | None = None, **overrides) -> None:
+    """The toy task on NPROC ranks (torchrun) or one plain process; OUT gets the full weights."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           str(WORKER), str(out), str(run_dir), json.dumps(overrides)] if nproc > 1 else \
-        [sys.executable, str(WORKER), str(out), str(run_dir), json.dumps(overrides)]
+    args = [str(WORKER), str(out), str(run_dir), json.dumps(overrides), *([str(resume)] if resume else [])]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args] \
+        if nproc > 1 else [sys.executable, *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -29,7 +30,7 @@ def test_two_ranks_equal_one_process_with_twice_the_batch(tmp_path, accum):
               "checkpoint__every": 1}
     run(2, tmp_path / "ddp.pt", tmp_path / "ddp", data__batch_size=16, **common)
     run(1, tmp_path / "single.pt", tmp_path / "single", data__batch_size=32, **common)
-    a, b = torch.load(tmp_path / "ddp.pt"), torch.load(tmp_path / "single.pt")
+    a, b = torch.load(tmp_path / "ddp.pt")["model"], torch.load(tmp_path / "single.pt")["model"]
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
     # only rank 0 wrote: one metrics file, no stray per-rank files
     files = sorted(p.relative_to(tmp_path / "ddp").as_posix() for p in (tmp_path / "ddp").rglob("*")
@@ -62,10 +63,11 @@ def test_shards_are_disjoint_cover_the_data_and_depend_on_seed_and_epoch(world):
 
 def test_ddp_searches_unused_parameters_only_when_the_task_asks(monkeypatch):
     from toy_task import ToyTask, toy_config
+    from visiontrain.engine import build
     from visiontrain.engine import trainer as trainer_module
 
     seen = []
-    monkeypatch.setattr(trainer_module, "wrap_ddp", lambda model, *a, **kw: seen.append(kw) or model)
+    monkeypatch.setattr(build, "wrap_ddp", lambda model, *a, **kw: seen.append(kw) or model)
     cfg = toy_config()
     trainer_module.Trainer(cfg, ToyTask(cfg), None)
     task = ToyTask(cfg)

@@ -74,12 +74,13 @@ def test_stop_signal_writes_last_and_resume_is_exact(uninterrupted, tmp_path, si
 
 
 
-SIX = ("trainer.epochs=6",)
 
-
-def test_two_ranks_agree_to_stop_at_a_log_point_and_resume_exactly(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_agree_to_stop_at_a_log_point_and_resume_exactly(tmp_path, strategy):
     """fit --nproc 2 (torchrun, gloo): the whole process group gets SIGTERM; the ranks agree at the
-    next log point, rank 0 writes last.pt, and the resumed run equals an uninterrupted one."""
+    next log point, rank 0 writes last.pt (under FSDP each rank its shards), and the resumed run
+    equals an uninterrupted one."""
+    SIX = ("trainer.epochs=6", f"distributed.strategy={strategy}")
     full = tmp_path / "full"
     proc = start(full, "--nproc", "2", overrides=SIX)
     _, err = proc.communicate(timeout=600)

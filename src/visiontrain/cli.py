@@ -6,6 +6,7 @@
     visiontrain show-config RECIPE|FILE [k=v ...] [--docs]
     visiontrain predict CHECKPOINT IMAGE... --out DIR [--threshold 0.5] [--ema]
     visiontrain export CHECKPOINT --format onnx|exported-program|torchscript [--out FILE] [--ema]
+    visiontrain consolidate CHECKPOINT [--out FILE]
 """
 from __future__ import annotations
 
@@ -159,6 +160,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_consolidate(args: argparse.Namespace) -> int:
+    from visiontrain.engine.checkpoint import CheckpointError, atomic_save, load_checkpoint
+
+    src = Path(args.checkpoint)
+    if "sharded" not in load_checkpoint(src, resolve_sharded=False, mmap=True):
+        raise CheckpointError(f"{src} is already a single-file checkpoint (it names no sharded directory); "
+                              f"validate, predict, export and --init read it as it is")
+    state = load_checkpoint(src)  # the sharded tensors, gathered whole in this one process
+    out = Path(args.out) if args.out else src.with_name(f"{src.stem}-full.pt")
+    atomic_save(state, out)
+    print(json.dumps({"checkpoint": str(src), "out": str(out), "tensors": len(state["model"]),
+                      "bytes": out.stat().st_size}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="visiontrain", description="Train vision models from recipes.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -194,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--out", help="output file (default: the checkpoint path with the format's suffix)")
     exp.add_argument("--ema", action="store_true", help="export the checkpoint's EMA weights")
     exp.set_defaults(fn=cmd_export)
+
+    cons = sub.add_parser("consolidate", help="turn a sharded (FSDP) checkpoint into a single file")
+    cons.add_argument("checkpoint", help="a .pt file of an FSDP run, e.g. RUN_DIR/checkpoints/last.pt")
+    cons.add_argument("--out", help="output file (default: CHECKPOINT's name with -full.pt)")
+    cons.set_defaults(fn=cmd_consolidate)
 
     show = sub.add_parser("show-config", help="print the resolved config")
     show.add_argument("recipe")

@@ -88,7 +88,7 @@ class TrainerConfig:
     nonfinite: Literal["raise", "skip"] = doc(
         "on a non-finite loss: raise at the next log point, or skip the update and go on", "raise")
     device: str = doc("auto | cpu | cuda | cuda:N", "auto")
-    channels_last: bool = doc("channels_last memory format for model and images", False)
+    channels_last: bool = doc("channels_last memory format for model and images (under FSDP the images only)", False)
     compile: bool = doc("torch.compile the model", False)
     threads: int | None = doc("torch intra-op threads (None = torch default)", None)
     sync_bn: bool = doc("under DDP, convert BatchNorm layers to SyncBatchNorm (batch statistics over all ranks)",
@@ -124,6 +124,19 @@ class CheckpointConfig:
 
 
 @dataclass
+class DistributedConfig:
+    strategy: Literal["ddp", "fsdp"] = doc(
+        "under torchrun: ddp replicates the model (DistributedDataParallel); fsdp shards parameters, "
+        "gradients and optimizer state over the ranks (FSDP2 fully_shard), checkpoints sharded (DCP)", "ddp")
+    fsdp_units: list[str] = doc(
+        "fsdp: regexes of module names each sharded as its own unit, gathered only around its forward "
+        "and backward (default: every block of a list of repeated blocks, e.g. a ViT's blocks.N)", factory=list)
+    fsdp_reshard_after_forward: bool = doc(
+        "fsdp: free each unit's gathered parameters after its forward (least memory); false keeps them "
+        "until its backward (one all-gather fewer per unit, more memory)", True)
+
+
+@dataclass
 class TaskConfig:
     """Base of every task's `task` section; each task subclasses it with its own keys."""
     name: str = doc("task: classification | ...", "classification")
@@ -144,6 +157,7 @@ class Config:
     ema: EmaConfig = doc("EMA section", factory=EmaConfig)
     eval: EvalConfig = doc("evaluation section", factory=EvalConfig)
     checkpoint: CheckpointConfig = doc("checkpoint section", factory=CheckpointConfig)
+    distributed: DistributedConfig = doc("multi-process section (torchrun)", factory=DistributedConfig)
 
 
 _TASK_CONFIGS: dict[str, type[TaskConfig]] = {}

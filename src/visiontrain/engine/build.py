@@ -12,7 +12,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from visiontrain.config import Config
 from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler, SeededDataset
-from visiontrain.engine.distributed import DistInfo
+from visiontrain.engine.distributed import DistInfo, wrap_ddp
+from visiontrain.engine.fsdp import ShardedCheckpoints, shard_model
 from visiontrain.engine.preemption import ignore_stop_signals
 from visiontrain.engine.schedules import Schedule, ScheduleConfig, StepClock, build_schedule
 
@@ -27,10 +28,39 @@ def pick_device(name: str, dist_info: DistInfo) -> torch.device:
     return torch.device(name)
 
 
+def distribute(model: nn.Module, ema: Any, cfg: Config, task: Any, dist_info: DistInfo, device: torch.device,
+               ckpt_dir: Any) -> tuple[nn.Module, ShardedCheckpoints | None, list[str] | None]:
+    """The module the step calls, the sharded checkpoints (FSDP only) and the FSDP unit names.
+    FSDP shards ``model`` (and the EMA copy) in place: build the optimizer after this."""
+    if not (dist_info.enabled and cfg.distributed.strategy == "fsdp"):
+        return wrap_ddp(model, dist_info, device, find_unused_parameters=task.find_unused_parameters), None, None
+    if cfg.trainer.precision == "fp16":
+        raise ValueError("distributed.strategy=fsdp with trainer.precision=fp16: the gradient scaler does not "
+                         "handle sharded gradients; use trainer.precision=bf16")
+    units = shard_model(model, dist_info, device, cfg.distributed, [ema.module] if ema is not None else [])
+    return model, ShardedCheckpoints(ckpt_dir, dist_info), units
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device
+            ) -> tuple[ResumableBatchSampler, DataLoader, DataLoader]:
+    """The resumable batch sampler (grouped by aspect ratio when the task gives groups), and the
+    training and evaluation loaders of a task's ``TaskData``."""
+    d = cfg.data
+    pin = d.pin_memory and device.type == "cuda"
+    shard = {"rank": dist_info.rank, "world_size": dist_info.world_size}
+    sampler = GroupedBatchSampler(data.group_ids, d.batch_size, seed=cfg.seed, **shard) \
+        if data.group_ids is not None else ResumableBatchSampler(len(data.train), d.batch_size, seed=cfg.seed, **shard)
+    train = train_loader(data.train, sampler, random_transforms=data.random_transforms, collate=data.train_collate,
+                         num_workers=d.num_workers, pin_memory=pin, persistent_workers=d.persistent_workers)
+    val = eval_loader(data.val, d.eval_batch_size or 2 * d.batch_size, collate=data.eval_collate,
+                      num_workers=d.num_workers, pin_memory=pin, dist_info=dist_info)
+    return sampler, train, val
 
 
 def train_loader(ds: Dataset, sampler: ResumableBatchSampler, *, random_transforms: bool,

@@ -56,13 +56,17 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
         os.close(dir_fd)
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Load with weights_only=True onto the CPU; every failure names the file and the reason."""
+def load_checkpoint(path: str | os.PathLike, *, resolve_sharded: bool = True, mmap: bool = False) -> dict[str, Any]:
+    """Load with weights_only=True onto the CPU; every failure names the file and the reason.
+
+    A checkpoint of an FSDP run names a directory of sharded tensors (``engine.fsdp``); it is
+    returned whole, as a single-file checkpoint would be, unless ``resolve_sharded`` is False (the
+    trainer then reads each rank's shards itself). ``mmap`` maps tensors instead of reading them."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         raise CheckpointError(f"checkpoint {path} holds objects other than tensors and plain "
                               f"containers and was refused (weights_only load): {err}") from None
@@ -70,6 +74,10 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {err}") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(obj).__name__}, expected a dict")
+    if resolve_sharded and isinstance(obj.get("sharded"), dict):
+        from visiontrain.engine.fsdp import resolve_full
+
+        obj = resolve_full(obj, path)
     return obj
 
 
@@ -139,3 +147,18 @@ class BestTracker:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best = {k: float(v) for k, v in state["best"].items()}
         self.kept = [(float(v), str(n)) for v, n in state["kept"]]
+
+
+class ReplicatedWeights:
+    """Model, optimizer and EMA as whole state dicts inside the ``.pt`` file (one process, DDP).
+    ``engine.fsdp.ShardedCheckpoints`` is the same interface for sharded runs."""
+
+    def save(self, step: int, model: Any, optimizer: Any, ema: Any) -> dict[str, Any]:
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "ema": ema.state_dict() if ema is not None else None}
+
+    def load(self, source: Path, state: dict[str, Any], model: Any, optimizer: Any, ema: Any) -> None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if ema is not None and state["ema"] is not None:
+            ema.load_state_dict(state["ema"])

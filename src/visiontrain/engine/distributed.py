@@ -4,9 +4,11 @@ With no torchrun variables this is a single process and every helper is a no-op.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 import torch.distributed as dist
@@ -49,6 +51,32 @@ def wrap_ddp(model: nn.Module, info: DistInfo, device: torch.device,
     ids = [device.index] if device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(model, device_ids=ids,
                                                find_unused_parameters=find_unused_parameters)
+
+
+def grad_sync_paused(model: nn.Module) -> Callable[[], ContextManager] | None:
+    """What pauses the gradient reduction on non-final micro-batches of an accumulated step:
+    DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync(False)``; None for a plain module."""
+    if hasattr(model, "no_sync"):
+        return model.no_sync
+    if hasattr(model, "set_requires_gradient_sync"):
+        @contextlib.contextmanager
+        def paused() -> Iterator[None]:
+            model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)
+        return paused
+    return None
+
+
+def broadcast_object(obj: Any, info: DistInfo) -> Any:
+    """Rank 0's value on every rank (a collective and a host sync: evaluation and checkpoints only)."""
+    if not info.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def convert_sync_bn(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:

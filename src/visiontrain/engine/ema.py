@@ -2,7 +2,8 @@
 
 The average lives in a copy of the model whose parameters never require grad and are never seen
 by the optimizer. An update is two foreach kernels (lerp for float tensors, copy for the rest)
-with a host-side float decay: no host read.
+with a host-side float decay: no host read. Under FSDP the copy is sharded like the model, so the
+kernels run on the local shards.
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import copy
 
 import torch
 from torch import nn
+
+from visiontrain.engine.fsdp import local
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -37,11 +40,11 @@ class ModelEma:
         dst = self.module.state_dict(keep_vars=True)
         lerp_dst, lerp_src, copy_dst, copy_src = [], [], [], []
         for name, d in dst.items():
-            s = src[name].detach()
+            s, d = local(src[name].detach()), local(d.data)
             if d.is_floating_point():
-                lerp_dst.append(d.data), lerp_src.append(s)
+                lerp_dst.append(d), lerp_src.append(s)
             else:
-                copy_dst.append(d.data), copy_src.append(s)
+                copy_dst.append(d), copy_src.append(s)
         return lerp_dst, lerp_src, copy_dst, copy_src
 
     @torch.no_grad()

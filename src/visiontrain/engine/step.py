@@ -21,6 +21,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from visiontrain.engine.distributed import grad_sync_paused
+from visiontrain.engine.fsdp import is_sharded, local
 from visiontrain.engine.metrics import StepRecorder
 from visiontrain.engine.param_groups import is_fused
 from visiontrain.engine.precision import autocast
@@ -66,20 +68,25 @@ class TrainStep:
                  optimizer: torch.optim.Optimizer, *, device: torch.device, precision: str,
                  scaler: torch.amp.GradScaler | None, clip_grad: float | None, clip_mode: str,
                  channels_last: bool, after_backward: list[Callable[[], None]], recorder: StepRecorder,
-                 mask_nonfinite: bool = True) -> None:
+                 mask_nonfinite: bool = True, always_norm: bool = False) -> None:
         self.model, self.losses_fn, self.optimizer = model, losses_fn, optimizer
         self.device, self.precision, self.scaler = device, precision, scaler
         self.clip_grad, self.clip_mode, self.channels_last = clip_grad, clip_mode, channels_last
         self.after_backward, self.recorder = after_backward, recorder
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.sharded = is_sharded(self.params)  # FSDP: DTensor parameters and gradients
         self.fused = is_fused(optimizer)
+        # Under several ranks a NaN loss on one rank reaches the others through the gradient
+        # reduction, not through their own loss: only the (global) gradient norm makes every rank
+        # skip the same step, so `skip` computes it there even without clipping.
+        self.always_norm = always_norm
         # Masking costs a device-side check and, in fused Adam, a pass over the step counters: paid
         # under `skip` and fp16 (overflow steps must be skipped); `raise` stops before any write.
         self.mask_nonfinite = mask_nonfinite or scaler is not None
         self._one = torch.ones((), device=device)
         # On the CPU with the default memory format the batch is already where it must be.
         self.needs_copy = device.type != "cpu" or channels_last
-        self._no_sync = getattr(model, "no_sync", None)  # DDP: skip all-reduce on non-final micro-steps
+        self._no_sync = grad_sync_paused(model)  # DDP/FSDP: no reduction on non-final micro-steps
         self._keys: tuple[str, ...] | None = None
         self._weighted: list[str] = []
         self.names: list[str] = []
@@ -140,23 +147,28 @@ class TrainStep:
             self._keys = keys
             self._weighted = [k for k in keys if weights.get(k, 1.0) != 1.0]
             self.names = [*keys, *(f"{k}_w" for k in self._weighted), "total"]
-            if self.clip_grad is not None or self.scaler is not None:
+            if self.clip_grad is not None or self.scaler is not None or self.always_norm:
                 self.names.append("grad_norm")
         out = [l.detach() for l in losses.values()]
         out += [losses[k].detach() * weights[k] for k in self._weighted]
         out.append(total.detach())
         return out
 
+    @torch.no_grad()  # (writes through DTensors' local views, which autograd forbids otherwise)
     def _unscale_and_clip(self) -> torch.Tensor | None:
         """Unscale (fp16), clip, and return the pre-clip global grad norm (None if not needed)."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        if self.clip_grad is None and self.scaler is None:
-            return None  # the norm costs a pass over the gradients: only when clipping or fp16
-        grads = [p.grad for p in self.params if p.grad is not None]
+        if self.clip_grad is None and self.scaler is None and not self.always_norm:
+            return None  # the norm costs a pass over the gradients: only when clipping, fp16 or needed
+        grads = [local(p.grad) for p in self.params if p.grad is not None]
         if not grads:
             return torch.zeros((), device=self.device)
         norms = torch._foreach_norm(grads)
+        if self.sharded:  # FSDP: each rank holds a shard of each gradient; one all-reduce, no host read
+            squares = torch.stack(norms).square()
+            torch.distributed.all_reduce(squares)
+            norms = list(squares.sqrt().unbind())
         total = torch.linalg.vector_norm(torch.stack(norms))
         if self.clip_grad is not None:
             if self.clip_mode == "norm":  # one coefficient for all (torch.nn.utils.clip_grad_norm_)
@@ -173,18 +185,20 @@ class TrainStep:
             self.optimizer.step()
             return
         # Non-fused optimizers ignore found_inf: keep a copy and restore it where the step is bad.
+        # (On local tensors: under FSDP parameters and state are DTensors, and each rank restores its shard.)
         bad = found_inf.bool()
-        old_p = [p.detach().clone() for p in self.params]
-        old_s = {id(p): {k: v.clone() for k, v in self.optimizer.state[p].items() if torch.is_tensor(v)}
-                 for p in self.params if self.optimizer.state.get(p)}
+        with torch.no_grad():
+            old_p = [local(p).clone() for p in self.params]
+            old_s = {id(p): {k: local(v).clone() for k, v in self.optimizer.state[p].items() if torch.is_tensor(v)}
+                     for p in self.params if self.optimizer.state.get(p)}
         fresh = [p for p in self.params if not self.optimizer.state.get(p)]
         self.optimizer.step()
         with torch.no_grad():
             for p, old in zip(self.params, old_p):
-                p.copy_(torch.where(bad, old, p))
+                local(p).copy_(torch.where(bad, old, local(p)))
             for p in self.params:
                 for k, old in old_s.get(id(p), {}).items():
-                    st = self.optimizer.state[p][k]
+                    st = local(self.optimizer.state[p][k])
                     st.copy_(torch.where(bad, old, st))
         if fresh:
             # State created by this very step cannot be "unmade" on the device; reading the flag

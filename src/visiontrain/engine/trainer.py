@@ -16,9 +16,11 @@ from torch import nn
 
 from visiontrain.config import Config, config_to_dict, dump_config
 from visiontrain.engine import build
-from visiontrain.engine.checkpoint import BestTracker, atomic_save, capture_rng, load_checkpoint, restore_rng
-from visiontrain.engine.distributed import DistInfo, all_reduce_mean, convert_sync_bn, init_distributed, wrap_ddp
+from visiontrain.engine.checkpoint import (BestTracker, ReplicatedWeights, atomic_save, capture_rng,
+                                           load_checkpoint, restore_rng)
+from visiontrain.engine.distributed import DistInfo, all_reduce_mean, broadcast_object, convert_sync_bn, init_distributed
 from visiontrain.engine.ema import ModelEma
+from visiontrain.engine.fsdp import full_state_dict, sync_buffers
 from visiontrain.engine.hooks import Hook, HookList
 from visiontrain.engine.logging import RunLogger
 from visiontrain.engine.metrics import StepRecorder
@@ -51,21 +53,7 @@ class Trainer:
         build.seed_everything(cfg.seed)
 
         data = task.build_data()
-        d = cfg.data
-        pin = d.pin_memory and self.device.type == "cuda"
-        if data.group_ids is not None:
-            self.sampler = build.GroupedBatchSampler(data.group_ids, d.batch_size, seed=cfg.seed,
-                                                     rank=self.dist.rank, world_size=self.dist.world_size)
-        else:
-            self.sampler = build.ResumableBatchSampler(len(data.train), d.batch_size, seed=cfg.seed,
-                                                       rank=self.dist.rank, world_size=self.dist.world_size)
-        self.train_loader = build.train_loader(data.train, self.sampler, random_transforms=data.random_transforms,
-                                               collate=data.train_collate, num_workers=d.num_workers,
-                                               pin_memory=pin, persistent_workers=d.persistent_workers)
-        self.val_loader = build.eval_loader(data.val, d.eval_batch_size or 2 * d.batch_size,
-                                            collate=data.eval_collate, num_workers=d.num_workers,
-                                            pin_memory=pin, dist_info=self.dist)
-
+        self.sampler, self.train_loader, self.val_loader = build.loaders(data, cfg, self.dist, self.device)
         self.data_info = data.info  # saved in checkpoints: predict rebuilds the model from it
         model = task.build_model(data.info)
         # a fresh run starts from the task's pretrained parts, then --init; a resumed one from its checkpoint
@@ -76,21 +64,24 @@ class Trainer:
         if t.sync_bn:  # before the EMA copy, so a teacher/EMA gets the same layers
             model = convert_sync_bn(model, self.dist, self.device)
         model.to(self.device)
-        if t.channels_last:
+        fsdp = self.dist.enabled and cfg.distributed.strategy == "fsdp"
+        if t.channels_last and not fsdp:  # FSDP shards contiguous parameters only; the images stay NHWC
             model.to(memory_format=torch.channels_last)
-        o = cfg.optim
-        groups = task.param_groups(model) or build_param_groups(
-            model, o.weight_decay, no_decay_bias_norm=o.no_decay_bias_norm, lr_mult=o.lr_mult)
-        check_coverage(model, groups)
-        global_batch = d.batch_size * self.dist.world_size * t.accum_steps
-        self.base_lr = scale_lr_by_batch(o.lr, global_batch, o.base_batch)
-        self.optimizer = build_optimizer(groups, o.name, lr=self.base_lr, momentum=o.momentum, beta2=o.beta2,
-                                         eps=o.eps, nesterov=o.nesterov, impl=o.impl)
         self.ema = ModelEma(model, cfg.ema.decay, warmup=cfg.ema.warmup, every=cfg.ema.every) \
             if cfg.ema.enabled else None
         self.raw_model = model
-        self.model: nn.Module = wrap_ddp(model, self.dist, self.device,
-                                         find_unused_parameters=task.find_unused_parameters)
+        # FSDP shards model, EMA and optimizer state (and checkpoints them sharded); else DDP or as is
+        self.model, self.sharded, units = build.distribute(model, self.ema, cfg, task, self.dist, self.device,
+                                                           self.ckpt_dir)
+        self.weights = self.sharded or ReplicatedWeights()
+        o = cfg.optim  # parameter groups after sharding: FSDP replaces the parameters by DTensors
+        groups = task.param_groups(model) or build_param_groups(
+            model, o.weight_decay, no_decay_bias_norm=o.no_decay_bias_norm, lr_mult=o.lr_mult)
+        check_coverage(model, groups)
+        global_batch = cfg.data.batch_size * self.dist.world_size * t.accum_steps
+        self.base_lr = scale_lr_by_batch(o.lr, global_batch, o.base_batch)
+        self.optimizer = build_optimizer(groups, o.name, lr=self.base_lr, momentum=o.momentum, beta2=o.beta2,
+                                         eps=o.eps, nesterov=o.nesterov, impl=o.impl)
         if t.compile:
             self.model = torch.compile(self.model)
         self.scaler = make_scaler(t.precision, self.device)
@@ -112,12 +103,15 @@ class Trainer:
                                  precision=t.precision, scaler=self.scaler, clip_grad=t.clip_grad,
                                  clip_mode=t.clip_mode, channels_last=t.channels_last,
                                  after_backward=self.hooks.callbacks("after_backward"), recorder=self.recorder,
-                                 mask_nonfinite=t.nonfinite == "skip")
+                                 mask_nonfinite=t.nonfinite == "skip",
+                                 always_norm=t.nonfinite == "skip" and self.dist.enabled)
         metric = cfg.eval.metric or task.metric
         self.metric, self.mode = metric, cfg.eval.mode or task.mode
         self.best = BestTracker(self.ckpt_dir, self.mode, cfg.checkpoint.keep_best) if writes else None
         for report in self.init_reports:
             self.log.print(report)
+        if units is not None:
+            self.log.print(f"fsdp: {len(units)} units sharded over {self.dist.world_size} ranks, and the root")
         if frozen:
             self.log.print(f"frozen {len(frozen)} parameter tensors")
         self.step, self.epoch, self.step_in_epoch = 0, 0, 0
@@ -128,7 +122,7 @@ class Trainer:
         # training streams start from a fresh seed: a run is a function of cfg.seed alone.
         build.seed_everything(cfg.seed + 1)
         if resume:
-            self.load_state(load_checkpoint(resume), resume)
+            self.load_state(load_checkpoint(resume, resolve_sharded=False), resume)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
@@ -291,6 +285,8 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
         self.check_finite()  # host sync: never evaluate or save after a bad step under `raise`
+        if self.sharded is not None:
+            sync_buffers([self.raw_model] + ([self.ema.module] if self.ema is not None else []))
         which = self.cfg.eval.models
         metrics = self._eval_model(self.raw_model, "") if which != "ema" or self.ema is None else {}
         if self.ema is not None and which != "model":
@@ -302,11 +298,16 @@ class Trainer:
             if self.metric not in metrics and f"ema/{self.metric}" not in metrics:
                 raise KeyError(f"eval.metric={self.metric!r} is not among the task's metrics "
                                f"{sorted(k for k in metrics if not k.startswith('ema/'))}")
-            state = None
-            for which, key in (("model", self.metric), ("ema", f"ema/{self.metric}")):
-                if key in metrics and self.best.wants(which, metrics[key]):
-                    state = state or self.state_dict()
-                    self.best.update(which, metrics[key], state, self.step)
+        if self.best is not None or self.sharded is not None:
+            keys = {"model": self.metric, "ema": f"ema/{self.metric}"}
+            wants = [w for w, k in keys.items() if self.best and k in metrics and self.best.wants(w, metrics[k])]
+            if self.sharded is not None:
+                wants = broadcast_object(wants, self.dist)  # host sync: every rank writes its shards
+            state = self.state_dict() if wants else None
+            for which in wants if self.best is not None else ():
+                self.best.update(which, metrics[keys[which]], state, self.step)
+            if wants and self.sharded is not None and self.dist.is_main:
+                self.sharded.prune()
         return metrics
 
     def _eval_model(self, model: nn.Module, prefix: str) -> dict[str, float]:
@@ -319,14 +320,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
+        """The whole training state. Under FSDP every rank calls it: each writes its shards of the
+        model, EMA and optimizer (engine.fsdp), and the dict names their directory instead."""
         return {
             "format": CHECKPOINT_FORMAT,
-            "model": self.raw_model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            **self.weights.save(self.step, self.raw_model, self.optimizer, self.ema),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "ema": self.ema.state_dict() if self.ema is not None else None,
             "progress": {"step": self.step, "epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
-                         "batch_size": self.cfg.data.batch_size, "world_size": self.dist.world_size},
+                         "batch_size": self.cfg.data.batch_size, "world_size": self.dist.world_size,
+                         "strategy": "fsdp" if self.sharded is not None else "replicated"},
             "sampler_seed": self.sampler.seed,
             "rng": capture_rng(),
             "best": self.best.state_dict() if self.best is not None else None,
@@ -340,24 +342,25 @@ class Trainer:
 
     def save_last(self) -> None:
         self.check_finite()  # host sync: a checkpoint never holds weights after a bad step
-        if self.ckpt_dir is None or not self.dist.is_main:
+        if self.ckpt_dir is None or not (self.dist.is_main or self.sharded is not None):
             return
         state = self.state_dict()
+        if not self.dist.is_main:
+            return
         atomic_save(state, self.ckpt_dir / "last.pt")
         every = self.cfg.checkpoint.keep_every
         if every and self.step % every == 0:
             atomic_save(state, self.ckpt_dir / f"step-{self.step}.pt")
+        if self.sharded is not None:
+            self.sharded.prune()
 
     def load_state(self, state: dict[str, Any], source: str) -> None:
         from visiontrain.engine.weights import check_resume_compatible
 
         check_resume_compatible(state, self, source)
-        self.raw_model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.weights.load(Path(source), state, self.raw_model, self.optimizer, self.ema)
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
-        if self.ema is not None and state["ema"] is not None:
-            self.ema.load_state_dict(state["ema"])
         p = state["progress"]
         self.step, self.epoch, self.step_in_epoch = int(p["step"]), int(p["epoch"]), int(p["step_in_epoch"])
         self.sampler.seed = int(state["sampler_seed"])
@@ -377,10 +380,12 @@ class Trainer:
             self.evaluate()
         self.save_last()
         summary: dict[str, Any] = {}
+        for name, module in (("model", self.raw_model), ("model_ema", self.ema and self.ema.module)):
+            if module is not None and self.run_dir is not None and (self.dist.is_main or self.sharded):
+                weights = full_state_dict(module) if self.sharded else module.state_dict()  # FSDP: a gather
+                if self.dist.is_main:
+                    save_safetensors(weights, self.run_dir / f"{name}.safetensors")
         if self.dist.is_main and self.run_dir is not None:
-            save_safetensors(self.raw_model, self.run_dir / "model.safetensors")
-            if self.ema is not None:
-                save_safetensors(self.ema.module, self.run_dir / "model_ema.safetensors")
             summary = {
                 "steps": self.step, "epochs": self.epoch, "wall_s": round(wall_s, 3),
                 "samples_per_s": self.samples_seen / max(wall_s, 1e-9),

@@ -72,10 +72,10 @@ def load_init_weights(model: nn.Module, path: str | Path, *, what: str = "--init
     return "; ".join(parts)
 
 
-def save_safetensors(model: nn.Module, path: Path) -> None:
+def save_safetensors(weights: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
     tmp = path.with_name(f".{path.name}.tmp")
     save_file(state, str(tmp))
     give_usual_mode(tmp)  # safetensors writes 0600; the same mode as the checkpoints
@@ -84,14 +84,30 @@ def save_safetensors(model: nn.Module, path: Path) -> None:
 
 def check_resume_compatible(state: dict[str, Any], trainer: Any, source: str) -> None:
     """Refuse a resume that cannot continue exactly, naming what differs."""
-    for key in ("model", "optimizer", "progress", "rng"):
-        if key not in state:
+    sharded = isinstance(state.get("sharded"), dict)
+    for key in ("sharded" if sharded else "model", "optimizer", "progress", "rng"):
+        if key not in state and not (sharded and key == "optimizer"):
             raise CheckpointError(f"--resume {source}: not a visiontrain training checkpoint "
                                   f"(no {key!r}); use --init to load its weights only")
+    strategy = state["progress"].get("strategy", "replicated")
+    same = "resume it with the same distributed.strategy on the same number of processes"
+    if sharded and trainer.sharded is None:
+        why = f"it is sharded (written under distributed.strategy=fsdp) and this run is not; {same}"
+    elif not sharded and trainer.sharded is not None:
+        why = "an FSDP run resumes only from the sharded checkpoints it writes, and this file is a single one"
+    elif strategy == "fsdp" and not sharded:
+        why = "it was consolidated from an FSDP run (its optimizer state is keyed by parameter name); " + same
+    else:
+        why = ""
+    if why:
+        raise CheckpointError(f"--resume {source}: {why}; or use --init {source} to start from its weights")
+    from visiontrain.engine.fsdp import sharded_shapes
+
+    theirs = sharded_shapes(Path(source).parent, state["sharded"]) if sharded else \
+        {k: tuple(v.shape) for k, v in state["model"].items()}
     own = trainer.raw_model.state_dict()
-    theirs = state["model"]
-    bad = [f"{k} {tuple(theirs[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
-           if k in theirs and theirs[k].shape != v.shape]
+    bad = [f"{k} {theirs[k]} vs {tuple(v.shape)}" for k, v in own.items()
+           if k in theirs and theirs[k] != tuple(v.shape)]
     missing = [k for k in own if k not in theirs]
     if bad or missing:
         detail = "; ".join(filter(None, [

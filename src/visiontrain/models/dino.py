@@ -85,7 +85,9 @@ class MultiCropWrapper(nn.Module):
         super().__init__()
         self.backbone, self.head = backbone, head
 
-    def forward(self, crops: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+    def forward(self, crops: Sequence[torch.Tensor] | torch.Tensor, features_only: bool = False) -> torch.Tensor:
+        """Head outputs; or, with ``features_only``, the backbone's features (k-NN evaluation: through
+        this forward rather than ``self.backbone``, so an FSDP-sharded wrapper gathers its parameters)."""
         if isinstance(crops, torch.Tensor):
             crops = [crops]
         feats, start = [], 0
@@ -95,7 +97,7 @@ class MultiCropWrapper(nn.Module):
                 end += 1
             feats.append(self.backbone(torch.cat(list(crops[start:end]))))
             start = end
-        return self.head(torch.cat(feats))
+        return torch.cat(feats) if features_only else self.head(torch.cat(feats))
 
 
 def dino_loss(student_out: torch.Tensor, teacher_out: torch.Tensor, center: torch.Tensor, *,

@@ -167,16 +167,23 @@ class DinoTask(Task):
         from visiontrain.evaluation.knn import all_gather_rows, extract_features, knn_predict
 
         t, d = self.cfg.task, self.cfg.data
-        encode, cl = unwrap(model).backbone, self.cfg.trainer.channels_last
+        wrapper, cl = unwrap(model), self.cfg.trainer.channels_last
+
+        def encode(images: torch.Tensor) -> torch.Tensor:
+            return wrapper(images, features_only=True)
         rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
             if torch.distributed.is_initialized() else (0, 1)
+        # Equal shards (the last padded with repeats, dropped after extraction): under FSDP every
+        # forward is a collective, so every rank must run the same number of batches.
         n = len(self.bank)
-        shard = Subset(self.bank, range(rank * n // world, (rank + 1) * n // world))
+        per = -(-n // world)
+        start, valid = rank * per, max(0, min(per, n - rank * per))
+        shard = Subset(self.bank, [min(start + i, n - 1) for i in range(per)])
         bank_loader = DataLoader(shard, batch_size=d.eval_batch_size or 2 * d.batch_size,
                                  num_workers=d.num_workers,
                                  worker_init_fn=ignore_stop_signals if d.num_workers else None)
         bank_x, bank_y = extract_features(encode, bank_loader, device, cl)
-        bank_x, bank_y = all_gather_rows(bank_x), all_gather_rows(bank_y)
+        bank_x, bank_y = all_gather_rows(bank_x[:valid]), all_gather_rows(bank_y[:valid])
         test_x, test_y = extract_features(encode, loader, device, cl)
         pred = knn_predict(bank_x, bank_y, test_x, num_classes=self.num_classes, k=t.knn_k,
                            temperature=t.knn_temperature)

@@ -1,0 +1,271 @@
+"""FSDP2 (``distributed.strategy=fsdp``): sharding a model over the ranks, and its sharded checkpoints.
+
+Sharding. ``fully_shard`` makes each unit's parameters DTensors sharded on dim 0; a unit's full
+parameters exist only around its forward and backward (an all-gather before, a reduce-scatter of
+its gradients after). The units are the blocks of the model's lists of repeated blocks unless
+``distributed.fsdp_units`` names them; the root is always one. The EMA copy (DINO's teacher) is
+sharded the same way, so its update lerps local shards with no communication.
+
+Checkpoints. Model, EMA and optimizer tensors go through torch.distributed.checkpoint: every rank
+writes its own shards into ``step-S.dcp/``, first as a hidden ``.tmp`` directory that rank 0
+renames once complete. The ``.pt`` files (last.pt, best.pt, ...) stay what they always are:
+the rest of the state, written atomically by rank 0, plus the name of their ``.dcp`` directory.
+A crash at any moment leaves every ``.pt`` naming a complete directory; directories no ``.pt``
+names any more are deleted after each save. Only tensors go into a DCP directory, because
+torch.distributed.checkpoint unpickles other items without ``weights_only``: the optimizer's
+hyper-parameters stay in the ``.pt`` file, and a full load refuses a directory with anything else.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from visiontrain.config import DistributedConfig
+from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
+from visiontrain.engine.distributed import DistInfo, broadcast_object
+
+DCP_DIR = re.compile(r"^step-\d+(-\d+)?\.dcp$")
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (shares its storage; call under no_grad to write into it), else t."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def is_sharded(tensors: list[torch.Tensor]) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(t, DTensor) for t in tensors)
+
+
+def block_units(model: nn.Module) -> list[str]:
+    """Names of the blocks of every ModuleList/Sequential of >= 2 same-class, non-leaf modules:
+    transformer blocks, ResNet bottlenecks, DETR layers. A conv-bn-relu Sequential is not one."""
+    names = []
+    for prefix, container in model.named_modules():
+        if not isinstance(container, (nn.ModuleList, nn.Sequential)) or len(container) < 2:
+            continue
+        kids = list(container.named_children())
+        if len({type(m) for _, m in kids}) == 1 and all(next(m.children(), None) is not None for _, m in kids):
+            names += [f"{prefix}.{n}" if prefix else n for n, _ in kids]
+    return names
+
+
+def pick_units(model: nn.Module, patterns: list[str]) -> list[str]:
+    if not patterns:
+        return block_units(model)
+    names = [n for n, _ in model.named_modules() if n and any(re.fullmatch(p, n) for p in patterns)]
+    if not names:
+        raise ValueError(f"distributed.fsdp_units={patterns}: no module name matches; names look like "
+                         f"{[n for n, _ in model.named_modules() if n][:8]}")
+    return names
+
+
+def shard_model(model: nn.Module, info: DistInfo, device: torch.device, cfg: DistributedConfig,
+                copies: list[nn.Module] = ()) -> list[str]:
+    """fully_shard the units (deepest first) and the root of ``model`` and of each copy (the EMA),
+    in place. Returns the unit names."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (info.world_size,))
+    units = pick_units(model, cfg.fsdp_units)
+    order = sorted(units, key=lambda n: -n.count("."))
+    for m in (model, *copies):
+        for name in order:
+            fully_shard(m.get_submodule(name), mesh=mesh, reshard_after_forward=cfg.fsdp_reshard_after_forward)
+        fully_shard(m, mesh=mesh, reshard_after_forward=False)  # backward starts with the root: keep it
+    return units
+
+
+def sync_buffers(modules: list[nn.Module]) -> None:
+    """Rank 0's buffers (BatchNorm running statistics) on every rank, before an evaluation or a save.
+    FSDP leaves buffers per rank. Rank 0's are what DDP's per-forward broadcast also leaves on
+    rank 0 (statistics of rank 0's batches), so evaluation and checkpoints match a DDP run's."""
+    for m in modules:
+        for b in m.buffers():
+            dist.broadcast(b, src=0)
+
+
+def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Every rank calls (a gather); rank 0 gets the full tensors on the CPU, the others {}."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+class ShardedCheckpoints:
+    """The ``step-S.dcp`` directories of one checkpoints directory."""
+
+    def __init__(self, ckpt_dir: Path | None, info: DistInfo) -> None:
+        self.dir, self.info = ckpt_dir, info
+        self._written: tuple[int, str] | None = None  # (step, directory) of the last save
+
+    def _free_name(self, step: int) -> str:
+        """``step-S.dcp``, or ``step-S-K.dcp`` when a run resumed from before S wrote S again: an
+        existing directory is never replaced, since a ``.pt`` file may still name it."""
+        name, k = f"step-{step}.dcp", 1
+        while (self.dir / name).exists():
+            name, k = f"step-{step}-{k}.dcp", k + 1
+        return name
+
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, ema_: Any) -> dict[str, Any]:
+        """Every rank calls. Writes ``step-S.dcp`` (once per step) and returns what the ``.pt`` file
+        keeps of the weights: the directory's name, the optimizer's hyper-parameters, the EMA's count."""
+        from torch.distributed import checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        ema = ema_.module if ema_ is not None else None
+        sync_buffers([model] if ema is None else [model, ema])
+        # An optimizer without state (no step taken yet) is saved as such: asking torch for its
+        # state dict would first initialise it with a zero-lr step, which changes Adam's step count.
+        has_state = bool(optimizer.state)
+        if has_state:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            groups = optim_sd["param_groups"]
+        else:
+            model_sd, optim_sd, groups = get_model_state_dict(model), None, []
+        if self._written is None or self._written[0] != step:
+            name = broadcast_object(self._free_name(step) if self.info.is_main else None, self.info)
+            tensors: dict[str, Any] = {"model": model_sd}
+            if optim_sd is not None:
+                tensors["optim"] = optim_sd["state"]
+            if ema is not None:
+                tensors["ema"] = get_model_state_dict(ema)
+            tmp = self.dir / f".{name}.tmp"
+            if self.info.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            dist.barrier()  # the fresh directory exists before any rank writes into it
+            try:
+                dcp.save(tensors, checkpoint_id=tmp)
+            except Exception as err:  # DCP reports any rank's failure (a full disk, ...) on every rank
+                raise CheckpointError(f"could not write sharded checkpoint {tmp}: {str(err).splitlines()[0][:500]} "
+                                      f"(the previous checkpoints are intact)") from err
+            if self.info.is_main:
+                os.replace(tmp, self.dir / name)
+                _fsync_dir(self.dir)
+            self._written = (step, name)
+        return {"sharded": {"dir": self._written[1], "optimizer": has_state, "param_groups": groups},
+                "ema": {"updates": ema_.updates} if ema_ is not None else None}
+
+    def load(self, source: Path, state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
+             ema_: Any) -> None:
+        """Every rank calls: each reads its own shards of the directory the ``.pt`` file names."""
+        from torch.distributed import checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                             set_model_state_dict, set_optimizer_state_dict)
+
+        record = state["sharded"]
+        path = dcp_path(Path(source).parent, record)
+        ema = ema_.module if ema_ is not None and state["ema"] is not None else None
+        if record["optimizer"]:  # initialises the fresh optimizer's state (zero-lr step), then overwritten
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            tensors: dict[str, Any] = {"model": model_sd, "optim": optim_sd["state"]}
+        else:
+            tensors = {"model": get_model_state_dict(model)}
+        if ema is not None:
+            tensors["ema"] = get_model_state_dict(ema)
+        try:
+            dcp.load(tensors, checkpoint_id=path)
+        except Exception as err:  # DCP wraps every rank's failure in its own exception type
+            raise CheckpointError(f"sharded checkpoint {path} could not be read into this model: "
+                                  f"{str(err).splitlines()[0][:500]}") from None
+        set_model_state_dict(model, tensors["model"])
+        if record["optimizer"]:
+            set_optimizer_state_dict(model, optimizer, {"state": tensors["optim"],
+                                                        "param_groups": record["param_groups"]})
+        if ema is not None:
+            set_model_state_dict(ema, tensors["ema"])
+            ema_.updates = int(state["ema"]["updates"])
+
+    def prune(self) -> None:
+        """Rank 0, after writing its ``.pt`` files: delete the directories none of them names."""
+        named = set()
+        for pt in self.dir.glob("*.pt"):
+            try:
+                record = load_checkpoint(pt, resolve_sharded=False, mmap=True).get("sharded")
+            except CheckpointError:
+                continue  # unreadable (or not a checkpoint): nothing it names could be used
+            if isinstance(record, dict):
+                named.add(record.get("dir"))
+        for entry in self.dir.iterdir():  # and what a crash mid-save left: .step-S.dcp.tmp
+            if entry.is_dir() and (entry.name.startswith(".step-") or
+                                   (DCP_DIR.match(entry.name) and entry.name not in named)):
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def dcp_path(pointer_dir: Path, record: dict[str, Any]) -> Path:
+    path = pointer_dir / str(record["dir"])
+    if not (path / ".metadata").is_file():
+        raise CheckpointError(f"sharded checkpoint {path} is missing or incomplete (no .metadata): the "
+                              f".pt file in {pointer_dir} names it; copy the whole checkpoints directory")
+    return path
+
+
+def sharded_shapes(pointer_dir: Path, record: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The model tensors' full shapes, from the directory's metadata (nothing else is read)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    md = FileSystemReader(dcp_path(pointer_dir, record)).read_metadata()
+    return {k[len("model."):]: tuple(v.size) for k, v in md.state_dict_metadata.items() if k.startswith("model.")}
+
+
+def load_full(path: Path) -> dict[str, Any]:
+    """One process, no process group: every tensor of a DCP directory at full size on the CPU,
+    nested as saved. Anything but tensors is refused (it would be unpickled without weights_only)."""
+    from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = FileSystemReader(path)
+    md = reader.read_metadata()
+    flat = {}
+    for key, item in md.state_dict_metadata.items():
+        if not isinstance(item, TensorStorageMetadata):
+            raise CheckpointError(f"sharded checkpoint {path}: item {key!r} is not a tensor; refused "
+                                  f"(it would be unpickled with code execution allowed)")
+        flat[key] = torch.empty(item.size, dtype=item.properties.dtype)
+    with warnings.catch_warnings():  # "torch.distributed is disabled ... load in a single process": meant
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(flat, storage_reader=reader, no_dist=True)
+    nested: dict[str, Any] = {}
+    for key, tensor in flat.items():
+        *parents, leaf = md.planner_data.get(key, (key,)) if md.planner_data else (key,)
+        node = nested
+        for p in parents:
+            node = node.setdefault(str(p), {})
+        node[str(leaf)] = tensor
+    return nested
+
+
+def resolve_full(state: dict[str, Any], pointer: Path) -> dict[str, Any]:
+    """A ``.pt`` file that names a DCP directory, as the single-file checkpoint it stands for:
+    full ``model``, ``ema`` and ``optimizer`` (keyed by parameter name, as torch's
+    ``get_optimizer_state_dict`` gives it). What validate, predict, export and --init read."""
+    record = state["sharded"]
+    tensors = load_full(dcp_path(pointer.parent, record))
+    out = {k: v for k, v in state.items() if k != "sharded"}
+    out["model"] = tensors["model"]
+    out["optimizer"] = {"state": tensors.get("optim", {}), "param_groups": record["param_groups"]}
+    if state.get("ema") is not None:
+        out["ema"] = {"module": tensors["ema"], "updates": state["ema"]["updates"]}
+    return out
+
+
+def _fsync_dir(path: Path) -> None:
+    dir_fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
