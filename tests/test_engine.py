@@ -10,7 +10,7 @@ import torch
 from toy_task import toy_config, train
 from visiontrain.engine.checkpoint import load_checkpoint
 from visiontrain.engine.hooks import Hook
-from visiontrain.engine.step import NonFiniteLossError
+from visiontrain.engine.guards import NonFiniteLossError
 
 
 def weights(trainer) -> dict[str, torch.Tensor]:

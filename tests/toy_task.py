@@ -29,16 +29,19 @@ class ToyConfig(TaskConfig):
     noise: bool = doc("add random noise to each sample (a random transform)", False)
     dropout: float = doc("dropout in the MLP", 0.0)
     poison_step: int = doc("step index whose loss becomes NaN (-1 = never)", -1)
+    poison_sample: int = doc("training sample whose input is NaN: a poisoned batch (-1 = none)", -1)
 
 
 C.register_task_config("toy", ToyConfig)
 
 
 class ToyData(Dataset):
-    def __init__(self, n: int, dim: int, noise: bool, seed: int) -> None:
+    def __init__(self, n: int, dim: int, noise: bool, seed: int, poison: int = -1) -> None:
         g = torch.Generator().manual_seed(seed)
         self.x = torch.randn(n, dim, generator=g)
         self.y = self.x @ torch.randn(dim, 1, generator=g) + 0.1
+        if poison >= 0:
+            self.x[poison] = float("nan")
         self.noise = noise
 
     def __len__(self) -> int:
@@ -62,7 +65,8 @@ class ToyTask(Task):
 
     def build_data(self) -> TaskData:
         t = self.cfg.task
-        return TaskData(ToyData(t.samples, t.dim, t.noise, 1), ToyData(64, t.dim, False, 2), {"dim": t.dim},
+        return TaskData(ToyData(t.samples, t.dim, t.noise, 1, t.poison_sample), ToyData(64, t.dim, False, 2),
+                        {"dim": t.dim},
                         random_transforms=t.noise)
 
     def build_model(self, info: dict[str, Any]) -> nn.Module:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ import yaml
 from visiontrain import config as C
 
 EXIT_USAGE, EXIT_NONFINITE = 2, 3  # and EXIT_PREEMPTED = 4 (engine.preemption): last.pt written, resume
+EXIT_OUT_OF_MEMORY = 5
 
 
 def _recipe_summary(path: Path) -> str:
@@ -229,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from visiontrain.engine.checkpoint import CheckpointError
     from visiontrain.engine.preemption import EXIT_PREEMPTED, Preempted
-    from visiontrain.engine.step import NonFiniteLossError
+    from visiontrain.engine.guards import NonFiniteLossError, OutOfMemory
     import visiontrain.tasks  # noqa: F401  (registers every task's config section)
 
     try:
@@ -240,6 +242,22 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteLossError as err:
         print(f"visiontrain: error: {err}", file=sys.stderr)
         return EXIT_NONFINITE
-    except (C.ConfigError, CheckpointError, FileNotFoundError, ValueError, yaml.YAMLError) as err:
+    except OutOfMemory as err:
         print(f"visiontrain: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_OUT_OF_MEMORY
+    except (C.ConfigError, CheckpointError, FileNotFoundError, ValueError, yaml.YAMLError) as err:
+        print(f"visiontrain: error: {_one_line(err)}", file=sys.stderr)
+    # Outside the except block the error (and its frames, which hold the trainer and its DataLoader
+    # iterator) is gone: collect it now, while the workers still run, rather than at interpreter
+    # exit, when torch would report them as killed with a second traceback.
+    gc.collect()
+    return EXIT_USAGE
+
+
+def _one_line(err: BaseException) -> str:
+    """An error raised in a DataLoader worker arrives as 'Caught X in DataLoader worker process N.
+    Original Traceback ...'; the user needs its own message, the last line."""
+    text = str(err)
+    if text.startswith("Caught ") and "Original Traceback" in text:
+        return text.rstrip().splitlines()[-1].split(": ", 1)[-1]
+    return text

@@ -27,11 +27,14 @@ class ConfigError(ValueError):
     """A recipe or override does not fit the schema; the message names the key."""
 
 
-def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field with its documentation attached (shown by `show-config --docs`)."""
+def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING, *,
+        minimum: int | None = None) -> Any:
+    """A dataclass field with its documentation attached (shown by `show-config --docs`); ``minimum``
+    bounds a number, so that e.g. ``data.batch_size=0`` is an error naming the key, not a crash later."""
+    meta = {"doc": text} if minimum is None else {"doc": text, "min": minimum}
     if factory is not dataclasses.MISSING:
-        return field(default_factory=factory, metadata={"doc": text})
-    return field(default=default, metadata={"doc": text})
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -39,16 +42,16 @@ class DataConfig:
     name: str = doc("dataset: fashion-mnist | digits | image-folder (classification); coco | voc | yolo | "
                     "fashion-mosaic | neon-trees (detection)", "fashion-mnist")
     root: str | None = doc("dataset directory (image-folder: ROOT/train, ROOT/val)", None)
-    batch_size: int = doc("batch size per process (per micro-step under accumulation)", 256)
-    eval_batch_size: int | None = doc("evaluation batch size (default: 2 x batch_size)", None)
-    num_workers: int = doc("DataLoader worker processes (0 = load in the main process)", 0)
+    batch_size: int = doc("batch size per process (per micro-step under accumulation)", 256, minimum=1)
+    eval_batch_size: int | None = doc("evaluation batch size (default: 2 x batch_size)", None, minimum=1)
+    num_workers: int = doc("DataLoader worker processes (0 = load in the main process)", 0, minimum=0)
     pin_memory: bool = doc("pin host memory for faster copies to the GPU", True)
     persistent_workers: bool = doc("keep workers alive across epochs", True)
-    image_size: int | None = doc("model input side; None = the dataset's native size", None)
+    image_size: int | None = doc("model input side; None = the dataset's native size", None, minimum=1)
     augment: str = doc("train augmentation: none | basic | imagenet", "none")
     download: bool = doc("allow torchvision to download the dataset if it is not found", False)
-    limit_train: int | None = doc("use only the first N training samples (quick runs)", None)
-    limit_val: int | None = doc("use only the first N validation samples", None)
+    limit_train: int | None = doc("use only the first N training samples (quick runs)", None, minimum=1)
+    limit_val: int | None = doc("use only the first N validation samples", None, minimum=1)
     train_split: str = doc("detection: split name of the training set (coco: train2017, voc: trainval)", "train")
     val_split: str = doc("detection: split name of the validation set", "val")
     on_bad_annotation: Literal["error", "skip"] = doc(
@@ -76,12 +79,12 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
-    epochs: int = doc("number of epochs", 1)
-    max_steps: int | None = doc("stop after this many optimizer steps (mid-epoch is fine)", None)
-    log_every: int = doc("optimizer steps between log points (the only host syncs)", 50)
+    epochs: int = doc("number of epochs", 1, minimum=1)
+    max_steps: int | None = doc("stop after this many optimizer steps (mid-epoch is fine)", None, minimum=1)
+    log_every: int = doc("optimizer steps between log points (the only host syncs)", 50, minimum=1)
     precision: Literal["fp32", "bf16", "fp16"] = doc("autocast dtype; fp16 adds a GradScaler", "fp32")
-    accum_steps: int = doc("micro-batches per optimizer step (gradient accumulation)", 1)
-    accum_after_epoch: int = doc("use accum_steps from this epoch on; before it 1", 0)
+    accum_steps: int = doc("micro-batches per optimizer step (gradient accumulation)", 1, minimum=1)
+    accum_after_epoch: int = doc("use accum_steps from this epoch on; before it 1", 0, minimum=0)
     clip_grad: float | None = doc("gradient clipping threshold (None = off)", None)
     clip_mode: Literal["norm", "param"] = doc(
         "norm: global L2 norm (DETR, cvnets); param: each parameter's norm (DINO)", "norm")
@@ -101,12 +104,12 @@ class EmaConfig:
     enabled: bool = doc("keep an exponential moving average of the weights", False)
     decay: float = doc("EMA decay (weight of the old average; cvnets momentum m = 1 - decay)", 0.9998)
     warmup: bool = doc("ramp the decay up from 0 early in training (timm ModelEmaV3)", False)
-    every: int = doc("update the EMA every k optimizer steps", 1)
+    every: int = doc("update the EMA every k optimizer steps", 1, minimum=1)
 
 
 @dataclass
 class EvalConfig:
-    every: int = doc("evaluate every N units (0 = only at the end)", 1)
+    every: int = doc("evaluate every N units (0 = only at the end)", 1, minimum=0)
     unit: Literal["epochs", "steps"] = doc("unit of eval.every", "epochs")
     metric: str | None = doc("checkpoint metric (default: the task's)", None)
     mode: Literal["max", "min"] | None = doc("max or min for the checkpoint metric", None)
@@ -117,10 +120,10 @@ class EvalConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = doc("write checkpoints/last.pt every N units (0 = only at the end)", 1)
+    every: int = doc("write checkpoints/last.pt every N units (0 = only at the end)", 1, minimum=0)
     unit: Literal["epochs", "steps"] = doc("unit of checkpoint.every", "epochs")
-    keep_best: int = doc("also keep the k best checkpoints as best-stepS.pt (0 = only best.pt)", 0)
-    keep_every: int = doc("keep a copy step-S.pt every N steps (0 = off)", 0)
+    keep_best: int = doc("also keep the k best checkpoints as best-stepS.pt (0 = only best.pt)", 0, minimum=0)
+    keep_every: int = doc("keep a copy step-S.pt every N steps (0 = off)", 0, minimum=0)
 
 
 @dataclass
@@ -249,6 +252,10 @@ def _build(cls: type, values: dict, prefix: str = "") -> Any:
             raise ConfigError(f"unknown config key {full!r}{hint} "
                               f"(valid keys under {prefix or 'the top level'}: {', '.join(sorted(names))})")
     kwargs = {k: _convert(v, hints[k], prefix + k) for k, v in values.items()}
+    for f in dataclasses.fields(cls):
+        low, value = f.metadata.get("min"), kwargs.get(f.name)
+        if low is not None and value is not None and value < low:
+            raise ConfigError(f"{prefix}{f.name}: expected an integer >= {low}, got {value!r}")
     return cls(**kwargs)
 
 
@@ -354,7 +361,9 @@ def describe_keys(cfg: Config) -> list[tuple[str, str, str]]:
     def walk(obj: Any, prefix: str) -> None:
         hints = typing.get_type_hints(type(obj))
         for f in dataclasses.fields(obj):
-            rows.append((prefix + f.name, _type_name(hints[f.name]), f.metadata.get("doc", "")))
+            low = f.metadata.get("min")
+            text = f.metadata.get("doc", "") + (f" (at least {low})" if low is not None else "")
+            rows.append((prefix + f.name, _type_name(hints[f.name]), text))
             value = getattr(obj, f.name)
             if dataclasses.is_dataclass(value):
                 walk(value, f"{prefix}{f.name}.")

@@ -11,6 +11,7 @@ import contextlib
 import os
 import pickle
 import random
+import shutil
 import tempfile
 import zipfile
 from pathlib import Path
@@ -31,10 +32,22 @@ def give_usual_mode(path: str | os.PathLike) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
+def _write_failure(path: Path, err: BaseException) -> CheckpointError:
+    """torch.save reports a failed write (a full disk, a file-size limit) as a RuntimeError from its
+    zip writer; say what happened in the terms of the filesystem instead."""
+    reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).strip().splitlines()[0][:200]
+    with contextlib.suppress(OSError):
+        reason += f"; {shutil.disk_usage(path.parent).free / 2**20:.0f} MiB free on that filesystem"
+    return CheckpointError(f"could not write checkpoint {path}: {reason} (the previous file, if any, is intact)")
+
+
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise _write_failure(path, err) from err
     try:
         give_usual_mode(tmp)  # mkstemp makes 0600
         with os.fdopen(fd, "wb") as f:
@@ -45,15 +58,40 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        if isinstance(err, OSError):
-            raise CheckpointError(f"could not write checkpoint {path}: {err.strerror or err} "
-                                  f"(the previous file, if any, is intact)") from err
+        if isinstance(err, (OSError, RuntimeError)):
+            raise _write_failure(path, err) from err
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def prepare_run_dir(run_dir: Path, config_text: str | None = None) -> list[str]:
+    """Create RUN_DIR/checkpoints and delete what interrupted writes left (returned, to be
+    reported); with ``config_text``, (re)write config.yaml instead, atomically. An unwritable run
+    dir is an error that names it, before any training."""
+    try:
+        if config_text is not None:
+            tmp = run_dir / ".config.yaml.tmp"
+            tmp.write_text(config_text)
+            os.replace(tmp, run_dir / "config.yaml")
+            return []
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CheckpointError(f"run dir {run_dir} cannot be written: {err.strerror or err} "
+                              f"({err.filename or run_dir}); choose another --run-dir") from err
+    return remove_stale_temporaries(run_dir / "checkpoints") + remove_stale_temporaries(run_dir)
+
+
+def remove_stale_temporaries(directory: Path) -> list[str]:
+    """Delete the temporary files a kill during a write left (``.NAME.*.tmp``, see atomic_save);
+    the files they were to replace are complete. Returns their names."""
+    stale = [p for p in directory.glob(".*.tmp") if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return [p.name for p in stale]
 
 
 def load_checkpoint(path: str | os.PathLike, *, resolve_sharded: bool = True, mmap: bool = False) -> dict[str, Any]:
@@ -68,8 +106,11 @@ def load_checkpoint(path: str | os.PathLike, *, resolve_sharded: bool = True, mm
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
-        raise CheckpointError(f"checkpoint {path} holds objects other than tensors and plain "
-                              f"containers and was refused (weights_only load): {err}") from None
+        # torch's text advises weights_only=False, which is not for a file one does not trust: keep the reason
+        reason = next((line.split("WeightsUnpickler error: ", 1)[1].split(" Please use", 1)[0]
+                       for line in str(err).splitlines() if "WeightsUnpickler error: " in line), str(err)[:300])
+        raise CheckpointError(f"checkpoint {path} holds objects other than tensors and plain containers and "
+                              f"was refused (weights_only load; nothing in it was run): {reason}") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {err}") from None
     if not isinstance(obj, dict):

@@ -75,6 +75,31 @@ class RunLogger:
             self.print(f"[{kind}] step {step} epoch {epoch}  " +
                        "  ".join(f"{k} {_fmt(v)}" for k, v in values.items()))
 
+    def rewind(self, step: int) -> None:
+        """A resumed run continues from ``step``: what was logged after it (before the crash or kill)
+        is dropped, with a line cut short by a kill, so metrics.jsonl and TensorBoard hold each
+        step once. The rewrite is atomic: a kill during it leaves the old file."""
+        if not self.enabled:
+            return
+        self._jsonl.close()
+        path = Path(self._jsonl.name)
+        kept = []
+        for line in path.read_text().splitlines(keepends=True):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a kill
+            if line.endswith("\n") and record.get("step", 0) <= step:
+                kept.append(line)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(kept))
+        tmp.replace(path)
+        self._jsonl = open(path, "a", buffering=1)
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._tb.close()
+        self._tb = SummaryWriter(self._tb.log_dir, purge_step=step + 1)
+
     def table(self, title: str, rows: dict[str, Any]) -> None:
         """A compact end-of-epoch / end-of-run table."""
         if not self.enabled:

@@ -119,6 +119,13 @@ class StepClock:
         start = before * self.steps_per_epoch + (whole - before) * self._after
         return float(start + (epoch - whole) * self.steps_in_epoch(whole))
 
+    def epoch_of(self, step_index: int) -> int:
+        """The (0-based) epoch that step index ``step_index`` (0-based) falls in."""
+        epoch = 0
+        while self.epoch_start(epoch + 1) <= step_index:
+            epoch += 1
+        return epoch
+
     def to_steps(self, value: float, unit: str) -> float:
         """Convert a position (warmup end, milestone) given in ``unit`` to optimizer steps."""
         if unit == "steps":

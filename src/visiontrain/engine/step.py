@@ -23,6 +23,7 @@ from torch import nn
 
 from visiontrain.engine.distributed import grad_sync_paused
 from visiontrain.engine.fsdp import is_sharded, local
+from visiontrain.engine.guards import NonFiniteLossError  # noqa: F401  (raised for what the step records)
 from visiontrain.engine.metrics import StepRecorder
 from visiontrain.engine.param_groups import is_fused
 from visiontrain.engine.precision import autocast
@@ -57,10 +58,6 @@ def weighted_total(losses: dict[str, torch.Tensor], weights: dict[str, float]) -
     return total
 
 
-class NonFiniteLossError(FloatingPointError):
-    """A loss (or gradient) became NaN/Inf under ``trainer.nonfinite=raise``."""
-
-
 class TrainStep:
     """One optimizer step over ``len(batches)`` micro-batches (gradient accumulation)."""
 
@@ -68,7 +65,7 @@ class TrainStep:
                  optimizer: torch.optim.Optimizer, *, device: torch.device, precision: str,
                  scaler: torch.amp.GradScaler | None, clip_grad: float | None, clip_mode: str,
                  channels_last: bool, after_backward: list[Callable[[], None]], recorder: StepRecorder,
-                 mask_nonfinite: bool = True, always_norm: bool = False) -> None:
+                 mask_nonfinite: bool = True) -> None:
         self.model, self.losses_fn, self.optimizer = model, losses_fn, optimizer
         self.device, self.precision, self.scaler = device, precision, scaler
         self.clip_grad, self.clip_mode, self.channels_last = clip_grad, clip_mode, channels_last
@@ -76,13 +73,13 @@ class TrainStep:
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.sharded = is_sharded(self.params)  # FSDP: DTensor parameters and gradients
         self.fused = is_fused(optimizer)
-        # Under several ranks a NaN loss on one rank reaches the others through the gradient
-        # reduction, not through their own loss: only the (global) gradient norm makes every rank
-        # skip the same step, so `skip` computes it there even without clipping.
-        self.always_norm = always_norm
         # Masking costs a device-side check and, in fused Adam, a pass over the step counters: paid
         # under `skip` and fp16 (overflow steps must be skipped); `raise` stops before any write.
         self.mask_nonfinite = mask_nonfinite or scaler is not None
+        # `skip` must also skip a step whose loss is finite but whose gradients are not, and under
+        # several ranks a NaN loss on one rank reaches the others only through the gradient
+        # reduction: the (global) gradient norm catches both, so `skip` always computes it.
+        self.needs_norm = clip_grad is not None or self.mask_nonfinite
         self._one = torch.ones((), device=device)
         # On the CPU with the default memory format the batch is already where it must be.
         self.needs_copy = device.type != "cpu" or channels_last
@@ -147,7 +144,7 @@ class TrainStep:
             self._keys = keys
             self._weighted = [k for k in keys if weights.get(k, 1.0) != 1.0]
             self.names = [*keys, *(f"{k}_w" for k in self._weighted), "total"]
-            if self.clip_grad is not None or self.scaler is not None or self.always_norm:
+            if self.needs_norm:
                 self.names.append("grad_norm")
         out = [l.detach() for l in losses.values()]
         out += [losses[k].detach() * weights[k] for k in self._weighted]
@@ -159,8 +156,8 @@ class TrainStep:
         """Unscale (fp16), clip, and return the pre-clip global grad norm (None if not needed)."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        if self.clip_grad is None and self.scaler is None and not self.always_norm:
-            return None  # the norm costs a pass over the gradients: only when clipping, fp16 or needed
+        if not self.needs_norm:
+            return None  # the norm costs a pass over the gradients: only when clipping, fp16 or `skip`
         grads = [local(p.grad) for p in self.params if p.grad is not None]
         if not grads:
             return torch.zeros((), device=self.device)

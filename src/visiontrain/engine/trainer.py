@@ -17,7 +17,7 @@ from torch import nn
 from visiontrain.config import Config, config_to_dict, dump_config
 from visiontrain.engine import build
 from visiontrain.engine.checkpoint import (BestTracker, ReplicatedWeights, atomic_save, capture_rng,
-                                           load_checkpoint, restore_rng)
+                                           load_checkpoint, prepare_run_dir, restore_rng)
 from visiontrain.engine.distributed import DistInfo, all_reduce_mean, broadcast_object, convert_sync_bn, init_distributed
 from visiontrain.engine.ema import ModelEma
 from visiontrain.engine.fsdp import full_state_dict, sync_buffers
@@ -28,7 +28,8 @@ from visiontrain.engine.param_groups import build_optimizer, build_param_groups,
 from visiontrain.engine.precision import make_scaler
 from visiontrain.engine.preemption import Preempted, StopFlag
 from visiontrain.engine.schedules import scale_lr_by_batch
-from visiontrain.engine.step import NonFiniteLossError, TrainStep
+from visiontrain.engine.guards import OutOfMemory, check_rows, check_weights, is_out_of_memory, out_of_memory_message
+from visiontrain.engine.step import TrainStep
 from visiontrain.engine.weights import load_init_weights, save_safetensors
 from visiontrain.tasks.base import Task
 
@@ -47,9 +48,7 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.ckpt_dir = self.run_dir / "checkpoints" if self.run_dir else None
         writes = self.dist.is_main and self.run_dir is not None
-        if writes:
-            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+        stale = prepare_run_dir(self.run_dir) if writes else []
         build.seed_everything(cfg.seed)
 
         data = task.build_data()
@@ -103,18 +102,20 @@ class Trainer:
                                  precision=t.precision, scaler=self.scaler, clip_grad=t.clip_grad,
                                  clip_mode=t.clip_mode, channels_last=t.channels_last,
                                  after_backward=self.hooks.callbacks("after_backward"), recorder=self.recorder,
-                                 mask_nonfinite=t.nonfinite == "skip",
-                                 always_norm=t.nonfinite == "skip" and self.dist.enabled)
+                                 mask_nonfinite=t.nonfinite == "skip")
         metric = cfg.eval.metric or task.metric
         self.metric, self.mode = metric, cfg.eval.mode or task.mode
         self.best = BestTracker(self.ckpt_dir, self.mode, cfg.checkpoint.keep_best) if writes else None
         for report in self.init_reports:
             self.log.print(report)
+        if stale:
+            self.log.print(f"removed {len(stale)} temporary files an interrupted write left: {', '.join(stale)}")
         if units is not None:
             self.log.print(f"fsdp: {len(units)} units sharded over {self.dist.world_size} ranks, and the root")
         if frozen:
             self.log.print(f"frozen {len(frozen)} parameter tensors")
         self.step, self.epoch, self.step_in_epoch = 0, 0, 0
+        self.phase, self._weights_ok_at = "training", 0  # for messages: what ran out of memory, when weights were last finite
         self.stop = StopFlag()  # SIGTERM / SIGUSR1 while fit() runs: checkpoint, then Preempted
         self.last_eval: dict[str, float] = {}
         self.last_eval_step = -1
@@ -123,12 +124,21 @@ class Trainer:
         build.seed_everything(cfg.seed + 1)
         if resume:
             self.load_state(load_checkpoint(resume, resolve_sharded=False), resume)
+        if writes:  # after the resume checks: a refused resume leaves the run's config.yaml as it was
+            prepare_run_dir(self.run_dir, dump_config(cfg))
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
         self.stop.install()
         try:
             return self._fit()
+        except Exception as err:
+            if not is_out_of_memory(err):
+                raise
+            last = self.ckpt_dir / "last.pt" if self.ckpt_dir is not None else None
+            raise OutOfMemory(out_of_memory_message(err, phase=self.phase, cfg=self.cfg, device=self.device,
+                                                    step=self.step, last_checkpoint=str(last) if last and
+                                                    last.is_file() else None)) from err
         finally:
             self.stop.restore()
             self.train_loader._iterator = None  # shut down persistent workers now, not at interpreter exit
@@ -259,28 +269,10 @@ class Trainer:
         """Read the recorded steps and act on the non-finite policy. Runs before every log point,
         evaluation and checkpoint, so `raise` fires at most log_every steps after the bad step."""
         rows = self.recorder.read(reduce=self._reduce)  # host sync
-        first_step = self.step - len(rows) + 1
-        for i, row in enumerate(rows):
-            loss_ok = math.isfinite(row["total"])
-            grads_ok = math.isfinite(row.get("grad_norm", 0.0))
-            if loss_ok and not grads_ok and self.scaler is not None:
-                self.overflow_skipped += 1  # fp16 overflow: skipped, the scaler lowers its scale
-            elif not (loss_ok and grads_ok):
-                self.skipped += 1
-                if self.cfg.trainer.nonfinite == "raise":
-                    detail = ", ".join(f"{k}={v:.6g}" for k, v in row.items())
-                    raise NonFiniteLossError(
-                        f"non-finite loss at step {first_step + i} (epoch {self._epoch_of(first_step + i - 1)}): "
-                        f"{detail}. No checkpoint was written after that step (checkpoints/last.pt "
-                        f"is from before it). Lower optim.lr, enable trainer.clip_grad, or set "
-                        f"trainer.nonfinite=skip to skip such steps and go on.")
+        skipped, overflow = check_rows(rows, self.step - len(rows) + 1, policy=self.cfg.trainer.nonfinite,
+                                       fp16=self.scaler is not None, epoch_of=self.clock.epoch_of)
+        self.skipped, self.overflow_skipped = self.skipped + skipped, self.overflow_skipped + overflow
         self.pending.extend(rows)
-
-    def _epoch_of(self, step_index: int) -> int:
-        e = 0
-        while e + 1 < self.cfg.trainer.epochs and self.clock.epoch_start(e + 1) <= step_index:
-            e += 1
-        return e
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
@@ -311,17 +303,21 @@ class Trainer:
         return metrics
 
     def _eval_model(self, model: nn.Module, prefix: str) -> dict[str, float]:
-        was_training = model.training
+        was_training, self.phase = model.training, "evaluation"
         model.eval()
         with torch.no_grad():
             metrics = self.task.evaluate(model, self.val_loader, self.device)
         model.train(was_training)
+        self.phase = "training"
         return {prefix + k: v for k, v in metrics.items()}
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         """The whole training state. Under FSDP every rank calls it: each writes its shards of the
         model, EMA and optimizer (engine.fsdp), and the dict names their directory instead."""
+        check_weights([self.raw_model] + ([self.ema.module] if self.ema is not None else []), self.step,
+                      self._weights_ok_at, reduce=self.sharded is not None)  # host sync (checkpoint)
+        self._weights_ok_at = self.step
         return {
             "format": CHECKPOINT_FORMAT,
             **self.weights.save(self.step, self.raw_model, self.optimizer, self.ema),
@@ -372,6 +368,7 @@ class Trainer:
         self.epoch_stats = {k: (float(v), int(n)) for k, (v, n) in state["metrics"]["epoch"].items()}
         self.task.load_state_dict(state["task"])
         restore_rng(state["rng"])
+        self.log.rewind(self.step)
         self.log.print(f"resumed from {source} at step {self.step} (epoch {self.epoch}, "
                        f"step {self.step_in_epoch} of the epoch)")
 

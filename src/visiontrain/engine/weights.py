@@ -13,11 +13,15 @@ from visiontrain.engine.checkpoint import CheckpointError, give_usual_mode, load
 def _state_from_file(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         if not path.is_file():
             raise CheckpointError(f"weights file {path} does not exist")
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except SafetensorError as err:  # a Rust error: the CLI would otherwise print a traceback
+            raise CheckpointError(f"weights file {path} is truncated or corrupt: {err}") from None
     state = load_checkpoint(path)
     if "model" in state and isinstance(state["model"], dict):
         return state["model"]
@@ -82,6 +86,15 @@ def save_safetensors(weights: dict[str, torch.Tensor], path: Path) -> None:
     tmp.replace(path)
 
 
+def _model_text(config: Any, info: Any) -> str:
+    """'task classification (small_cnn), 10 classes': what a resume error compares, in a user's words."""
+    task = config.get("task", {}) if isinstance(config, dict) else {}
+    model = task.get("model") or task.get("backbone")
+    classes = info.get("num_classes") if isinstance(info, dict) else None
+    return (f"task {task.get('name', '?')}" + (f" ({model})" if model else "")
+            + (f", {classes} classes" if classes is not None else ""))
+
+
 def check_resume_compatible(state: dict[str, Any], trainer: Any, source: str) -> None:
     """Refuse a resume that cannot continue exactly, naming what differs."""
     sharded = isinstance(state.get("sharded"), dict)
@@ -113,8 +126,13 @@ def check_resume_compatible(state: dict[str, Any], trainer: Any, source: str) ->
         detail = "; ".join(filter(None, [
             f"shapes differ: {', '.join(bad[:5])}" if bad else "",
             f"missing tensors: {', '.join(missing[:5])}" if missing else ""]))
+        from visiontrain.config import config_to_dict
+
+        theirs_text = _model_text(state.get("config"), state.get("data_info"))
+        own_text = _model_text(config_to_dict(trainer.cfg), getattr(trainer, "data_info", None))
+        models = f"checkpoint: {theirs_text}; this run: {own_text}"
         raise CheckpointError(f"--resume {source}: the checkpoint is of another model or class count "
-                              f"({detail}); use --init {source} to start from its weights instead")
+                              f"({models}; {detail}); use --init {source} to start from its weights instead")
     p = state["progress"]
     cfg = trainer.cfg
     if int(p.get("batch_size", cfg.data.batch_size)) != cfg.data.batch_size or \

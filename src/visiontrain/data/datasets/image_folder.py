@@ -1,9 +1,11 @@
 """``root/train/<class>/*.jpg`` + ``root/val/<class>/*.jpg``, scanned with torchvision's ImageFolder.
 
-Images are decoded with PIL (RGB) and transformed with ``torchvision.transforms.v2``; normalisation
-uses ImageNet mean/std.  The dataset object keeps only the sample list and a transform spec (the v2
-objects are rebuilt after unpickling), so spawned DataLoader workers do not import torchvision
-before the compatibility shim.
+Images are decoded with PIL to RGB (any mode: grey, palette, RGBA, 16-bit; ``data.images``) and
+transformed with ``torchvision.transforms.v2``; normalisation uses ImageNet mean/std. A file that
+cannot be decoded stops the run with its path when it is loaded (files are not all opened up front:
+ImageNet has 1.3M). An empty split or class directory is an error naming the directory. The
+dataset object keeps only the sample list and a transform spec (the v2 objects are rebuilt after
+unpickling), so spawned DataLoader workers do not import torchvision before the compatibility shim.
 """
 
 from __future__ import annotations
@@ -67,20 +69,16 @@ class ImageFolderClassification(Dataset):
         return len(self.samples)
 
     def raw_item(self, index: int) -> tuple[Any, int]:
-        """The decoded RGB PIL image and its label, for transforms built elsewhere (DINO's multi-crop)."""
-        from PIL import Image
+        """The decoded RGB PIL image and its label, for transforms built elsewhere (DINO's multi-crop).
+        A corrupt or truncated file raises ``UnreadableImageError`` naming it."""
+        from visiontrain.data.images import open_rgb
 
         path, label = self.samples[index]
-        with Image.open(path) as img:
-            return img.convert("RGB"), int(label)
+        return open_rgb(path), int(label)
 
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        from PIL import Image
-
-        path, label = self.samples[index]
-        with Image.open(path) as img:
-            img = img.convert("RGB")
-        return self._tf(img).as_subclass(Tensor).contiguous(), int(label)
+        img, label = self.raw_item(index)
+        return self._tf(img).as_subclass(Tensor).contiguous(), label
 
 
 def _scan(directory: Path) -> tuple[list[tuple[str, int]], list[str]]:
@@ -89,7 +87,10 @@ def _scan(directory: Path) -> tuple[list[tuple[str, int]], list[str]]:
     ensure_torchvision()
     from torchvision.datasets import ImageFolder
 
-    folder = ImageFolder(str(directory))  # raises FileNotFoundError for a class without images
+    try:
+        folder = ImageFolder(str(directory))
+    except FileNotFoundError as err:  # a class without images; torchvision's message names no directory
+        raise FileNotFoundError(f"image-folder split {directory}: {err}") from None
     return [(str(p), int(t)) for p, t in folder.samples], list(folder.classes)
 
 
@@ -109,8 +110,9 @@ def build_image_folder(
         if not d.is_dir():
             raise FileNotFoundError(f"image-folder directory {d} does not exist; expected the layout {LAYOUT}")
     train_classes, val_classes = _class_dirs(base / "train"), _class_dirs(base / "val")
-    if not train_classes:
-        raise FileNotFoundError(f"no class sub-directories in {base / 'train'}; expected the layout {LAYOUT}")
+    for split, found in (("train", train_classes), ("val", val_classes)):
+        if not found:
+            raise FileNotFoundError(f"no class sub-directories in {base / split}; expected the layout {LAYOUT}")
     if train_classes != val_classes:
         raise ValueError(
             "image-folder: the val classes must equal the train classes.\n"

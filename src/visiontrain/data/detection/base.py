@@ -126,8 +126,8 @@ class DetectionDataset(Dataset):
                 image, target = self.load((index + offset) % len(self.records))
                 break
             except BadAnnotationError as err:
-                if self.policy.policy == "error":
-                    raise
+                if self.policy.policy == "error":  # raises, naming the split's file and the way out
+                    self.policy.bad("unreadable image", str(err))
                 logging.getLogger("visiontrain").warning("skipping %s", err)
         else:
             raise BadAnnotationError(f"{self.source}: no image of this split can be decoded")

@@ -1,4 +1,5 @@
-"""Decoding an image file to uint8 RGB [3, H, W], whatever its mode (grey, RGBA, palette, 16-bit)."""
+"""Image files for the detection readers: header sizes, and uint8 RGB [3, H, W] whatever the mode
+(the decoding rule is ``visiontrain.data.images.open_rgb``, shared with classification folders)."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,6 +7,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from visiontrain.data.detection.base import BadAnnotationError
+from visiontrain.data.images import UnreadableImageError, open_rgb
 
 
 def image_size(path: str) -> tuple[int, int]:
@@ -21,16 +23,9 @@ def image_size(path: str) -> tuple[int, int]:
 
 
 def read_rgb(path: str) -> torch.Tensor:
+    """uint8 [3, H, W]; a file that cannot be decoded is a ``BadAnnotationError`` (the skip policy applies)."""
     try:
-        with Image.open(path) as im:
-            im.load()
-            if im.mode in ("I;16", "I;16B", "I;16L", "I"):  # 16/32-bit grey: scale to 8 bits
-                arr = np.asarray(im, dtype=np.float64)
-                arr = (arr / max(arr.max(), 1.0) * 255.0).round().astype(np.uint8)
-                im = Image.fromarray(arr, mode="L")
-            rgb = im.convert("RGB")  # grey, RGBA (alpha dropped), palette, CMYK
-    except FileNotFoundError:
-        raise BadAnnotationError(f"image file {path} does not exist") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        raise BadAnnotationError(f"image file {path} cannot be decoded (corrupt or truncated): {err}") from None
+        rgb = open_rgb(path)
+    except UnreadableImageError as err:
+        raise BadAnnotationError(str(err)) from None
     return torch.from_numpy(np.array(rgb, dtype=np.uint8)).permute(2, 0, 1).contiguous()

@@ -23,6 +23,16 @@ def _need_root(name: str, root: str | None, layout: str) -> Path:
     return path
 
 
+def check_not_empty(name: str, split: str, ds: DetectionDataset) -> None:
+    """A split without images would train on nothing or score NaN silently: an error naming its file."""
+    if len(ds):
+        return
+    skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(ds.policy.skipped.items()))
+    why = f"; skipped under data.on_bad_annotation=skip: {skipped}" if skipped else ""
+    raise ValueError(f"{name}: split {split!r} ({ds.source}) has no usable images{why}; "
+                     f"expected at least one (data.train_split / data.val_split name the splits)")
+
+
 def build_detection_splits(name: str, *, root: str | None, train_split: str, val_split: str,
                            on_bad_annotation: str, limit_train: int | None = None,
                            limit_val: int | None = None) -> tuple[DetectionDataset, DetectionDataset]:
@@ -58,6 +68,8 @@ def build_detection_splits(name: str, *, root: str | None, train_split: str, val
         val = read_yolo(str(base), val_split, limit=limit_val, **policy)
     else:
         raise ValueError(f"data.name: unknown detection dataset {name!r}; expected one of {', '.join(FORMATS)}")
+    for split, ds in ((train_split, train), (val_split, val)):
+        check_not_empty(name, split, ds)
     if train.class_names != val.class_names:
         raise ValueError(f"{name}: train and val classes differ: {train.class_names} vs {val.class_names}")
     return train, val

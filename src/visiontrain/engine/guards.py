@@ -1,0 +1,97 @@
+"""What the engine does when training goes wrong: non-finite values, and running out of memory.
+
+The step never reads a device value (``engine.step``); the trainer reads each step's recorded row
+at the next log point, evaluation or checkpoint and hands the rows here. Before anything is
+written the weights themselves are checked too: a NaN that reached the weights through a finite
+loss and an unchecked gradient (``raise`` computes no gradient norm) still never lands in a
+checkpoint.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from visiontrain.engine.fsdp import local
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss, gradient or weight became NaN/Inf under ``trainer.nonfinite=raise``."""
+
+
+class OutOfMemory(RuntimeError):
+    """The device (or host) ran out of memory; the message says which setting to lower."""
+
+
+ADVICE = ("Lower optim.lr, enable trainer.clip_grad, or set trainer.nonfinite=skip to skip such "
+          "steps and go on.")
+
+
+def check_rows(rows: list[dict[str, float]], first_step: int, *, policy: str, fp16: bool,
+               epoch_of: Callable[[int], int]) -> tuple[int, int]:
+    """(skipped, fp16-overflow) counts of the rows (steps first_step, first_step + 1, ...). Under
+    ``raise`` the first bad row raises, naming the step, the epoch and every logged term."""
+    skipped = overflow = 0
+    for i, row in enumerate(rows):
+        loss_ok = math.isfinite(row["total"])
+        grads_ok = math.isfinite(row.get("grad_norm", 0.0))
+        if loss_ok and not grads_ok and fp16:
+            overflow += 1  # fp16 overflow: skipped on the device, the scaler lowers its scale
+        elif not (loss_ok and grads_ok):
+            skipped += 1
+            if policy == "raise":
+                step = first_step + i
+                what = "loss" if not loss_ok else "gradient norm"
+                bad = [k for k, v in row.items() if not math.isfinite(v)]
+                detail = ", ".join(f"{k}={v:.6g}" for k, v in row.items())
+                raise NonFiniteLossError(
+                    f"non-finite {what} at step {step} (epoch {epoch_of(step - 1)}) in {', '.join(bad)}: {detail}. "
+                    f"No checkpoint was written after that step (checkpoints/last.pt is from before it). {ADVICE}")
+    return skipped, overflow
+
+
+@torch.no_grad()
+def check_weights(modules: list[nn.Module], step: int, last_checked: int, *, reduce: bool = False) -> None:
+    """Raise if any parameter or buffer is NaN/Inf. One pass over the weights and one host read:
+    paid at checkpoints only. ``reduce``: FSDP, where each rank holds a shard of every weight."""
+    tensors = [local(t) for m in modules for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()]
+    if not tensors:
+        return
+    bad = torch.stack([torch.logical_not(torch.isfinite(n)) for n in torch._foreach_norm(tensors)]).any().float()
+    if reduce:
+        dist.all_reduce(bad)
+    if bad.item():  # host sync (checkpoint)
+        names = [n for m in modules for n, t in (*m.named_parameters(), *m.named_buffers())
+                 if t.is_floating_point() and not bool(torch.isfinite(local(t)).all())]
+        raise NonFiniteLossError(
+            f"the weights became non-finite between step {last_checked} and step {step} although every "
+            f"logged loss was finite ({', '.join(names[:5]) or 'on another rank'}); nothing was written at "
+            f"step {step} (checkpoints/last.pt is from before it). {ADVICE}")
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(err, RuntimeError) and "can't allocate memory" in str(err))
+
+
+def out_of_memory_message(err: BaseException, *, phase: str, cfg: Any, device: torch.device, step: int,
+                          last_checkpoint: str | None) -> str:
+    """Names the batch size in use and what to lower, in the order that usually helps most."""
+    d, t = cfg.data, cfg.trainer
+    first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+    if phase == "evaluation":
+        size = d.eval_batch_size or 2 * d.batch_size
+        todo = f"lower data.eval_batch_size (now {size} per process)"
+    else:
+        todo = (f"lower data.batch_size (now {d.batch_size} per process) and raise trainer.accum_steps "
+                f"(now {t.accum_steps}) by the same factor to keep the global batch and the lr")
+        if t.precision == "fp32":
+            todo += ", or set trainer.precision=bf16"
+        if getattr(cfg.distributed, "strategy", "ddp") == "ddp":
+            todo += ", or with several GPUs shard the model (distributed.strategy=fsdp)"
+    saved = f"The last checkpoint, {last_checkpoint}, is intact; continue with --resume auto." \
+        if last_checkpoint else "No checkpoint was written yet."
+    return f"out of memory on {device} during {phase} at step {step}: {first}. To fit, {todo}. {saved}"
