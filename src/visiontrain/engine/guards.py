@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from visiontrain.engine.fsdp import local
+from visiontrain.engine.metrics import FLAG
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -32,12 +33,14 @@ ADVICE = ("Lower optim.lr, enable trainer.clip_grad, or set trainer.nonfinite=sk
 
 def check_rows(rows: list[dict[str, float]], first_step: int, *, policy: str, fp16: bool,
                epoch_of: Callable[[int], int]) -> tuple[int, int]:
-    """(skipped, fp16-overflow) counts of the rows (steps first_step, first_step + 1, ...). Under
-    ``raise`` the first bad row raises, naming the step, the epoch and every logged term."""
+    """(skipped, fp16-overflow) counts of the rows (steps first_step, first_step + 1, ...), whose
+    skip flags it removes. Under ``raise`` the first bad row raises, naming the step, the epoch and
+    every logged term."""
     skipped = overflow = 0
     for i, row in enumerate(rows):
+        flagged = row.pop(FLAG, 0.0) != 0.0  # set on the device when `skip` (or fp16) skipped the step
         loss_ok = math.isfinite(row["total"])
-        grads_ok = math.isfinite(row.get("grad_norm", 0.0))
+        grads_ok = math.isfinite(row.get("grad_norm", 0.0)) and not (flagged and loss_ok)
         if loss_ok and not grads_ok and fp16:
             overflow += 1  # fp16 overflow: skipped on the device, the scaler lowers its scale
         elif not (loss_ok and grads_ok):

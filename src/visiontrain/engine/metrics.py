@@ -13,6 +13,9 @@ from typing import Callable
 import torch
 
 
+FLAG = "found_inf"  # the key of each read row's skip flag (not a logged metric)
+
+
 class StepRecorder:
     def __init__(self, capacity: int, device: torch.device) -> None:
         self.capacity, self.device = capacity, device
@@ -41,7 +44,8 @@ class StepRecorder:
         return self.flags[self.n - 1]
 
     def read(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[dict[str, float]]:
-        """The rows recorded since the last read, as host dicts (one host sync), then empties."""
+        """The rows recorded since the last read, as host dicts (one host sync), then empties. Each
+        row also holds its step's ``found_inf`` flag (1.0: the step was skipped on the device)."""
         if not self.n or self.names is None:
             return []
         filled = self.buf[: self.n]
@@ -49,4 +53,4 @@ class StepRecorder:
             filled = reduce(filled)  # mean over ranks: one collective per read
         host = filled.tolist()  # host sync (log point / checkpoint / evaluation)
         self.n = 0
-        return [dict(zip(self.names, row)) for row in host]  # zip drops the flag column
+        return [{**dict(zip(self.names, row)), FLAG: row[-1]} for row in host]

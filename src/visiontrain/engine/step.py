@@ -9,7 +9,7 @@ the trainer reads the rows at the next log point, checkpoint or evaluation and a
 non-finite policy then: at most ``trainer.log_every`` steps after the bad step, and always before
 anything is written. Under ``skip`` (and fp16, whose overflow steps must be skipped) whether a
 step is applied is decided on the device: ``found_inf`` (1.0 when the loss, or the gradient norm
-where one is computed, is NaN/Inf) is handed to the fused optimizer — the mechanism GradScaler
+where one is computed, else any gradient, is NaN/Inf) is handed to the fused optimizer — the mechanism GradScaler
 uses — so the kernel leaves weights and optimizer state untouched. A non-fused optimizer's update
 is undone with ``torch.where`` on the device instead. Under ``raise`` no mask is needed: the run
 stops at the next read and never writes weights from after the bad step.
@@ -76,10 +76,7 @@ class TrainStep:
         # Masking costs a device-side check and, in fused Adam, a pass over the step counters: paid
         # under `skip` and fp16 (overflow steps must be skipped); `raise` stops before any write.
         self.mask_nonfinite = mask_nonfinite or scaler is not None
-        # `skip` must also skip a step whose loss is finite but whose gradients are not, and under
-        # several ranks a NaN loss on one rank reaches the others only through the gradient
-        # reduction: the (global) gradient norm catches both, so `skip` always computes it.
-        self.needs_norm = clip_grad is not None or self.mask_nonfinite
+        self.needs_norm = clip_grad is not None or scaler is not None  # clipping, or fp16's overflow check
         self._one = torch.ones((), device=device)
         # On the CPU with the default memory format the batch is already where it must be.
         self.needs_copy = device.type != "cpu" or channels_last
@@ -104,17 +101,19 @@ class TrainStep:
         if n > 1:
             values = [v / n for v in values]
 
-        grad_norm = self._unscale_and_clip()
+        grad_norm = self._unscale_and_clip() if self.needs_norm else None
         for fn in self.after_backward:  # gradient hooks (e.g. cancel the last layer's gradients)
             fn()
-        # found_inf = 1.0 if the loss (or grad norm) is NaN/Inf: one device kernel, no host read.
-        # (GradScaler's own check; "unscaling" by exactly 1.0 leaves the values as they are.)
-        checked = [values[-1]] if grad_norm is None else [values[-1], grad_norm]
+        # The loss and, where there is one, the gradient norm (else the gradients themselves: a
+        # finite loss can still give Inf gradients, and under DDP a NaN loss on one rank reaches the
+        # others only through them) are what decide whether a step is skipped.
+        checked = [values[-1], grad_norm] if grad_norm is not None else \
+            [values[-1]] + ([local(p.grad) for p in self.params if p.grad is not None] if self.mask_nonfinite else [])
         if grad_norm is not None:
             values.append(grad_norm)
         found_inf = self.recorder.record(self.names, values)  # this step's row; its flag cell is 0
         if self.mask_nonfinite:
-            torch._amp_foreach_non_finite_check_and_unscale_(checked, found_inf, self._one)
+            self._flag_nonfinite(checked, found_inf)
             self._masked_step(found_inf)
         else:  # `raise`: the trainer stops at the next read, before anything is written
             self.optimizer.step()
@@ -151,14 +150,26 @@ class TrainStep:
         out.append(total.detach())
         return out
 
+    @torch.no_grad()
+    def _flag_nonfinite(self, tensors: list[torch.Tensor], found_inf: torch.Tensor) -> None:
+        """found_inf = 1.0 if any tensor holds NaN/Inf: GradScaler's own check kernel ("unscaling"
+        by exactly 1.0 leaves the values as they are), one per dtype; no host read. Under FSDP each
+        rank checked its shards, so the flag is all-reduced (a collective, not a host read)."""
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        for group in by_dtype.values():
+            torch._amp_foreach_non_finite_check_and_unscale_(group, found_inf, self._one)
+        if self.sharded:
+            torch.distributed.all_reduce(found_inf, op=torch.distributed.ReduceOp.MAX)
+
     @torch.no_grad()  # (writes through DTensors' local views, which autograd forbids otherwise)
-    def _unscale_and_clip(self) -> torch.Tensor | None:
-        """Unscale (fp16), clip, and return the pre-clip global grad norm (None if not needed)."""
+    def _unscale_and_clip(self) -> torch.Tensor:
+        """Unscale (fp16), clip, and return the pre-clip global grad norm."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        if not self.needs_norm:
-            return None  # the norm costs a pass over the gradients: only when clipping, fp16 or `skip`
-        grads = [local(p.grad) for p in self.params if p.grad is not None]
+        grads = [local(p.grad) for p in self.params if p.grad is not None] if self.sharded else \
+            [p.grad for p in self.params if p.grad is not None]
         if not grads:
             return torch.zeros((), device=self.device)
         norms = torch._foreach_norm(grads)
