@@ -36,23 +36,23 @@ class ReadCounter:
 
 
 class Window(Hook):
-    """Counts from the first step's start to the end of step 50 (the log point comes after)."""
+    """Counts from the first step's start to the end of step ``steps`` (the log point comes after)."""
 
-    def __init__(self, counter: ReadCounter) -> None:
-        self.counter = counter
+    def __init__(self, counter: ReadCounter, steps: int = 50) -> None:
+        self.counter, self.steps = counter, steps
 
     def before_step(self) -> None:
         if self.trainer.step == 0:
             self.counter.active = True
 
     def after_step(self) -> None:
-        if self.trainer.step == 50:
+        if self.trainer.step == self.steps:
             self.counter.active = False
 
 
-def run_counted(trainer_cls, cfg, task, monkeypatch) -> ReadCounter:
+def run_counted(trainer_cls, cfg, task, monkeypatch, steps: int = 50) -> ReadCounter:
     counter = ReadCounter(monkeypatch)
-    trainer = trainer_cls(cfg, task, None, hooks=[Window(counter)])
+    trainer = trainer_cls(cfg, task, None, hooks=[Window(counter, steps)])
     fetch = trainer._next_batches
 
     def fetch_uncounted(*args):
@@ -64,7 +64,7 @@ def run_counted(trainer_cls, cfg, task, monkeypatch) -> ReadCounter:
 
     trainer._next_batches = fetch_uncounted
     trainer.fit()
-    assert trainer.step >= 50
+    assert trainer.step >= steps
     return counter
 
 
@@ -103,3 +103,53 @@ def test_counter_detects_a_read(monkeypatch):
                      checkpoint__every=0)
     counter = run_counted(Trainer, cfg, Leaky(cfg), monkeypatch)
     assert len(counter.calls) == 50 and counter.calls[0][0] == "item"
+
+
+# ---------------------------------------------------------------- the detection recipes
+DETECTION = ["data.name=coco", "data.batch_size=2", "data.num_workers=0", "trainer.epochs=1", "trainer.log_every=8",
+             "trainer.max_steps=8", "eval.every=0", "checkpoint.every=0", "trainer.progress=plain",
+             "schedules.lr.warmup=0"]
+
+
+@pytest.fixture(scope="module")
+def coco_root(tmp_path_factory):
+    from detection_helpers import mosaic_coco
+
+    return mosaic_coco(tmp_path_factory, 16, 4)
+
+
+def count_detection(recipe: str, overrides: list[str], root, monkeypatch) -> ReadCounter:
+    cfg = C.load_config(recipe, DETECTION + [f"data.root={root}", *overrides])
+    return run_counted(Trainer, cfg, build_task(cfg), monkeypatch, steps=8)
+
+
+def test_yolo_step_has_no_host_reads(coco_root, monkeypatch):
+    from test_yolo import TINY
+
+    counter = count_detection("detect-yolov3", TINY + ["task.size=64", "task.val_size=64", "task.multiscale_sizes=[64]",
+                                                       "trainer.clip_grad=10.0", "trainer.nonfinite=skip"],
+                              coco_root, monkeypatch)
+    assert counter.calls == [], counter.calls[0][1]
+
+
+def test_detr_step_reads_once_per_batch_for_the_hungarian_matching(coco_root, monkeypatch):
+    """DETR's matching runs scipy's linear_sum_assignment on the host: by nature one transfer per
+    batch, the cost matrices of the whole batch together (models/detr_loss.py, match_many)."""
+    counter = count_detection("detect-detr", [
+        "task.backbone=resnet18", "task.hidden_dim=32", "task.dim_feedforward=64", "task.enc_layers=1",
+        "task.dec_layers=1", "task.num_queries=5", "task.train_scales=[96]", "task.val_size=96", "task.max_size=128"],
+        coco_root, monkeypatch)
+    assert [name for name, _ in counter.calls] == ["cpu", "numpy"] * 8
+    assert all("match_many" in where for _, where in counter.calls)
+
+
+def test_faster_rcnn_step_reads_only_host_made_scalars(coco_root, monkeypatch):
+    """The only reads are torchvision's MultiScaleRoIAlign turning feature-map sizes (Python ints)
+    into its level scales through CPU tensors: host-only, no device value. (torchvision's R-CNN
+    does sync implicitly on CUDA, through ops whose output size depends on the data, e.g. nonzero
+    in its samplers; no patched method sees those.)"""
+    from test_rcnn import TINY
+
+    counter = count_detection("detect-faster-rcnn", TINY[:-2], coco_root, monkeypatch)
+    assert counter.calls and all("torchvision/ops/poolers.py" in where for _, where in counter.calls), \
+        [where for _, where in counter.calls if "poolers.py" not in where][:1]

@@ -7,6 +7,7 @@
     visiontrain predict CHECKPOINT IMAGE... --out DIR [--threshold 0.5] [--ema]
     visiontrain export CHECKPOINT --format onnx|exported-program|torchscript [--out FILE] [--ema]
     visiontrain consolidate CHECKPOINT [--out FILE]
+    visiontrain benchmark RECIPE|FILE [k=v ...] [--steps N] [--warmup N] [--synthetic]
 """
 from __future__ import annotations
 
@@ -177,6 +178,21 @@ def cmd_consolidate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_benchmark(args: argparse.Namespace) -> int:
+    from visiontrain.benchmark import format_report, run_benchmark
+    from visiontrain.engine.distributed import shutdown
+    from visiontrain.tasks import build_task
+
+    cfg = C.load_config(args.recipe, args.overrides)
+    try:
+        result = run_benchmark(cfg, build_task(cfg), steps=args.steps, warmup=args.warmup, synthetic=args.synthetic)
+    finally:
+        shutdown(barrier=False)
+    print(format_report(args.recipe, result))
+    print(json.dumps({"recipe": args.recipe, **result}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="visiontrain", description="Train vision models from recipes.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -217,6 +233,15 @@ def build_parser() -> argparse.ArgumentParser:
     cons.add_argument("checkpoint", help="a .pt file of an FSDP run, e.g. RUN_DIR/checkpoints/last.pt")
     cons.add_argument("--out", help="output file (default: CHECKPOINT's name with -full.pt)")
     cons.set_defaults(fn=cmd_consolidate)
+
+    bench = sub.add_parser("benchmark", help="time training steps of a recipe: samples/s, data wait vs "
+                                             "compute, peak memory (writes nothing)")
+    bench.add_argument("recipe", help="built-in recipe name or path to a YAML file")
+    bench.add_argument("overrides", nargs="*", help="key=value overrides")
+    bench.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
+    bench.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    bench.add_argument("--synthetic", action="store_true", help="replay the first batch: compute only")
+    bench.set_defaults(fn=cmd_benchmark)
 
     show = sub.add_parser("show-config", help="print the resolved config")
     show.add_argument("recipe")

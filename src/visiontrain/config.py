@@ -97,6 +97,10 @@ class TrainerConfig:
     sync_bn: bool = doc("under DDP, convert BatchNorm layers to SyncBatchNorm (batch statistics over all ranks)",
                         False)
     progress: Literal["auto", "bar", "plain"] = doc("rich bar on a terminal, plain lines otherwise", "auto")
+    profile: bool = doc("write a torch.profiler trace of a few steps to RUN_DIR/profile (trace.json, summary.txt)",
+                        False)
+    profile_start: int = doc("profile: steps done before the window opens (warm-up)", 5, minimum=0)
+    profile_steps: int = doc("profile: optimizer steps in the window", 5, minimum=1)
 
 
 @dataclass

@@ -27,6 +27,7 @@ from visiontrain.engine.metrics import StepRecorder
 from visiontrain.engine.param_groups import build_optimizer, build_param_groups, check_coverage, freeze_parameters
 from visiontrain.engine.precision import make_scaler
 from visiontrain.engine.preemption import Preempted, StopFlag
+from visiontrain.engine.profiling import profiler_hooks
 from visiontrain.engine.schedules import scale_lr_by_batch
 from visiontrain.engine.guards import OutOfMemory, check_rows, check_weights, is_out_of_memory, out_of_memory_message
 from visiontrain.engine.step import TrainStep
@@ -97,7 +98,8 @@ class Trainer:
         self.samples_seen = 0  # in this process (for throughput), counted at log points
         self.epoch_stats: dict[str, tuple[float, int]] = {}  # host-side sums of read window means
         self.log = RunLogger(self.run_dir, total_steps=self.clock.total_steps, progress=t.progress, enabled=writes)
-        self.hooks = HookList([*task.hooks(), *hooks, *self.log.hooks()], self)
+        self.hooks = HookList([*task.hooks(), *hooks, *self.log.hooks(),
+                               *profiler_hooks(t.profile, t.profile_start, t.profile_steps, self.run_dir, writes)], self)
         self.step_fn = TrainStep(self.model, task.losses, self.optimizer, device=self.device,
                                  precision=t.precision, scaler=self.scaler, clip_grad=t.clip_grad,
                                  clip_mode=t.clip_mode, channels_last=t.channels_last,
