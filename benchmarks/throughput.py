@@ -1,0 +1,115 @@
+"""Images/s of visiontrain against a hand-written loop with the same settings, in one process, and MFU.
+
+    python benchmarks/throughput.py                       # GPU: ResNet-50 and ViT-B/16, 224 px, bf16
+    python benchmarks/throughput.py --smoke               # CPU: small models at 64 px, a few steps
+
+Both runners train the same timm model on the same batch, replayed every step so that neither
+waits for data (visiontrain through `visiontrain benchmark --synthetic`'s code path, the real
+trainer and step): bf16 autocast (fp32 on the CPU smoke run), channels_last, fused AdamW,
+cross-entropy. The hand-written loop reads its loss every 50 steps, as the engine logs. Runs
+alternate (raw, engine, raw, engine, ...) so machine load hits both alike; the figure is the median
+over repeats. MFU = achieved FLOP/s over the device's dense bf16 peak, the FLOPs of one step
+(forward + backward) counted by torch.utils.flop_counter.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from visiontrain._tv_compat import ensure_torchvision
+
+ensure_torchvision()
+from visiontrain import config as C  # noqa: E402
+from visiontrain.benchmark import run_benchmark  # noqa: E402
+from visiontrain.models import build_model  # noqa: E402
+from visiontrain.tasks import build_task  # noqa: E402
+
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
+GPU_CASES = [("resnet50", 224, 128), ("vit_base_patch16_224", 224, 128)]
+SMOKE_CASES = [("resnet18", 64, 16), ("vit_tiny_patch16_224", 64, 16)]
+
+
+def engine_config(model: str, size: int, batch: int, device: str, precision: str):
+    return C.load_config("classify-fashion", [
+        f"task.model={model}", "task.drop_rate=0.0", "task.label_smoothing=0.0", f"data.image_size={size}",
+        f"data.batch_size={batch}", f"data.limit_train={2 * batch}", "data.limit_val=8", "data.augment=none",
+        "optim.name=adamw", "optim.impl=fused", "optim.weight_decay=0.05", f"trainer.precision={precision}",
+        "trainer.channels_last=true", f"trainer.device={device}", "trainer.log_every=50", "trainer.progress=plain"])
+
+
+def raw_loop(model_name: str, size: int, batch: int, device: torch.device, precision: str,
+             steps: int, warmup: int) -> tuple[float, float]:
+    """(seconds per step, FLOPs per step) of the hand-written loop."""
+    torch.manual_seed(0)
+    model = build_model(model_name, num_classes=10, in_channels=1, image_size=size).to(device)
+    model = model.to(memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.05, fused=True)
+    x = torch.randn(batch, 1, size, size, device=device).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (batch,), device=device)
+    dtype = {"bf16": torch.bfloat16, "fp32": None}[precision]
+
+    def step() -> torch.Tensor:
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = F.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step()
+    for _ in range(warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for i in range(1, steps + 1):
+        loss = step()
+        if i % 50 == 0:
+            loss.item()  # the loop's log read
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) / steps, float(counter.get_total_flops())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true", help="CPU, small models, few steps (no GPU figures)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    smoke = args.smoke or not torch.cuda.is_available()
+    device = torch.device("cpu" if smoke else "cuda")
+    precision = "fp32" if smoke else "bf16"
+    steps, warmup = args.steps or (6 if smoke else 100), args.warmup or (2 if smoke else 20)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+    for model, size, batch in SMOKE_CASES if smoke else GPU_CASES:
+        raw_s, engine_s, flops = [], [], 0.0
+        for _ in range(args.repeats):
+            s, flops = raw_loop(model, size, batch, device, precision, steps, warmup)
+            raw_s.append(s)
+            cfg = engine_config(model, size, batch, device.type, precision)
+            r = run_benchmark(cfg, build_task(cfg), steps=steps, warmup=warmup, synthetic=True)
+            engine_s.append(r["step_ms"] / 1e3)
+        raw, eng = statistics.median(raw_s), statistics.median(engine_s)
+        result = {"model": model, "image_size": size, "batch": batch, "device": name, "precision": precision,
+                  "steps": steps, "repeats": args.repeats, "raw_images_per_s": round(batch / raw, 1),
+                  "engine_images_per_s": round(batch / eng, 1), "engine_over_raw": round(raw / eng, 3),
+                  "gflop_per_step": round(flops / 1e9, 1), "engine_tflops": round(flops / eng / 1e12, 3)}
+        if peak:
+            result["mfu"] = round(flops / eng / 1e12 / peak, 3)
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
