@@ -68,21 +68,29 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
         os.close(dir_fd)
 
 
-def prepare_run_dir(run_dir: Path, config_text: str | None = None) -> list[str]:
+def _unwritable(run_dir: Path, err: OSError) -> CheckpointError:
+    return CheckpointError(f"run dir {run_dir} cannot be written: {err.strerror or err} "
+                           f"({err.filename or run_dir}); choose another --run-dir")
+
+
+def prepare_run_dir(run_dir: Path) -> list[str]:
     """Create RUN_DIR/checkpoints and delete what interrupted writes left (returned, to be
-    reported); with ``config_text``, (re)write config.yaml instead, atomically. An unwritable run
-    dir is an error that names it, before any training."""
+    reported). An unwritable run dir is an error that names it, before any training."""
     try:
-        if config_text is not None:
-            tmp = run_dir / ".config.yaml.tmp"
-            tmp.write_text(config_text)
-            os.replace(tmp, run_dir / "config.yaml")
-            return []
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise CheckpointError(f"run dir {run_dir} cannot be written: {err.strerror or err} "
-                              f"({err.filename or run_dir}); choose another --run-dir") from err
+        raise _unwritable(run_dir, err) from err
     return remove_stale_temporaries(run_dir / "checkpoints") + remove_stale_temporaries(run_dir)
+
+
+def write_run_config(run_dir: Path, text: str) -> None:
+    """(Re)write RUN_DIR/config.yaml atomically."""
+    try:
+        tmp = run_dir / ".config.yaml.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, run_dir / "config.yaml")
+    except OSError as err:
+        raise _unwritable(run_dir, err) from err
 
 
 def remove_stale_temporaries(directory: Path) -> list[str]:

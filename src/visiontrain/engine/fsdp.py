@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from visiontrain.config import DistributedConfig
 from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
@@ -37,14 +38,10 @@ DCP_DIR = re.compile(r"^step-\d+(-\d+)?\.dcp$")
 
 def local(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (shares its storage; call under no_grad to write into it), else t."""
-    from torch.distributed.tensor import DTensor
-
     return t.to_local() if isinstance(t, DTensor) else t
 
 
 def is_sharded(tensors: list[torch.Tensor]) -> bool:
-    from torch.distributed.tensor import DTensor
-
     return any(isinstance(t, DTensor) for t in tensors)
 
 

@@ -107,13 +107,12 @@ class TrainStep:
         # The loss and, where there is one, the gradient norm (else the gradients themselves: a
         # finite loss can still give Inf gradients, and under DDP a NaN loss on one rank reaches the
         # others only through them) are what decide whether a step is skipped.
-        checked = [values[-1], grad_norm] if grad_norm is not None else \
-            [values[-1]] + ([local(p.grad) for p in self.params if p.grad is not None] if self.mask_nonfinite else [])
+        total = values[-1]
         if grad_norm is not None:
             values.append(grad_norm)
         found_inf = self.recorder.record(self.names, values)  # this step's row; its flag cell is 0
         if self.mask_nonfinite:
-            self._flag_nonfinite(checked, found_inf)
+            self._flag_nonfinite([total, grad_norm] if grad_norm is not None else [total, *self._grads()], found_inf)
             self._masked_step(found_inf)
         else:  # `raise`: the trainer stops at the next read, before anything is written
             self.optimizer.step()
@@ -150,6 +149,12 @@ class TrainStep:
         out.append(total.detach())
         return out
 
+    def _grads(self) -> list[torch.Tensor]:
+        """The gradients (under FSDP each rank's local shards of them)."""
+        if self.sharded:
+            return [local(p.grad) for p in self.params if p.grad is not None]
+        return [p.grad for p in self.params if p.grad is not None]
+
     @torch.no_grad()
     def _flag_nonfinite(self, tensors: list[torch.Tensor], found_inf: torch.Tensor) -> None:
         """found_inf = 1.0 if any tensor holds NaN/Inf: GradScaler's own check kernel ("unscaling"
@@ -168,8 +173,7 @@ class TrainStep:
         """Unscale (fp16), clip, and return the pre-clip global grad norm."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        grads = [local(p.grad) for p in self.params if p.grad is not None] if self.sharded else \
-            [p.grad for p in self.params if p.grad is not None]
+        grads = self._grads()
         if not grads:
             return torch.zeros((), device=self.device)
         norms = torch._foreach_norm(grads)

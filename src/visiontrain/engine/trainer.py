@@ -17,7 +17,7 @@ from torch import nn
 from visiontrain.config import Config, config_to_dict, dump_config
 from visiontrain.engine import build
 from visiontrain.engine.checkpoint import (BestTracker, ReplicatedWeights, atomic_save, capture_rng,
-                                           load_checkpoint, prepare_run_dir, restore_rng)
+                                           load_checkpoint, prepare_run_dir, restore_rng, write_run_config)
 from visiontrain.engine.distributed import DistInfo, all_reduce_mean, broadcast_object, convert_sync_bn, init_distributed
 from visiontrain.engine.ema import ModelEma
 from visiontrain.engine.fsdp import full_state_dict, sync_buffers
@@ -127,7 +127,7 @@ class Trainer:
         if resume:
             self.load_state(load_checkpoint(resume, resolve_sharded=False), resume)
         if writes:  # after the resume checks: a refused resume leaves the run's config.yaml as it was
-            prepare_run_dir(self.run_dir, dump_config(cfg))
+            write_run_config(self.run_dir, dump_config(cfg))
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
