@@ -2,14 +2,17 @@
 
 Same tiny MLP (64 -> 128 -> 10), same in-memory data, batch 32, fused AdamW, 1 thread, CPU; the
 engine logs every 50 steps (the hand-written loop reads its loss every 50 steps too). Runs
-alternate (raw, engine, [lightning], raw, engine, ...) in one process so machine load hits all
-alike; each figure is the median over repeats of the time per step of the training loop only
-(set-up and the final evaluation excluded, data loading included).
+alternate in one process (raw, engine, engine-skip, lightning, then the same order rotated by one
+each repeat) so machine load hits all alike. A run's figure is the time per step of its training
+loop only (set-up and the final evaluation excluded, data loading included); each ratio is the
+median over repeats of that repeat's own ratio to the hand-written loop.
 
-    python benchmarks/overhead.py [--steps 3000] [--repeats 5]
+    python benchmarks/overhead.py [--steps 3000] [--repeats 11]
 
 prints one line per run and then `ratio engine/raw: X` (the default `trainer.nonfinite=raise`), the
-same with `nonfinite=skip` (which masks every update on the device), and `ratio lightning/raw: Y`.
+same with `nonfinite=skip` (which masks every update on the device), and `ratio lightning/raw: Y`;
+with --breakdown, also the engine's parts (its loader alone, the trainer around a no-op step, and
+TrainStep called from a bare loop) to set against the raw loop's time.
 """
 from __future__ import annotations
 
@@ -151,11 +154,59 @@ def lightning_loop(steps: int) -> float | None:
     return (timer.t1 - timer.t0) / steps
 
 
+def engine_parts(steps: int) -> dict[str, float]:
+    """Where the engine's cost goes (--breakdown), each µs/step: the engine's loader alone; the
+    trainer around a step that does nothing; TrainStep called straight from a bare loop."""
+    from visiontrain.engine.step import TrainStep
+
+    def trainer(steps: int, hooks: list[Hook] = ()) -> Trainer:
+        cfg = C.config_from_dict({
+            "task": {"name": "bench-mlp"}, "data": {"batch_size": BATCH},
+            "optim": {"name": "adamw", "lr": LR, "no_decay_bias_norm": False},
+            "trainer": {"epochs": 10**6, "max_steps": steps, "log_every": 50, "progress": "plain"},
+            "eval": {"every": 0}, "checkpoint": {"every": 0}})
+        torch.manual_seed(0)
+        return Trainer(cfg, MlpTask(cfg), None, hooks=list(hooks))
+
+    tr, t0, n = trainer(steps), time.perf_counter(), 0
+    while n < steps:
+        for _ in tr.train_loader:
+            n += 1
+            if n == steps:
+                break
+    parts = {"loader_only": (time.perf_counter() - t0) / steps}
+
+    call = TrainStep.__call__
+    TrainStep.__call__ = lambda self, batches, weights: self.recorder.record(["total"], [self._one])
+    try:
+        timer = LoopTimer()
+        trainer(steps, [timer]).fit()
+    finally:
+        TrainStep.__call__ = call
+    parts["trainer_with_noop_step"] = (timer.t1 - timer.t0) / steps
+
+    tr = trainer(steps)
+    t0, n, epoch = time.perf_counter(), 0, 0
+    while n < steps:
+        tr.sampler.set_epoch(epoch)
+        epoch += 1
+        for batch in tr.train_loader:
+            tr.step_fn([batch], tr.loss_weights)
+            n += 1
+            if n % 50 == 0:
+                tr.recorder.read()
+            if n == steps:
+                break
+    parts["bare_loop_calling_trainstep"] = (time.perf_counter() - t0) / steps
+    return parts
+
+
 def main() -> int:
     ensure_torchvision()  # Lightning imports torchmetrics, which imports torchvision
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=11)
+    p.add_argument("--breakdown", action="store_true", help="also time the engine's parts (see engine_parts)")
     args = p.parse_args()
     torch.set_num_threads(1)
     runners = {"raw": raw_loop, "engine": engine_loop, "engine-skip": lambda n: engine_loop(n, "skip"),
@@ -163,20 +214,35 @@ def main() -> int:
     for fn in runners.values():  # warm-up: first-call costs (imports, allocator) out of the figures
         fn(200)
     times: dict[str, list[float]] = {k: [] for k in runners}
+    names = list(runners)
     for r in range(args.repeats):
-        for name, fn in runners.items():
-            t = fn(args.steps)
+        # the order rotates every repeat, so no runner always follows the same one (cache, clock)
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t = runners[name](args.steps)
             if t is not None:
                 times[name].append(t)
                 print(f"repeat {r} {name:<11} {t * 1e6:8.1f} us/step", flush=True)
     med = {k: statistics.median(v) for k, v in times.items() if v}
     print(f"median us/step: " + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in med.items()))
-    print(f"ratio engine/raw: {med['engine'] / med['raw']:.3f}")
-    print(f"ratio engine(nonfinite=skip)/raw: {med['engine-skip'] / med['raw']:.3f}")
+
+    def paired(name: str) -> float:
+        """The median over repeats of each repeat's own ratio: load that drifts between repeats
+        cancels out of a ratio taken within one repeat."""
+        return statistics.median(a / b for a, b in zip(times[name], times["raw"]))
+
+    print(f"ratio engine/raw: {paired('engine'):.3f}")
+    print(f"ratio engine(nonfinite=skip)/raw: {paired('engine-skip'):.3f}")
     if "lightning" in med:
-        print(f"ratio lightning/raw: {med['lightning'] / med['raw']:.3f}")
+        print(f"ratio lightning/raw: {paired('lightning'):.3f}")
     else:
         print("lightning not installed: no lightning ratio")
+    if args.breakdown:
+        parts: dict[str, list[float]] = {}
+        for _ in range(args.repeats):
+            for k, v in engine_parts(args.steps).items():
+                parts.setdefault(k, []).append(v)
+        print("breakdown, median us/step: " + ", ".join(f"{k} {statistics.median(v) * 1e6:.1f}"
+                                                        for k, v in parts.items()))
     return 0
 
 

@@ -127,7 +127,8 @@ def test_yolo_step_has_no_host_reads(coco_root, monkeypatch):
     from test_yolo import TINY
 
     counter = count_detection("detect-yolov3", TINY + ["task.size=64", "task.val_size=64", "task.multiscale_sizes=[64]",
-                                                       "trainer.clip_grad=10.0", "trainer.nonfinite=skip"],
+                                                       "trainer.clip_grad=10.0", "trainer.nonfinite=skip",
+                                                       "data.normalize_on_device=true"],
                               coco_root, monkeypatch)
     assert counter.calls == [], counter.calls[0][1]
 

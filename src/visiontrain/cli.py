@@ -8,6 +8,7 @@
     visiontrain export CHECKPOINT --format onnx|exported-program|torchscript [--out FILE] [--ema]
     visiontrain consolidate CHECKPOINT [--out FILE]
     visiontrain benchmark RECIPE|FILE [k=v ...] [--steps N] [--warmup N] [--synthetic]
+    visiontrain compare RUN_DIR RUN_DIR ... [--out FILE.png] [--metrics M ...]
 """
 from __future__ import annotations
 
@@ -193,6 +194,22 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from visiontrain.compare import compare
+
+    out = Path(args.out)
+    columns, rows = compare(args.runs, out, args.metrics)
+    table = Table(*columns, title="runs side by side (metrics: the last evaluation)")
+    for row in rows:
+        table.add_row(*row)
+    Console(width=max(120, 14 * len(columns))).print(table)
+    print(f"curves on shared axes: {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="visiontrain", description="Train vision models from recipes.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -242,6 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     bench.add_argument("--synthetic", action="store_true", help="replay the first batch: compute only")
     bench.set_defaults(fn=cmd_benchmark)
+
+    comp = sub.add_parser("compare", help="runs side by side: a metrics table and their curves on shared axes")
+    comp.add_argument("runs", nargs="+", help="run dirs (each with the metrics.jsonl of a `visiontrain fit`)")
+    comp.add_argument("--out", default="compare.png", help="the figure (PNG) to write")
+    comp.add_argument("--metrics", nargs="*", help="evaluation metrics to plot (default: every one the runs share)")
+    comp.set_defaults(fn=cmd_compare)
 
     show = sub.add_parser("show-config", help="print the resolved config")
     show.add_argument("recipe")

@@ -46,6 +46,11 @@ class DataConfig:
     eval_batch_size: int | None = doc("evaluation batch size (default: 2 x batch_size)", None, minimum=1)
     num_workers: int = doc("DataLoader worker processes (0 = load in the main process)", 0, minimum=0)
     pin_memory: bool = doc("pin host memory for faster copies to the GPU", True)
+    prefetch_to_device: bool = doc("copy the next batch to the GPU on a side stream while the current step "
+                                   "computes (CUDA; nothing to do on the CPU)", True)
+    normalize_on_device: bool = doc(
+        "train images leave the loader as uint8 and are scaled and normalised on the device (detection, "
+        "image-folder): no float pass on the CPU, a quarter of the bytes to collate, pin and copy", False)
     persistent_workers: bool = doc("keep workers alive across epochs", True)
     image_size: int | None = doc("model input side; None = the dataset's native size", None, minimum=1)
     augment: str = doc("train augmentation: none | basic | imagenet", "none")

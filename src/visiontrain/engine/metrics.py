@@ -1,10 +1,11 @@
 """Per-step scalars recorded on the device, read by the host once per log point.
 
-Each step's named scalars (loss terms, total, grad norm) are stacked straight into row ``i`` of a
-``[log_every, n]`` device buffer: one kernel, no host read. At a log point (or before a checkpoint
-or an evaluation) the filled rows move to the host with a single ``.tolist()``. Keeping every step's
-row, not just a running sum, is what lets the non-finite policy name the exact step and every term
-of it without any per-step bookkeeping on the device.
+A step hands over its named 0-dim device scalars (loss terms, total, grad norm); the recorder only
+keeps references to them, so recording launches no kernel and reads nothing. At a log point (or
+before a checkpoint or an evaluation) every kept scalar is stacked in one kernel and moves to the
+host with a single ``.tolist()``. Keeping every step's row, not just a running sum, is what lets
+the non-finite policy name the exact step and every term of it without any per-step bookkeeping
+on the device.
 """
 from __future__ import annotations
 
@@ -20,26 +21,21 @@ class StepRecorder:
     def __init__(self, capacity: int, device: torch.device) -> None:
         self.capacity, self.device = capacity, device
         self.names: list[str] | None = None
+        self.values: list[torch.Tensor] = []  # n rows of len(names) scalars, flattened
+        # Each step's found_inf flag (see TrainStep): 0 until the step's non-finite check sets it,
+        # read by the fused optimizer; the filled cells are zeroed again at each read.
+        self.flag_buf = torch.zeros(capacity, dtype=torch.float32, device=device)
+        self.flags = self.flag_buf.unbind(0)  # views, bound once: handing one out costs no kernel
         self.n = 0
 
-    def _allocate(self, names: list[str]) -> None:
-        self.names = names
-        # The last column is the step's found_inf flag (see TrainStep): written as 0 with the row,
-        # set to 1 on the device by the non-finite check, read by the fused optimizer.
-        self.buf = torch.zeros(self.capacity, len(names) + 1, dtype=torch.float32, device=self.device)
-        self.rows = self.buf.unbind(0)  # views, bound once: writing a row is one stack kernel
-        self.flags = self.buf[:, -1].unbind(0)
-        self._zero = torch.zeros((), device=self.device)
-
     def record(self, names: list[str], values: list[torch.Tensor]) -> torch.Tensor:
-        """Write one row (``values[i]`` named ``names[i]``, same names every step); returns the
+        """Keep one row (``values[i]`` named ``names[i]``, same names every step); returns the
         row's flag cell, a 0-dim device tensor holding 0.0."""
         if self.names is None:
-            self._allocate(list(names))
+            self.names = list(names)
         if self.n >= self.capacity:
             raise RuntimeError(f"more than {self.capacity} steps recorded without a read")
-        values.append(self._zero)
-        torch.stack(values, out=self.rows[self.n])  # dtype promotion casts bf16/fp16 values to fp32
+        self.values.extend(values)
         self.n += 1
         return self.flags[self.n - 1]
 
@@ -48,9 +44,37 @@ class StepRecorder:
         row also holds its step's ``found_inf`` flag (1.0: the step was skipped on the device)."""
         if not self.n or self.names is None:
             return []
-        filled = self.buf[: self.n]
+        n, width = self.n, len(self.names)
+        # one kernel for all rows; bf16/fp16 terms are promoted with the rest to fp32
+        rows = torch.stack(self.values).float().view(n, width)
+        filled = torch.cat([rows, self.flag_buf[:n, None]], dim=1)
         if reduce is not None:
             filled = reduce(filled)  # mean over ranks: one collective per read
         host = filled.tolist()  # host sync (log point / checkpoint / evaluation)
-        self.n = 0
+        self.flag_buf[:n].zero_()
+        self.values, self.n = [], 0
         return [{**dict(zip(self.names, row)), FLAG: row[-1]} for row in host]
+
+
+class EpochMeans:
+    """An epoch's means of the logged values, from the window means already read at log points:
+    host floats only, no extra sync. Checkpointed, so a resumed epoch's table counts every step."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, tuple[float, int]] = {}  # key -> (sum of window mean x steps, steps)
+
+    def add(self, values: dict[str, float], n: int) -> None:
+        for k, v in values.items():
+            total, count = self.sums.get(k, (0.0, 0))
+            self.sums[k] = (total + v * n, count + n)
+
+    def pop(self) -> dict[str, float]:
+        means = {k: total / max(n, 1) for k, (total, n) in self.sums.items()}
+        self.sums = {}
+        return means
+
+    def state_dict(self) -> dict[str, list]:
+        return {k: [v, n] for k, (v, n) in self.sums.items()}
+
+    def load_state_dict(self, state: dict[str, list]) -> None:
+        self.sums = {k: (float(v), int(n)) for k, (v, n) in state.items()}

@@ -1,6 +1,6 @@
 """The step pipeline: micro-batches in, one (possibly skipped) optimizer update out.
 
-    to device -> autocast -> task losses -> weighted total -> scaled backward (x accum) ->
+    to device -> the task's device transform -> autocast -> task losses -> weighted total -> scaled backward (x accum) ->
     unscale -> clip -> after_backward hooks -> optimizer step (masked) -> scaler update
 (the trainer sets the step's schedule values before and updates the EMA after)
 
@@ -65,8 +65,9 @@ class TrainStep:
                  optimizer: torch.optim.Optimizer, *, device: torch.device, precision: str,
                  scaler: torch.amp.GradScaler | None, clip_grad: float | None, clip_mode: str,
                  channels_last: bool, after_backward: list[Callable[[], None]], recorder: StepRecorder,
-                 mask_nonfinite: bool = True) -> None:
+                 mask_nonfinite: bool = True, on_device: Callable[[Any], Any] | None = None) -> None:
         self.model, self.losses_fn, self.optimizer = model, losses_fn, optimizer
+        self.on_device = on_device  # the task's batch transform on the device (Task.device_transform)
         self.device, self.precision, self.scaler = device, precision, scaler
         self.clip_grad, self.clip_mode, self.channels_last = clip_grad, clip_mode, channels_last
         self.after_backward, self.recorder = after_backward, recorder
@@ -91,6 +92,8 @@ class TrainStep:
         for i, batch in enumerate(batches):
             if self.needs_copy:
                 batch = to_device(batch, self.device, self.channels_last)
+            if self.on_device is not None:
+                batch = self.on_device(batch)
             if self._no_sync is not None and i < n - 1:
                 with self._no_sync():
                     losses, total = self._forward_backward(batch, weights, n)

@@ -23,9 +23,10 @@ from visiontrain.engine.ema import ModelEma
 from visiontrain.engine.fsdp import full_state_dict, sync_buffers
 from visiontrain.engine.hooks import Hook, HookList
 from visiontrain.engine.logging import RunLogger
-from visiontrain.engine.metrics import StepRecorder
+from visiontrain.engine.metrics import EpochMeans, StepRecorder
 from visiontrain.engine.param_groups import build_optimizer, build_param_groups, check_coverage, freeze_parameters
 from visiontrain.engine.precision import make_scaler
+from visiontrain.engine.prefetch import device_batches
 from visiontrain.engine.preemption import Preempted, StopFlag
 from visiontrain.engine.profiling import profiler_hooks
 from visiontrain.engine.schedules import scale_lr_by_batch
@@ -96,7 +97,7 @@ class Trainer:
         self.pending: list[dict[str, float]] = []  # rows read from the device, not yet logged
         self.skipped = self.overflow_skipped = 0
         self.samples_seen = 0  # in this process (for throughput), counted at log points
-        self.epoch_stats: dict[str, tuple[float, int]] = {}  # host-side sums of read window means
+        self.epoch_means = EpochMeans()
         self.log = RunLogger(self.run_dir, total_steps=self.clock.total_steps, progress=t.progress, enabled=writes)
         self.hooks = HookList([*task.hooks(), *hooks, *self.log.hooks(),
                                *profiler_hooks(t.profile, t.profile_start, t.profile_steps, self.run_dir, writes)], self)
@@ -104,7 +105,8 @@ class Trainer:
                                  precision=t.precision, scaler=self.scaler, clip_grad=t.clip_grad,
                                  clip_mode=t.clip_mode, channels_last=t.channels_last,
                                  after_backward=self.hooks.callbacks("after_backward"), recorder=self.recorder,
-                                 mask_nonfinite=t.nonfinite == "skip")
+                                 mask_nonfinite=t.nonfinite == "skip",
+                                 on_device=task.device_transform())
         metric = cfg.eval.metric or task.metric
         self.metric, self.mode = metric, cfg.eval.mode or task.mode
         self.best = BestTracker(self.ckpt_dir, self.mode, cfg.checkpoint.keep_best) if writes else None
@@ -154,38 +156,41 @@ class Trainer:
         eval_every = e.every if e.unit == "steps" else 0
         ckpt_every = c.every if c.unit == "steps" else 0
         before_step, after_step = self.hooks.callbacks("before_step"), self.hooks.callbacks("after_step")
+        scheduled, ema, log_every, clock = self.scalars.schedules, self.ema, t.log_every, time.perf_counter
         if e.at_start and self.step == 0:
             self.evaluate()  # the metric at initialisation, measured the same way as later ones
         while self.epoch < t.epochs and self.step < total:
             self.model.train()
             accum = t.accum_steps if self.epoch >= t.accum_after_epoch else 1
             self.sampler.set_epoch(self.epoch, start_batch=self.step_in_epoch * accum)
-            batches = iter(self.train_loader)
+            batches = device_batches(iter(self.train_loader), self.device, channels_last=t.channels_last,
+                                     prefetch=self.cfg.data.prefetch_to_device)
             self.hooks("before_epoch")
             steps_this_epoch = self.clock.steps_in_epoch(self.epoch)
             while self.step_in_epoch < steps_this_epoch and self.step < total:
-                if self.scalars.schedules:
+                if scheduled:
                     self.scalars.apply(self.step, self.loss_weights)
                 for fn in before_step:
                     fn()
-                t0 = time.perf_counter()
+                t0 = clock()
                 micro = self._next_batches(batches, accum)
-                self._t_data += time.perf_counter() - t0
+                self._t_data += clock() - t0
                 self.step_fn(micro, self.loss_weights)
-                if self.ema is not None:
-                    self.ema.update(self.model, self.step)
+                if ema is not None:
+                    ema.update(self.model, self.step)
                 self.step += 1
                 self.step_in_epoch += 1
                 for fn in after_step:
                     fn()
-                at_log_point = self.step % t.log_every == 0 or self.step == total
+                at_log_point = self.step % log_every == 0 or self.step == total
                 if at_log_point:
                     self._log_point()
                 if eval_every and self.step % eval_every == 0 and self.step < total:
                     self.evaluate()
                 if ckpt_every and self.step % ckpt_every == 0 and self.step < total:
                     self.save_last()
-                if self.step_in_epoch < steps_this_epoch and self._stop_now(at_log_point):
+                if (self.stop.requested or at_log_point) and self.step_in_epoch < steps_this_epoch \
+                        and self._stop_now(at_log_point):
                     self._preempt()
             if self.step_in_epoch >= steps_this_epoch:
                 self._end_epoch()
@@ -196,7 +201,8 @@ class Trainer:
         return self._finish(time.perf_counter() - self._t_start)
 
     def _stop_now(self, at_log_point: bool) -> bool:
-        """A single process stops after any step; ranks agree only at log points (one all-reduce)."""
+        """A single process stops after any step; ranks agree only at log points (one all-reduce).
+        The loop asks only when this process was signalled or at a log point."""
         if self.dist.enabled:
             return at_log_point and self.stop.any_rank(self.device)  # host sync (log point)
         return self.stop.requested
@@ -217,8 +223,7 @@ class Trainer:
         self.hooks("after_epoch")
         if self.recorder.n or self.pending:  # the epoch's last steps since the last log point
             self._log_point()
-        summary = {k: total / max(n, 1) for k, (total, n) in self.epoch_stats.items()}
-        self.epoch_stats = {}
+        summary = self.epoch_means.pop()
         if summary:
             self.log.table(f"epoch {self.epoch} train", summary)
         done = self.epoch + 1  # epochs completed
@@ -242,7 +247,7 @@ class Trainer:
         if not n:
             return
         values = {k: math.fsum(r[k] for r in rows) / n for k in rows[0]}
-        self._accumulate_epoch(values, n)
+        self.epoch_means.add(values, n)
         steps_left = self.clock.total_steps - self.step
         accum = self.cfg.trainer.accum_steps if self.epoch >= self.cfg.trainer.accum_after_epoch else 1
         samples = n * self.cfg.data.batch_size * self.dist.world_size * accum
@@ -257,12 +262,6 @@ class Trainer:
         if self.device.type == "cuda":
             values["gpu_peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         self.log.log("train", self.step, self.epoch, values)
-
-    def _accumulate_epoch(self, values: dict[str, float], n: int) -> None:
-        # Epoch means from the already-read window means: host floats, no extra sync.
-        for k, v in values.items():
-            total, count = self.epoch_stats.get(k, (0.0, 0))
-            self.epoch_stats[k] = (total + v * n, count + n)
 
     def _reduce(self, t: torch.Tensor) -> torch.Tensor:
         return all_reduce_mean(t, self.dist)
@@ -331,7 +330,7 @@ class Trainer:
             "rng": capture_rng(),
             "best": self.best.state_dict() if self.best is not None else None,
             "metrics": {"pending": [dict(r) for r in self.pending],
-                        "epoch": {k: [v, n] for k, (v, n) in self.epoch_stats.items()},
+                        "epoch": self.epoch_means.state_dict(),
                         "skipped": self.skipped, "overflow_skipped": self.overflow_skipped},
             "task": self.task.state_dict(),
             "data_info": self.data_info,
@@ -367,7 +366,7 @@ class Trainer:
         self.pending = [{k: float(v) for k, v in r.items()} for r in state["metrics"]["pending"]]
         self.skipped = int(state["metrics"]["skipped"])
         self.overflow_skipped = int(state["metrics"]["overflow_skipped"])
-        self.epoch_stats = {k: (float(v), int(n)) for k, (v, n) in state["metrics"]["epoch"].items()}
+        self.epoch_means.load_state_dict(state["metrics"]["epoch"])
         self.task.load_state_dict(state["task"])
         restore_rng(state["rng"])
         self.log.rewind(self.step)

@@ -78,6 +78,11 @@ class Task(abc.ABC):
     def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
         """Metrics over the validation loader (model already in eval mode, under no_grad)."""
 
+    def device_transform(self) -> Callable[[Any], Any] | None:
+        """What the step does to a training batch once it is on the device, before ``losses``
+        (e.g. uint8 -> normalised float under ``data.normalize_on_device``); None: nothing."""
+        return None
+
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]] | None:
         """Custom optimizer groups; None lets the engine build them from the optim rules."""
         return None

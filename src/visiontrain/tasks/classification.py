@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -83,11 +83,19 @@ class ClassificationTask(Task):
         d = self.cfg.data
         data = build_classification_data(d.name, root=d.root, image_size=d.image_size, augment=d.augment,
                                          limit_train=d.limit_train, limit_val=d.limit_val,
-                                         download=d.download)
+                                         download=d.download, uint8_train=d.normalize_on_device)
         self.num_classes = data.num_classes
         info = {"num_classes": data.num_classes, "class_names": data.class_names,
                 "in_channels": data.in_channels, "image_size": data.image_size}
         return TaskData(data.train, data.val, info, random_transforms=data.random_train_transforms)
+
+    def device_transform(self) -> Callable[[Any], Any] | None:
+        if not self.cfg.data.normalize_on_device:
+            return None
+        from visiontrain.data.normalize import NormalizeOnDevice
+
+        normalize = NormalizeOnDevice()  # image-folder's ImageNet statistics
+        return lambda batch: (normalize(batch[0]), *batch[1:])
 
     def build_model(self, info: dict[str, Any]) -> nn.Module:
         from visiontrain.models import build_model

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -46,6 +46,14 @@ class DetectionTask(Task):
             else None
         return TaskData(train.with_transform(train_tf), self.val_set, self.info, random_transforms=True,
                         train_collate=collate_detection, eval_collate=collate_detection, group_ids=groups)
+
+    def device_transform(self) -> Callable[[Any], Any] | None:
+        if not self.cfg.data.normalize_on_device:
+            return None
+        from visiontrain.data.normalize import NormalizeOnDevice
+
+        normalize = NormalizeOnDevice()
+        return lambda batch: (normalize(batch[0], batch[1]), *batch[1:])
 
     def collect_detections(self, model: nn.Module, loader: Any, device: torch.device) -> list[dict] | None:
         """COCO-format detections of the whole validation set, gathered to rank 0; None on the

@@ -73,7 +73,8 @@ class DetrTask(DetectionTask):
         from visiontrain.data.detection.transforms import detr_train_transform, detr_val_transform
 
         t = self.cfg.task
-        return (detr_train_transform(t.train_scales, t.max_size, t.crop_resize, t.crop_min, t.crop_max),
+        return (detr_train_transform(t.train_scales, t.max_size, t.crop_resize, t.crop_min, t.crop_max,
+                                     on_device=self.cfg.data.normalize_on_device),
                 detr_val_transform(t.val_size, t.max_size))
 
     def build_model(self, info: dict[str, Any]) -> nn.Module:

@@ -92,14 +92,14 @@ class RcnnTask(DetectionTask):
         ensure_torchvision()
         import torchvision.transforms.v2 as T
 
-        from visiontrain.data.detection.transforms import IMAGENET_MEAN, IMAGENET_STD
+        from visiontrain.data.detection.transforms import to_model_input
 
         t = self.cfg.task
-        finish = [T.ToDtype(torch.float32, scale=True), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
         flips = [T.RandomHorizontalFlip()] + ([T.RandomVerticalFlip()] if t.vertical_flip else [])
         train = T.Compose([*flips, T.RandomShortestSize(list(t.train_scales), max_size=t.max_size),
-                           T.SanitizeBoundingBoxes(labels_getter=lambda sample: sample[1]["labels"]), *finish])
-        return train, T.Compose([T.Resize(t.val_size, max_size=t.max_size), *finish])
+                           T.SanitizeBoundingBoxes(labels_getter=lambda sample: sample[1]["labels"]),
+                           *to_model_input(self.cfg.data.normalize_on_device)])
+        return train, T.Compose([T.Resize(t.val_size, max_size=t.max_size), *to_model_input()])
 
     def build_data(self) -> TaskData:
         data = super().build_data()

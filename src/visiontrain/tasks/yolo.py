@@ -119,7 +119,8 @@ class YoloTask(DetectionTask):
 
         t = self.cfg.task
         train = yolo_train_transform(t.size, letterbox=t.letterbox, flip=t.flip, photometric=t.photometric,
-                                     zoom_out=t.zoom_out, iou_crop=t.iou_crop)
+                                     zoom_out=t.zoom_out, iou_crop=t.iou_crop,
+                                     on_device=self.cfg.data.normalize_on_device)
         return train, yolo_val_transform(t.val_size, letterbox=t.letterbox)
 
     def build_model(self, info: dict[str, Any]) -> nn.Module:

@@ -74,17 +74,22 @@ def build_classification_data(
     limit_train: int | None = None,
     limit_val: int | None = None,
     download: bool = False,
+    uint8_train: bool = False,
 ) -> ClassificationData:
-    """Train/val datasets plus what a model needs to know about them (see the module doc)."""
+    """Train/val datasets plus what a model needs to know about them (see the module doc).
+    ``uint8_train``: train images stay uint8, to be normalised on the device (image-folder only)."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
     check_augment(augment)
+    if uint8_train and name != "image-folder":
+        raise ValueError(f"data.normalize_on_device=true applies to data.name=image-folder and the detection "
+                         f"datasets; {name!r} is held in memory as float tensors already (set it to false)")
     if name == "image-folder":
         from visiontrain.data.datasets.image_folder import build_image_folder
 
         train, val, classes, size = build_image_folder(
-            root, image_size=image_size, augment=augment, limit_train=limit_train, limit_val=limit_val
-        )
+            root, image_size=image_size, augment=augment, limit_train=limit_train, limit_val=limit_val,
+            uint8_train=uint8_train)
         return ClassificationData(train, val, len(classes), classes, 3, size, augment != "none")
 
     if name == "fashion-mnist":

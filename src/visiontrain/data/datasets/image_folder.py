@@ -27,8 +27,10 @@ class ImageFolderClassification(Dataset):
 
     mean, std = IMAGENET_MEAN, IMAGENET_STD  # the normalisation, also for transforms built elsewhere
 
-    def __init__(self, samples: list[tuple[str, int]], classes: list[str], *, image_size: int, mode: str) -> None:
+    def __init__(self, samples: list[tuple[str, int]], classes: list[str], *, image_size: int, mode: str,
+                 uint8: bool = False) -> None:
         self.samples = list(samples)
+        self.uint8 = uint8  # True: no ToDtype/Normalize here; the device does them (NormalizeOnDevice)
         self.classes = list(classes)
         self.image_size = int(image_size)
         self.mode = mode
@@ -48,9 +50,8 @@ class ImageFolderClassification(Dataset):
             geometry = [v2.Resize(int(s / VAL_CROP_RATIO), antialias=True), v2.CenterCrop(s)]
         else:
             raise ValueError(f"unknown image-folder transform mode {self.mode!r}")
-        self._tf = v2.Compose(
-            [v2.ToImage(), *geometry, v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
-        )
+        finish = [] if self.uint8 else [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+        self._tf = v2.Compose([v2.ToImage(), *geometry, *finish])
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -99,7 +100,8 @@ def _class_dirs(directory: Path) -> list[str]:
 
 
 def build_image_folder(
-    root: str | None, *, image_size: int | None, augment: str, limit_train: int | None, limit_val: int | None
+    root: str | None, *, image_size: int | None, augment: str, limit_train: int | None, limit_val: int | None,
+    uint8_train: bool = False,
 ) -> tuple[Dataset, Dataset, list[str], int]:
     """``(train, val, class_names, image_size)``."""
     check_augment(augment)
@@ -130,7 +132,7 @@ def build_image_folder(
     train_samples = train_samples[:limit_train] if limit_train is not None else train_samples
     val_samples = val_samples[:limit_val] if limit_val is not None else val_samples
     train = ImageFolderClassification(
-        train_samples, classes, image_size=size, mode="val" if augment == "none" else augment
+        train_samples, classes, image_size=size, mode="val" if augment == "none" else augment, uint8=uint8_train
     )
     val = ImageFolderClassification(val_samples, classes, image_size=size, mode="val")
     return train, val, classes, size

@@ -20,9 +20,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401  (re-exported)
+
 AUGMENTS = ("none", "basic", "imagenet")
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 VAL_CROP_RATIO = 0.875  # val: Resize(int(size / 0.875)) then CenterCrop(size)
 
 

@@ -2,7 +2,8 @@
 
 DETR's train pipeline: horizontal flip, then either a multi-scale resize of the shorter side, or
 resize -> random-size crop -> multi-scale resize; SanitizeBoundingBoxes after the crop drops boxes
-the crop emptied (with their labels); then to float and ImageNet normalisation. Boxes stay absolute
+the crop emptied (with their labels); then to float and ImageNet normalisation (on the CPU, or
+on the device with ``data.normalize.NormalizeOnDevice``). Boxes stay absolute
 XYXY (tv_tensors keep them in step with every geometric op); a model that wants normalised cxcywh
 converts them itself from each image's own size (``normalized_cxcywh``), so the same pipeline
 serves every detector.
@@ -21,7 +22,7 @@ import torchvision.transforms.v2.functional as TF  # noqa: E402
 from torchvision import tv_tensors  # noqa: E402
 from torchvision.ops import box_convert  # noqa: E402
 
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402  (re-exported)
 
 
 class RandomSizeCrop(T.Transform):
@@ -44,15 +45,17 @@ class RandomSizeCrop(T.Transform):
         return self._call_kernel(TF.crop, inpt, **params)
 
 
-def _finish(normalize: bool) -> list[Any]:
-    steps: list[Any] = [T.ToDtype(torch.float32, scale=True)]
-    if normalize:
-        steps.append(T.Normalize(IMAGENET_MEAN, IMAGENET_STD))
-    return steps
+def to_model_input(on_device: bool = False) -> list[Any]:
+    """A pipeline's last steps: uint8 -> float in [0, 1] -> ImageNet normalisation. None when the
+    device does them (``data.normalize_on_device``, ``data.normalize.NormalizeOnDevice``): the CPU then skips a
+    float pass over every pixel, and collates, pins and copies a quarter of the bytes."""
+    if on_device:
+        return []
+    return [T.ToDtype(torch.float32, scale=True), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
 
 
 def detr_train_transform(scales: Sequence[int], max_size: int, crop_resize: Sequence[int],
-                         crop_min: int, crop_max: int, normalize: bool = True) -> T.Compose:
+                         crop_min: int, crop_max: int, on_device: bool = False) -> T.Compose:
     """DETR's augmentation with the sizes given (the paper: scales 480..800 step 32, max 1333,
     crop branch resize 400/500/600 and crop 384..600)."""
     return T.Compose([
@@ -63,12 +66,12 @@ def detr_train_transform(scales: Sequence[int], max_size: int, crop_resize: Sequ
                        T.RandomShortestSize(list(scales), max_size=max_size)]),
         ]),
         T.SanitizeBoundingBoxes(labels_getter=lambda sample: sample[1]["labels"]),
-        *_finish(normalize),
+        *to_model_input(on_device),
     ])
 
 
-def detr_val_transform(size: int, max_size: int, normalize: bool = True) -> T.Compose:
-    return T.Compose([T.Resize(size, max_size=max_size), *_finish(normalize)])
+def detr_val_transform(size: int, max_size: int) -> T.Compose:
+    return T.Compose([T.Resize(size, max_size=max_size), *to_model_input()])
 
 
 def normalized_cxcywh(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:

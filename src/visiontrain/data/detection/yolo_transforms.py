@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from visiontrain._tv_compat import ensure_torchvision
-from visiontrain.data.detection.transforms import IMAGENET_MEAN, IMAGENET_STD
+from visiontrain.data.detection.transforms import IMAGENET_MEAN, to_model_input
 
 ensure_torchvision()
 import torchvision.transforms.v2 as T  # noqa: E402
@@ -27,12 +27,8 @@ def _resize(size: int, letterbox: bool) -> Any:
     return T.Resize(None, max_size=size) if letterbox else T.Resize((size, size))
 
 
-def _to_input() -> list[Any]:
-    return [T.ToDtype(torch.float32, scale=True), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
-
-
 def yolo_train_transform(size: int, *, letterbox: bool = False, flip: bool = True, photometric: bool = True,
-                         zoom_out: float = 4.0, iou_crop: bool = True) -> T.Compose:
+                         zoom_out: float = 4.0, iou_crop: bool = True, on_device: bool = False) -> T.Compose:
     """GluonCV's training augmentation with each part switchable (the CPU recipe drops the costly ones)."""
     steps: list[Any] = []
     if photometric:
@@ -47,8 +43,8 @@ def yolo_train_transform(size: int, *, letterbox: bool = False, flip: bool = Tru
         steps.append(T.RandomHorizontalFlip())
     # boxes a crop or a resize left empty or degenerate go, with their labels
     steps.append(T.SanitizeBoundingBoxes(labels_getter=lambda sample: sample[1]["labels"]))
-    return T.Compose(steps + _to_input())
+    return T.Compose(steps + to_model_input(on_device))
 
 
 def yolo_val_transform(size: int, *, letterbox: bool = False) -> T.Compose:
-    return T.Compose([_resize(size, letterbox), *_to_input()])
+    return T.Compose([_resize(size, letterbox), *to_model_input()])

@@ -1,0 +1,139 @@
+"""``visiontrain compare RUN_DIR RUN_DIR ...``: runs side by side, as a table and as curves.
+
+The table holds, per run, the steps trained, the last evaluation's metrics, the best value of the
+checkpoint metric, the wall time and the training throughput, read from ``summary.json`` when the
+run finished and from ``metrics.jsonl`` alone when it did not (a run still training, or stopped).
+The figure puts every run on shared axes: the training total loss, then each evaluation metric
+the runs have in common, one panel each, against the optimizer step.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SKIP = ("kind", "step", "epoch", "time")
+
+
+@dataclass
+class RunRecord:
+    name: str
+    train: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def eval_keys(self) -> list[str]:
+        return [k for k in (self.evals[-1] if self.evals else {}) if k not in SKIP]
+
+
+def read_run(run_dir: str | Path) -> RunRecord:
+    """A run dir's logged rows; a missing or unreadable ``metrics.jsonl`` is an error naming it."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: {run_dir} is not a visiontrain run dir "
+                                f"(expected the --run-dir of a `visiontrain fit`)")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}, line {n}: not a JSON object ({err.msg})") from None
+    summary_path = Path(run_dir) / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    return RunRecord(Path(run_dir).resolve().name, [r for r in rows if r.get("kind") == "train"],
+                     [r for r in rows if r.get("kind") == "eval"], summary)
+
+
+def _unique_names(runs: list[RunRecord], dirs: list[str]) -> None:
+    """Two run dirs with the same last component are told apart by their parent directory."""
+    names = [r.name for r in runs]
+    for run, d in zip(runs, dirs):
+        if names.count(run.name) > 1:
+            run.name = f"{Path(d).resolve().parent.name}/{run.name}"
+    names = [r.name for r in runs]
+    for run, d in zip(runs, dirs):
+        if names.count(run.name) > 1:  # the same parent's name too: the whole path
+            run.name = str(Path(d).resolve())
+
+
+def table_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
+    """(column names, one row of strings per run): steps, final metrics, best, wall time, img/s."""
+    metrics: list[str] = []
+    for r in runs:
+        metrics += [k for k in r.eval_keys if k not in metrics]
+    columns = ["run", "steps", *metrics, "best", "wall", "samples/s"]
+    rows = []
+    for r in runs:
+        last = r.evals[-1] if r.evals else {}
+        steps = r.summary.get("steps", max([row["step"] for row in r.train + r.evals], default=0))
+        best = r.summary.get("best") or {}
+        metric = r.summary.get("metric") or ""
+        best_text = ", ".join(f"{k} {_fmt(v)}" for k, v in best.items()) if best else "-"  # model / ema
+        rate = r.summary.get("samples_per_s")
+        if rate is None and r.train:
+            rate = r.train[-1].get("samples_per_s")
+        wall = r.summary.get("wall_s")
+        rows.append([r.name, str(steps), *(_fmt(last.get(m)) for m in metrics),
+                     f"{metric}: {best_text}" if metric else best_text,
+                     f"{wall:.3g} s" if wall is not None else "-", f"{rate:,.1f}" if rate is not None else "-"])
+    return columns, rows
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def plot_runs(runs: list[RunRecord], out: Path, metrics: list[str] | None = None) -> list[str]:
+    """The shared-axes figure; returns the panels drawn (training total first)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if metrics is None:  # the evaluation metrics every run has, EMA twins after the model's own
+        common = [k for k in runs[0].eval_keys if all(k in r.eval_keys for r in runs[1:])]
+        metrics = [k for k in common if not k.startswith("ema/")] + [k for k in common if k.startswith("ema/")]
+    panels = (["total"] if any(r.train for r in runs) else []) + list(metrics)
+    if not panels:
+        raise ValueError("nothing to plot: the runs logged no training rows and share no evaluation metric")
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
+    for ax, panel in zip(axes.flat, panels):
+        for r in runs:
+            source = r.train if panel == "total" else r.evals
+            points = [(row["step"], row[panel]) for row in source if panel in row]
+            if points:
+                ax.plot(*zip(*points), label=r.name, marker="" if panel == "total" else "o", markersize=3)
+        ax.set(xlabel="step", title=f"train {panel}" if panel == "total" else panel)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return panels
+
+
+def compare(run_dirs: list[str], out: Path, metrics: list[str] | None = None) -> tuple[list[str], list[list[str]]]:
+    runs = [read_run(d) for d in run_dirs]
+    _unique_names(runs, run_dirs)
+    if metrics:
+        for m in metrics:
+            missing = [r.name for r in runs if m not in r.eval_keys]
+            if missing:
+                raise ValueError(f"--metrics {m}: not logged by {', '.join(missing)}; "
+                                 f"they log {sorted(set().union(*(r.eval_keys for r in runs)))}")
+    plot_runs(runs, out, metrics)
+    return table_rows(runs)
