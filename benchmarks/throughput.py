@@ -46,7 +46,8 @@ DETR = {"detr_r50": ("detect-detr-r50-coco", ["data.name=fashion-mosaic", "data.
 
 def engine_config(model: str, size: int, batch: int, device: str, precision: str):
     common = [f"data.batch_size={batch}", "data.num_workers=0", f"trainer.precision={precision}",
-              "trainer.channels_last=true", f"trainer.device={device}", "trainer.log_every=50", "trainer.progress=plain"]
+              "trainer.channels_last=true", f"trainer.device={device}", "trainer.log_every=50",
+              "trainer.progress=plain"]
     if model in DETR:
         recipe, overrides = DETR[model]
         return C.load_config(recipe, overrides + common + ["optim.impl=fused", "trainer.clip_grad=0.1"])

@@ -1,7 +1,8 @@
 """The step pipeline: micro-batches in, one (possibly skipped) optimizer update out.
 
-    to device -> the task's device transform -> autocast -> task losses -> weighted total -> scaled backward (x accum) ->
-    unscale -> clip -> after_backward hooks -> optimizer step (masked) -> scaler update
+    to device -> the task's device transform -> autocast -> task losses -> weighted total ->
+    scaled backward (x accum) -> unscale -> clip -> after_backward hooks -> optimizer step (masked) ->
+    scaler update
 (the trainer sets the step's schedule values before and updates the EMA after)
 
 Nothing here reads a device value on the host. Each step's scalars go to a ``StepRecorder`` row;

@@ -72,7 +72,9 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def losses(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         """Named, unweighted losses on the device; extra terms (e.g. accuracy) are logged only.
-        Runs inside the step: it must not read device values on the host."""
+        Runs inside the step: it must not read device values on the host. The engine keeps the
+        returned tensors (detached) until the next log point without copying them, so a term must
+        not be a buffer the task later changes in place (return ``buf.clone()`` for such a one)."""
 
     @abc.abstractmethod
     def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:

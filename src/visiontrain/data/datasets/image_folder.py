@@ -50,7 +50,8 @@ class ImageFolderClassification(Dataset):
             geometry = [v2.Resize(int(s / VAL_CROP_RATIO), antialias=True), v2.CenterCrop(s)]
         else:
             raise ValueError(f"unknown image-folder transform mode {self.mode!r}")
-        finish = [] if self.uint8 else [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+        finish = [] if self.uint8 else [v2.ToDtype(torch.float32, scale=True),
+                                        v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
         self._tf = v2.Compose([v2.ToImage(), *geometry, *finish])
 
     def __getstate__(self) -> dict[str, Any]:

@@ -47,8 +47,8 @@ class RandomSizeCrop(T.Transform):
 
 def to_model_input(on_device: bool = False) -> list[Any]:
     """A pipeline's last steps: uint8 -> float in [0, 1] -> ImageNet normalisation. None when the
-    device does them (``data.normalize_on_device``, ``data.normalize.NormalizeOnDevice``): the CPU then skips a
-    float pass over every pixel, and collates, pins and copies a quarter of the bytes."""
+    device does them (``data.normalize_on_device``, ``data.normalize.NormalizeOnDevice``): the CPU
+    then skips a float pass over every pixel, and collates, pins and copies a quarter of the bytes."""
     if on_device:
         return []
     return [T.ToDtype(torch.float32, scale=True), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
