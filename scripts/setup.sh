@@ -43,6 +43,16 @@ if [ ! -f "$fmnist/train-images-idx3-ubyte.gz" ] && command -v apt-get >/dev/nul
   fi
 fi
 
+# Headless Chromium renders the HTML of `visiontrain report` in the tests (tests/test_report.py).
+if [ "${1:-}" = test ] && ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "[setup] installing Debian package chromium (the report test renders its page)"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "[setup] not root: skipping chromium (the report rendering test will be skipped)"
+  fi
+fi
+
 # Runs are faster with glibc keeping freed memory instead of returning it to the OS on every batch.
 export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=536870912
 

@@ -244,6 +244,13 @@ def test_cli_smoke_fit_evaluates_at_init_and_saves_the_centre(fitted):
     ckpt = torch.load(run / "checkpoints/last.pt", weights_only=True)
     assert ckpt["task"]["center"].shape == (1, 64) and ckpt["task"]["center"].abs().sum() > 0
     assert json.loads((run / "summary.json").read_text())["best"]["ema"] > 0
+    # the plots show the teacher's entropy among the training curves and its k-NN accuracy
+    from visiontrain.engine.plots import curve_figures, read_metrics
+
+    figures = curve_figures(*read_metrics(run / "metrics.jsonl"))
+    titles = {name: [ax.get_title() for ax in fig.axes if ax.get_visible()] for name, fig in figures.items()}
+    assert "teacher_entropy" in titles["losses"] and titles["eval"] == ["ema/knn_top1"]
+    assert {"losses.png", "eval.png"} <= {p.name for p in (run / "plots").glob("*.png")}
 
 
 def test_validate_and_export_the_teacher_backbone(fitted, tmp_path):

@@ -262,6 +262,16 @@ def test_detect_yolov3_smoke_fit_logs_four_losses_and_both_maps(fitted):
     assert json.loads((fitted / "summary.json").read_text())["metric"] == "AP50"
 
 
+def test_the_run_dir_shows_validation_detections_over_the_ground_truth(fitted):
+    import matplotlib.image
+
+    names = {p.name for p in (fitted / "plots").glob("*.png")}
+    assert {"losses.png", "eval.png", "schedules.png", "val_detections.png"} <= names
+    pixels = matplotlib.image.imread(fitted / "plots" / "val_detections.png")
+    green = (pixels[..., 1] > 0.9) & (pixels[..., 0] < 0.1) & (pixels[..., 2] < 0.1)  # the dashed true boxes
+    assert green.sum() > 100
+
+
 def test_predict_with_the_checkpoint(fitted, coco_root, tmp_path):
     from PIL import Image
 

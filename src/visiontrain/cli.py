@@ -9,6 +9,7 @@
     visiontrain consolidate CHECKPOINT [--out FILE]
     visiontrain benchmark RECIPE|FILE [k=v ...] [--steps N] [--warmup N] [--synthetic]
     visiontrain compare RUN_DIR RUN_DIR ... [--out FILE.png] [--metrics M ...]
+    visiontrain report RUN_DIR [--out FILE.html]
 """
 from __future__ import annotations
 
@@ -210,6 +211,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from visiontrain.report import write_report
+
+    path, plots = write_report(args.run_dir, args.out)
+    print(json.dumps({"run_dir": args.run_dir, "report": str(path), "plots": plots,
+                      "bytes": path.stat().st_size}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="visiontrain", description="Train vision models from recipes.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -265,6 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--out", default="compare.png", help="the figure (PNG) to write")
     comp.add_argument("--metrics", nargs="*", help="evaluation metrics to plot (default: every one the runs share)")
     comp.set_defaults(fn=cmd_compare)
+
+    rep = sub.add_parser("report", help="one self-contained HTML page for a run: config, metrics, "
+                                        "throughput and every plot")
+    rep.add_argument("run_dir", help="a run dir (the --run-dir of a `visiontrain fit`, finished or not)")
+    rep.add_argument("--out", help="the HTML file to write (default RUN_DIR/report.html)")
+    rep.set_defaults(fn=cmd_report)
 
     show = sub.add_parser("show-config", help="print the resolved config")
     show.add_argument("recipe")

@@ -40,11 +40,17 @@ def read_run(run_dir: str | Path) -> RunRecord:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}, line {n}: not a JSON object ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}, line {n}: not a JSON object (a {type(row).__name__})")
+        rows.append(row)
     summary_path = Path(run_dir) / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    try:
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    except json.JSONDecodeError as err:  # e.g. a write cut short: name the file, as for the rows
+        raise ValueError(f"{summary_path}: not valid JSON ({err.msg}, line {err.lineno})") from None
     return RunRecord(Path(run_dir).resolve().name, [r for r in rows if r.get("kind") == "train"],
                      [r for r in rows if r.get("kind") == "eval"], summary)
 

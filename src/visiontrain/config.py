@@ -102,6 +102,8 @@ class TrainerConfig:
     sync_bn: bool = doc("under DDP, convert BatchNorm layers to SyncBatchNorm (batch statistics over all ranks)",
                         False)
     progress: Literal["auto", "bar", "plain"] = doc("rich bar on a terminal, plain lines otherwise", "auto")
+    plots: bool = doc("after each evaluation and at the end, draw the curves and the task's figures into "
+                      "RUN_DIR/plots/*.png (figures also to TensorBoard)", True)
     profile: bool = doc("write a torch.profiler trace of a few steps to RUN_DIR/profile (trace.json, summary.txt)",
                         False)
     profile_start: int = doc("profile: steps done before the window opens (warm-up)", 5, minimum=0)

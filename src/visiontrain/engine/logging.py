@@ -114,6 +114,11 @@ class RunLogger:
         else:
             self.print(f"{title}: " + "  ".join(f"{k} {_fmt(v)}" for k, v in rows.items()))
 
+    def image(self, tag: str, pixels: Any, step: int) -> None:
+        """An RGB uint8 [H, W, 3] image (a rendered figure) in TensorBoard."""
+        if self.enabled:
+            self._tb.add_image(tag, pixels, step, dataformats="HWC")
+
     def print(self, text: str) -> None:
         if not self.enabled:
             return

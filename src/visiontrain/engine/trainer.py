@@ -6,7 +6,6 @@ writes, and the end of the run. Every one is marked ``# host sync``.
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,12 @@ from visiontrain.engine.ema import ModelEma
 from visiontrain.engine.fsdp import full_state_dict, sync_buffers
 from visiontrain.engine.hooks import Hook, HookList
 from visiontrain.engine.logging import RunLogger
-from visiontrain.engine.metrics import EpochMeans, StepRecorder
+from visiontrain.engine.metrics import EpochMeans, PendingRows, StepRecorder
 from visiontrain.engine.param_groups import build_optimizer, build_param_groups, check_coverage, freeze_parameters
 from visiontrain.engine.precision import make_scaler
 from visiontrain.engine.prefetch import device_batches
 from visiontrain.engine.preemption import Preempted, StopFlag
+from visiontrain.engine.plots import PlotHook
 from visiontrain.engine.profiling import profiler_hooks
 from visiontrain.engine.schedules import scale_lr_by_batch
 from visiontrain.engine.guards import OutOfMemory, check_rows, check_weights, is_out_of_memory, out_of_memory_message
@@ -94,12 +94,13 @@ class Trainer:
                             "ema_decay": cfg.ema.decay, "bn_momentum": 0.1},
             self.clock, self.optimizer, model, task, self.ema)
         self.recorder = StepRecorder(t.log_every, self.device)
-        self.pending: list[dict[str, float]] = []  # rows read from the device, not yet logged
+        self.pending = PendingRows()  # rows read from the device, not yet logged
         self.skipped = self.overflow_skipped = 0
         self.samples_seen = 0  # in this process (for throughput), counted at log points
         self.epoch_means = EpochMeans()
         self.log = RunLogger(self.run_dir, total_steps=self.clock.total_steps, progress=t.progress, enabled=writes)
-        self.hooks = HookList([*task.hooks(), *hooks, *self.log.hooks(),
+        plots = [PlotHook(self.run_dir)] if writes and t.plots else []
+        self.hooks = HookList([*task.hooks(), *hooks, *self.log.hooks(), *plots,
                                *profiler_hooks(t.profile, t.profile_start, t.profile_steps, self.run_dir, writes)], self)
         self.step_fn = TrainStep(self.model, task.losses, self.optimizer, device=self.device,
                                  precision=t.precision, scaler=self.scaler, clip_grad=t.clip_grad,
@@ -242,11 +243,9 @@ class Trainer:
         steps_done = self.step - self._start_step
         self._t_window, self._t_data = now, 0.0
         self.check_finite()  # host sync: moves the recorded rows to self.pending
-        n, rows = len(self.pending), self.pending
-        self.pending = []
+        n, values = self.pending.pop_means()
         if not n:
             return
-        values = {k: math.fsum(r[k] for r in rows) / n for k in rows[0]}
         self.epoch_means.add(values, n)
         steps_left = self.clock.total_steps - self.step
         accum = self.cfg.trainer.accum_steps if self.epoch >= self.cfg.trainer.accum_after_epoch else 1
@@ -269,11 +268,11 @@ class Trainer:
     def check_finite(self) -> None:
         """Read the recorded steps and act on the non-finite policy. Runs before every log point,
         evaluation and checkpoint, so `raise` fires at most log_every steps after the bad step."""
-        rows = self.recorder.read(reduce=self._reduce)  # host sync
-        skipped, overflow = check_rows(rows, self.step - len(rows) + 1, policy=self.cfg.trainer.nonfinite,
+        read = self.recorder.read(reduce=self._reduce)  # host sync
+        skipped, overflow = check_rows(read, self.step - len(read.rows) + 1, policy=self.cfg.trainer.nonfinite,
                                        fp16=self.scaler is not None, epoch_of=self.clock.epoch_of)
         self.skipped, self.overflow_skipped = self.skipped + skipped, self.overflow_skipped + overflow
-        self.pending.extend(rows)
+        self.pending.add(read)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
@@ -329,7 +328,7 @@ class Trainer:
             "sampler_seed": self.sampler.seed,
             "rng": capture_rng(),
             "best": self.best.state_dict() if self.best is not None else None,
-            "metrics": {"pending": [dict(r) for r in self.pending],
+            "metrics": {"pending": self.pending.state_dict(),
                         "epoch": self.epoch_means.state_dict(),
                         "skipped": self.skipped, "overflow_skipped": self.overflow_skipped},
             "task": self.task.state_dict(),
@@ -363,7 +362,7 @@ class Trainer:
         self.sampler.seed = int(state["sampler_seed"])
         if self.best is not None and state["best"] is not None:
             self.best.load_state_dict(state["best"])
-        self.pending = [{k: float(v) for k, v in r.items()} for r in state["metrics"]["pending"]]
+        self.pending.load_state_dict(state["metrics"]["pending"])
         self.skipped = int(state["metrics"]["skipped"])
         self.overflow_skipped = int(state["metrics"]["overflow_skipped"])
         self.epoch_means.load_state_dict(state["metrics"]["epoch"])

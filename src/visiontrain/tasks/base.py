@@ -80,6 +80,12 @@ class Task(abc.ABC):
     def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
         """Metrics over the validation loader (model already in eval mode, under no_grad)."""
 
+    def eval_figures(self) -> dict[str, Any]:
+        """Named matplotlib Figures drawn from what the last ``evaluate`` kept (a confusion matrix,
+        detections against ground truth): written to RUN_DIR/plots/NAME.png and TensorBoard on
+        rank 0. Kept data, not a second pass over the validation set: plots cost no extra inference."""
+        return {}
+
     def device_transform(self) -> Callable[[Any], Any] | None:
         """What the step does to a training batch once it is on the device, before ``losses``
         (e.g. uint8 -> normalised float under ``data.normalize_on_device``); None: nothing."""

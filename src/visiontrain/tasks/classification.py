@@ -76,6 +76,8 @@ class ClassificationTask(Task):
         t = cfg.task
         self.mixing = t.mixup_alpha > 0 or t.cutmix_alpha > 0
         self.num_classes = 0
+        self.class_names: list[str] = []
+        self.confusion: torch.Tensor | None = None  # the last evaluation's counts [true, predicted]
 
     def build_data(self) -> TaskData:
         from visiontrain.data.datasets import build_classification_data
@@ -84,7 +86,7 @@ class ClassificationTask(Task):
         data = build_classification_data(d.name, root=d.root, image_size=d.image_size, augment=d.augment,
                                          limit_train=d.limit_train, limit_val=d.limit_val,
                                          download=d.download, uint8_train=d.normalize_on_device)
-        self.num_classes = data.num_classes
+        self.num_classes, self.class_names = data.num_classes, list(data.class_names)
         info = {"num_classes": data.num_classes, "class_names": data.class_names,
                 "in_channels": data.in_channels, "image_size": data.image_size}
         return TaskData(data.train, data.val, info, random_transforms=data.random_train_transforms)
@@ -102,6 +104,7 @@ class ClassificationTask(Task):
 
         t = self.cfg.task
         self.num_classes = info["num_classes"]
+        self.class_names = list(info.get("class_names") or range(self.num_classes))
         # timm calls it drop_rate; SmallCNN's dropout is the same thing
         extra = {"dropout": t.drop_rate} if t.model == "small_cnn" else {"drop_rate": t.drop_rate}
         return build_model(t.model, num_classes=info["num_classes"], in_channels=info["in_channels"],
@@ -126,7 +129,9 @@ class ClassificationTask(Task):
 
     def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
         sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, count
-        k = min(5, self.num_classes)
+        c = self.num_classes
+        confusion = torch.zeros(c * c, dtype=torch.int64, device=device)  # [true, predicted], flattened
+        k = min(5, c)
         for images, labels in loader:
             images = images.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
@@ -135,14 +140,24 @@ class ClassificationTask(Task):
             logits = model(images).float()
             topk = logits.topk(k, dim=-1).indices
             hit = topk == labels[:, None]
+            confusion += torch.bincount(labels * c + topk[:, 0], minlength=c * c)
             sums += torch.stack([F.cross_entropy(logits, labels, reduction="sum"),
                                  hit[:, 0].sum(), hit.any(-1).sum(),
                                  torch.tensor(float(labels.numel()), device=device)]).double()
         if torch.distributed.is_initialized():  # evaluation is sharded across ranks: sum the shards
             torch.distributed.all_reduce(sums)
+            torch.distributed.all_reduce(confusion)
         loss, top1, top5, n = sums.tolist()  # host sync (end of evaluation)
+        self.confusion = confusion.view(c, c).cpu()  # host sync (end of evaluation), for eval_figures
         n = max(n, 1.0)
         return {"top1": 100.0 * top1 / n, "top5": 100.0 * top5 / n, "loss": loss / n}
+
+    def eval_figures(self) -> dict[str, Any]:
+        if self.confusion is None:
+            return {}
+        from visiontrain.evaluation.figures import confusion_figure
+
+        return {"confusion_matrix": confusion_figure(self.confusion, self.class_names)}
 
     def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
         """Images [B, C, S, S] (normalised as in training) -> logits [B, classes]; batch left free."""

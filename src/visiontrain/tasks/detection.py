@@ -14,8 +14,13 @@ from visiontrain.tasks.base import Task, TaskData
 log = logging.getLogger("visiontrain")
 
 
+SHOWN_IMAGES, SHOWN_SCORE, SHOWN_MAX_BOXES = 8, 0.3, 20  # the validation images drawn after each evaluation
+
+
 class DetectionTask(Task):
     """A detector: ``transforms`` and ``predict_batch`` are the family-specific parts."""
+
+    shown_detections: list[dict] | None = None  # the last evaluation's detections on the drawn images
 
     @abc.abstractmethod
     def transforms(self) -> tuple[Any, Any]:
@@ -71,6 +76,8 @@ class DetectionTask(Task):
         detections = gather_detections(detections, dst=0)
         if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
             return None
+        shown = {r.image_id for r in self.val_set.records[:SHOWN_IMAGES]}
+        self.shown_detections = [d for d in detections if d["image_id"] in shown]  # for eval_figures
         return detections
 
     def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
@@ -80,6 +87,25 @@ class DetectionTask(Task):
         if detections is None:  # not rank 0
             return {}
         return coco_evaluate(self.val_set.coco_ground_truth(), detections)
+
+    def eval_figures(self) -> dict[str, Any]:
+        """The first validation images with the last evaluation's detections over the ground truth."""
+        if self.shown_detections is None:
+            return {}
+        from visiontrain.evaluation.figures import ShownImage, detections_figure
+
+        to_label = {c: i for i, c in enumerate(self.info["category_ids"])}
+        shown = []
+        for index in range(min(SHOWN_IMAGES, len(self.val_set))):
+            image, target = self.val_set.load(index)
+            dets = sorted((d for d in self.shown_detections if d["image_id"] == target["image_id"]
+                           and d["score"] >= SHOWN_SCORE), key=lambda d: -d["score"])[:SHOWN_MAX_BOXES]
+            boxes = torch.tensor([[x, y, x + w, y + h] for x, y, w, h in (d["bbox"] for d in dets)]).reshape(-1, 4)
+            shown.append(ShownImage(image.as_subclass(torch.Tensor), target["boxes"].as_subclass(torch.Tensor),
+                                    target["labels"].tolist(), boxes, [d["score"] for d in dets],
+                                    [to_label[d["category_id"]] for d in dets]))
+        title = f"validation images: predictions with score >= {SHOWN_SCORE} (red), ground truth (green)"
+        return {"val_detections": detections_figure(shown, self.info["class_names"], title=title)}
 
     @torch.no_grad()
     def predict(self, model: nn.Module, images: list[torch.Tensor], device: torch.device

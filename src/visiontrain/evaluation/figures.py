@@ -1,0 +1,76 @@
+"""What an evaluation looks like, as matplotlib Figures: a confusion matrix, and validation images
+with the predicted boxes drawn over the ground truth. Built with ``matplotlib.figure.Figure`` (no
+pyplot state); the engine's plot hook writes them to RUN_DIR/plots/ and TensorBoard."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from visiontrain.engine.plots import panel_grid
+
+MAX_TICK_LABELS = 40  # above this many classes the axes are left unlabelled (ImageNet's 1000)
+
+
+def confusion_figure(counts: torch.Tensor, class_names: Sequence[Any]) -> Any:
+    """Rows: the true class, normalised to 1 (each row shows where that class's images went, so
+    a rare class reads as clearly as a common one); the counts are written in when they fit."""
+    from matplotlib.figure import Figure
+
+    c = counts.shape[0]
+    counts = counts.to(torch.float64)
+    share = (counts / counts.sum(1, keepdim=True).clamp_min(1)).numpy()
+    size = min(4.0 + 0.45 * c, 14.0)
+    fig = Figure(figsize=(size + 1.5, size), layout="constrained")
+    ax = fig.subplots()
+    image = ax.imshow(share, cmap="Blues", vmin=0.0, vmax=1.0)
+    fig.colorbar(image, ax=ax, fraction=0.046, label="share of the true class")
+    accuracy = float(counts.diag().sum() / counts.sum().clamp_min(1))
+    ax.set_title(f"confusion matrix (top-1 {100 * accuracy:.2f} %, {int(counts.sum())} images)")
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    if c <= MAX_TICK_LABELS:
+        names = [str(n) for n in class_names][:c]
+        ax.set_xticks(range(c), names, rotation=60, ha="right", fontsize=8)
+        ax.set_yticks(range(c), names, fontsize=8)
+    if c <= 20:
+        for i in range(c):
+            for j in range(c):
+                if counts[i, j] > 0:
+                    ax.text(j, i, int(counts[i, j]), ha="center", va="center", fontsize=7,
+                            color="white" if share[i, j] > 0.5 else "black")
+    return fig
+
+
+@dataclass
+class ShownImage:
+    """One validation image and its boxes, all in the image's own pixel coordinates (XYXY)."""
+    image: torch.Tensor         # uint8 [3, H, W]
+    gt_boxes: torch.Tensor      # [G, 4]
+    gt_labels: list[int]
+    boxes: torch.Tensor         # [P, 4] predictions, highest score first
+    scores: list[float]
+    labels: list[int]
+
+
+def detections_figure(shown: list[ShownImage], class_names: Sequence[str], *, title: str) -> Any:
+    """Ground truth dashed green, predictions solid red with class and score."""
+    from matplotlib.patches import Rectangle
+
+    fig, axes = panel_grid(len(shown), title=title, width=4.2, height=3.8)
+    for ax, s in zip(axes, shown):
+        ax.imshow(np.ascontiguousarray(s.image.permute(1, 2, 0).numpy()))
+        for box, label in zip(s.gt_boxes.tolist(), s.gt_labels):
+            x1, y1, x2, y2 = box
+            ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor="lime", linewidth=1.2,
+                                   linestyle="--"))
+        for box, score, label in zip(s.boxes.tolist(), s.scores, s.labels):
+            x1, y1, x2, y2 = box
+            ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor="red", linewidth=1.2))
+            ax.text(x1, y1, f"{class_names[label]} {score:.2f}", color="white", fontsize=6, va="bottom",
+                    bbox=dict(facecolor="red", alpha=0.7, pad=1, linewidth=0))
+        ax.set_title(f"{len(s.gt_labels)} true, {len(s.labels)} predicted", fontsize=8)
+        ax.set_axis_off()
+    return fig

@@ -1,0 +1,220 @@
+"""``visiontrain report RUN_DIR``: one self-contained HTML page for a run dir.
+
+The page is meant to be mailed, attached to a ticket or archived next to the checkpoints, so it
+holds everything itself: inline CSS, no scripts, and every figure of ``RUN_DIR/plots/`` embedded as
+a base64 ``data:`` URI. Nothing is fetched when it is opened, so it renders the same offline and
+years later. The rows are read by ``compare.read_run`` (the one reader of ``metrics.jsonl`` and
+``summary.json``), so a run still training or stopped early (no ``summary.json``) gets a report
+from its logged rows alone, and a missing or corrupt ``metrics.jsonl`` is the same one-line error
+as in ``visiontrain compare``.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import math
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from visiontrain.compare import SKIP, RunRecord, read_run
+from visiontrain.engine.plots import write_curves
+
+CSS = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1f2328;
+       background: #f6f8fa; margin: 0; }
+main { max-width: 1100px; margin: 0 auto; padding: 24px 32px 48px; background: #fff;
+       box-shadow: 0 0 0 1px #d0d7de; min-height: 100vh; }
+h1 { font-size: 24px; margin: 0 0 4px; } h2 { font-size: 18px; margin: 28px 0 8px;
+     border-bottom: 1px solid #d0d7de; padding-bottom: 4px; }
+.sub { color: #57606a; margin: 0 0 12px; }
+.badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; color: #fff; }
+.done { background: #1a7f37; } .open { background: #bf8700; }
+table { border-collapse: collapse; margin: 4px 0 8px; }
+th, td { text-align: left; padding: 4px 14px 4px 0; border-bottom: 1px solid #eaeef2; }
+th { color: #57606a; font-weight: 600; } td.num { font-variant-numeric: tabular-nums; text-align: right; }
+.grid { display: flex; flex-wrap: wrap; gap: 8px 40px; }
+.plots { display: flex; flex-wrap: wrap; gap: 0 24px; align-items: flex-start; }
+figure { margin: 12px 0 16px; max-width: 100%; } figcaption { color: #57606a; font-size: 12px; }
+figure img { max-width: 100%; border: 1px solid #d0d7de; }
+pre { background: #f6f8fa; border: 1px solid #d0d7de; padding: 12px; overflow-x: auto; font-size: 12px; }
+summary { cursor: pointer; color: #0969da; }
+.muted { color: #57606a; }
+"""
+
+
+def build_report(run_dir: str | Path) -> str:
+    """The HTML text of the report; raises FileNotFoundError / ValueError naming the bad file."""
+    run_dir = Path(run_dir)
+    run = read_run(run_dir)
+    config_text, config = _read_config(run_dir)
+    metric, mode = _checkpoint_metric(run, config)
+    if run.train and not (run_dir / "plots" / "losses.png").is_file():
+        write_curves(run_dir)  # trained with trainer.plots=false, or stopped before its first evaluation
+    plots = sorted(p for p in (run_dir / "plots").rglob("*.png") if p.is_file()) \
+        if (run_dir / "plots").is_dir() else []
+    task = config.get("task") or {}
+    facts = [("task", task.get("name")), ("model", task.get("model")),
+             ("data", (config.get("data") or {}).get("name")), ("optimizer", (config.get("optim") or {}).get("name"))]
+    finished = bool(run.summary)
+    badge = ('<span class="badge done">finished</span>' if finished else
+             '<span class="badge open">unfinished: no summary.json</span>')
+    sub = " · ".join(f"{k} <b>{escape(str(v))}</b>" for k, v in facts if v is not None)
+    parts = [
+        f"<h1>{escape(run.name)} {badge}</h1>",
+        f'<p class="sub">{sub}</p>',
+        f'<p class="sub">{escape(str(run_dir.resolve()))} · report written '
+        f"{escape(dt.datetime.now().strftime('%Y-%m-%d %H:%M'))}</p>",
+        '<div class="grid"><section>', "<h2>Metrics</h2>", _metrics_html(run, metric, mode),
+        "</section><section>", "<h2>Throughput</h2>", _table(_throughput(run)), "</section></div>",
+        f"<h2>Plots ({len(plots)})</h2>",
+        f'<div class="plots">{"".join(_figure(p, run_dir / "plots") for p in plots)}</div>' if plots
+        else '<p class="muted">no plots</p>',
+        "<h2>Config</h2>",
+        "<details><summary>config.yaml</summary>"
+        f"<pre>{escape(config_text)}</pre></details>" if config_text else
+        f'<p class="muted">no config.yaml in {escape(str(run_dir))}</p>',
+    ]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{escape(run.name)}: visiontrain report</title><style>{CSS}</style></head>\n"
+            "<body><main>\n" + "\n".join(parts) + "\n</main></body></html>\n")
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Path, int]:
+    """Write the report (default ``RUN_DIR/report.html``); returns (path, number of plots embedded)."""
+    text = build_report(run_dir)
+    path = Path(out) if out is not None else Path(run_dir) / "report.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")  # a reader never sees half a page
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path, text.count('src="data:image/png;base64,')
+
+
+def _read_config(run_dir: Path) -> tuple[str, dict[str, Any]]:
+    """config.yaml as written (shown verbatim) and as a plain mapping. It is not validated against
+    today's schema: a report of an older run must not fail on a renamed key."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return "", {}
+    text = path.read_text(encoding="utf-8")
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"{path}{where}: not valid YAML ({getattr(err, 'problem', None) or 'parse error'})") from None
+    return text, tree if isinstance(tree, dict) else {}
+
+
+def _checkpoint_metric(run: RunRecord, config: dict[str, Any]) -> tuple[str | None, str]:
+    """The metric checkpoints were chosen by, and its direction: summary.json says it for a finished
+    run; otherwise the config's ``eval`` section, else the task's own default (as the Trainer does)."""
+    if run.summary.get("metric"):
+        return run.summary["metric"], run.summary.get("mode") or "max"
+    ev = config.get("eval") or {}
+    metric, mode = ev.get("metric"), ev.get("mode")
+    if metric is None or mode is None:
+        try:
+            from visiontrain.tasks import TASKS
+
+            cls = TASKS.get(str((config.get("task") or {}).get("name")))
+        except ImportError:  # pragma: no cover - a broken install still gets the rest of the report
+            cls = None
+        metric = metric or getattr(cls, "metric", None)
+        mode = mode or getattr(cls, "mode", None)
+    return metric, mode or "max"
+
+
+def _best(run: RunRecord, key: str, mode: str) -> tuple[float, int] | None:
+    """(best value, step of its first occurrence) of one evaluation metric, NaN never best."""
+    points = [(row[key], row["step"]) for row in run.evals if _is_number(row.get(key)) and not math.isnan(row[key])]
+    if not points:
+        return None
+    value = (max if mode == "max" else min)(v for v, _ in points)
+    return value, next(s for v, s in points if v == value)
+
+
+def _metrics_html(run: RunRecord, metric: str | None, mode: str) -> str:
+    """The last evaluation (every metric it logged) and the best of the checkpoint metric."""
+    last = run.evals[-1] if run.evals else {}
+    values = {k: v for k, v in last.items() if k not in SKIP} or run.summary.get("final", {})
+    if not values:
+        return '<p class="muted">no evaluation logged yet</p>'
+    where = f"step {last['step']}, epoch {last.get('epoch', '?')}" if last else "summary.json"
+    html = [f'<p class="muted">last evaluation ({escape(where)})</p>',
+            _table([(k, _fmt(v)) for k, v in values.items()])]
+    if metric:
+        rows = []
+        for label, key in (("model", metric), ("EMA", f"ema/{metric}")):
+            best = _best(run, key, mode)
+            if best is not None:
+                rows.append((f"{key} ({label})", f"{_fmt(best[0])} at step {best[1]}"))
+        if rows:
+            html += [f'<p class="muted">best {escape(metric)} ({escape(mode)}, the checkpoint metric)</p>',
+                     _table(rows)]
+    return "\n".join(html)
+
+
+def _throughput(run: RunRecord) -> list[tuple[str, str]]:
+    """Speed from the training rows: each row covers one log window of ``data_s + compute_s``
+    seconds at ``samples_per_s``, so the mean rate is weighted by window length (not a mean of
+    rates), and the data-wait share is the time the step waited for the loader."""
+    s = run.summary
+    steps = s.get("steps", max((r["step"] for r in run.train + run.evals if "step" in r), default=0))
+    rows: list[tuple[str, str]] = [("steps", str(steps))]
+    if "epochs" in s:
+        rows.append(("epochs", str(s["epochs"])))
+    if _is_number(s.get("wall_s")):
+        rows.append(("wall time", _duration(s["wall_s"])))
+    else:
+        times = [r["time"] for r in run.train + run.evals if _is_number(r.get("time"))]
+        if len(times) > 1:
+            rows.append(("wall time", f"{_duration(max(times) - min(times))} (between first and last row)"))
+    windows = [(r["samples_per_s"], r["data_s"], r["compute_s"]) for r in run.train
+               if all(_is_number(r.get(k)) for k in ("samples_per_s", "data_s", "compute_s"))]
+    total_s = sum(d + c for _, d, c in windows)
+    if windows and total_s > 0:
+        rows.append(("mean samples/s (training)", f"{sum(r * (d + c) for r, d, c in windows) / total_s:,.1f}"))
+        rows.append(("data-wait share", f"{100 * sum(d for _, d, _ in windows) / total_s:.1f} %"))
+    if _is_number(s.get("samples_per_s")):
+        rows.append(("samples/s over wall time", f"{s['samples_per_s']:,.1f}"))
+    for key in ("skipped_steps", "fp16_overflow_skips"):
+        value = s.get(key, run.train[-1].get(key) if run.train else None)
+        if value:
+            rows.append((key.replace("_", " "), str(value)))
+    return rows
+
+
+def _figure(path: Path, root: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    name = escape(str(path.relative_to(root)))
+    return (f'<figure><img alt="{name}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{name}</figcaption></figure>")
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    body = "".join(f'<tr><th>{escape(k)}</th><td class="num">{escape(v)}</td></tr>' for k, v in rows)
+    return f"<table>{body}</table>"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    if isinstance(value, (dict, list)):  # e.g. VOC's per-class AP
+        text = ", ".join(f"{k} {_fmt(v)}" for k, v in value.items()) if isinstance(value, dict) else str(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+    return str(value)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m} min {s:02d} s" if m < 60 else f"{m // 60} h {m % 60:02d} min"
