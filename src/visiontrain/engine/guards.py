@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from visiontrain.engine.fsdp import local
-from visiontrain.engine.metrics import FLAG
+from visiontrain.engine.metrics import Rows
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -31,28 +31,35 @@ ADVICE = ("Lower optim.lr, enable trainer.clip_grad, or set trainer.nonfinite=sk
           "steps and go on.")
 
 
-def check_rows(rows: list[dict[str, float]], first_step: int, *, policy: str, fp16: bool,
+def check_rows(read: Rows, first_step: int, *, policy: str, fp16: bool,
                epoch_of: Callable[[int], int]) -> tuple[int, int]:
-    """(skipped, fp16-overflow) counts of the rows (steps first_step, first_step + 1, ...), whose
-    skip flags it removes. Under ``raise`` the first bad row raises, naming the step, the epoch and
-    every logged term."""
+    """(skipped, fp16-overflow) counts of the read rows (steps first_step, first_step + 1, ...).
+    Under ``raise`` the first bad row raises, naming the step, the epoch and every logged term."""
+    if not read.rows:
+        return 0, 0
+    total_at = read.names.index("total")
+    norm_at = read.names.index("grad_norm") if "grad_norm" in read.names else None
     skipped = overflow = 0
-    for i, row in enumerate(rows):
-        flagged = row.pop(FLAG, 0.0) != 0.0  # set on the device when `skip` (or fp16) skipped the step
-        loss_ok = math.isfinite(row["total"])
-        grads_ok = math.isfinite(row.get("grad_norm", 0.0)) and not (flagged and loss_ok)
-        if loss_ok and not grads_ok and fp16:
+    isfinite = math.isfinite
+    for i, (row, flag) in enumerate(zip(read.rows, read.flags)):
+        flagged = flag != 0.0  # set on the device when `skip` (or fp16) skipped the step
+        loss_ok = isfinite(row[total_at])
+        grads_ok = (norm_at is None or isfinite(row[norm_at])) and not (flagged and loss_ok)
+        if loss_ok and grads_ok:
+            continue
+        if loss_ok and fp16:
             overflow += 1  # fp16 overflow: skipped on the device, the scaler lowers its scale
-        elif not (loss_ok and grads_ok):
-            skipped += 1
-            if policy == "raise":
-                step = first_step + i
-                what = "loss" if not loss_ok else "gradient norm"
-                bad = [k for k, v in row.items() if not math.isfinite(v)]
-                detail = ", ".join(f"{k}={v:.6g}" for k, v in row.items())
-                raise NonFiniteLossError(
-                    f"non-finite {what} at step {step} (epoch {epoch_of(step - 1)}) in {', '.join(bad)}: {detail}. "
-                    f"No checkpoint was written after that step (checkpoints/last.pt is from before it). {ADVICE}")
+            continue
+        skipped += 1
+        if policy == "raise":
+            step = first_step + i
+            what = "loss" if not loss_ok else "gradient norm"
+            named = dict(zip(read.names, row))
+            bad = [k for k, v in named.items() if not isfinite(v)]
+            detail = ", ".join(f"{k}={v:.6g}" for k, v in named.items())
+            raise NonFiniteLossError(
+                f"non-finite {what} at step {step} (epoch {epoch_of(step - 1)}) in {', '.join(bad)}: {detail}. "
+                f"No checkpoint was written after that step (checkpoints/last.pt is from before it). {ADVICE}")
     return skipped, overflow
 
 

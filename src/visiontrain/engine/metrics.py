@@ -9,12 +9,10 @@ on the device.
 """
 from __future__ import annotations
 
-from typing import Callable
+import math
+from typing import Callable, NamedTuple
 
 import torch
-
-
-FLAG = "found_inf"  # the key of each read row's skip flag (not a logged metric)
 
 
 class StepRecorder:
@@ -39,11 +37,11 @@ class StepRecorder:
         self.n += 1
         return self.flags[self.n - 1]
 
-    def read(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[dict[str, float]]:
-        """The rows recorded since the last read, as host dicts (one host sync), then empties. Each
-        row also holds its step's ``found_inf`` flag (1.0: the step was skipped on the device)."""
+    def read(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Rows:
+        """The rows recorded since the last read, on the host (one host sync), then empties. Each
+        row's ``found_inf`` flag (1.0: the step was skipped on the device) comes in ``flags``."""
         if not self.n or self.names is None:
-            return []
+            return Rows([], [], [])
         n, width = self.n, len(self.names)
         # one kernel for all rows; bf16/fp16 terms are promoted with the rest to fp32
         rows = torch.stack(self.values).float().view(n, width)
@@ -53,7 +51,45 @@ class StepRecorder:
         host = filled.tolist()  # host sync (log point / checkpoint / evaluation)
         self.flag_buf[:n].zero_()
         self.values, self.n = [], 0
-        return [{**dict(zip(self.names, row)), FLAG: row[-1]} for row in host]
+        return Rows(self.names, [row[:-1] for row in host], [row[-1] for row in host])
+
+
+class Rows(NamedTuple):
+    """Read rows as host lists: ``rows[i][j]`` is step i's value of ``names[j]``. Plain lists, not
+    one dict per step: the log point only needs column means, and a dict is built for a bad step."""
+    names: list[str]
+    rows: list[list[float]]
+    flags: list[float]
+
+
+class PendingRows:
+    """Rows read from the device and not yet logged. Checkpointed (as one dict per step), so a
+    window cut by a checkpoint and a resume still logs every one of its steps."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.rows: list[list[float]] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, read: Rows) -> None:
+        if read.rows:
+            self.names = read.names
+            self.rows.extend(read.rows)
+
+    def pop_means(self) -> tuple[int, dict[str, float]]:
+        """(number of rows, each column's mean), then empties."""
+        n, rows = len(self.rows), self.rows
+        self.rows = []
+        return n, {k: math.fsum(column) / n for k, column in zip(self.names, zip(*rows))} if n else {}
+
+    def state_dict(self) -> list[dict[str, float]]:
+        return [dict(zip(self.names, r)) for r in self.rows]
+
+    def load_state_dict(self, state: list[dict[str, float]]) -> None:
+        self.names = list(state[0]) if state else []
+        self.rows = [[float(r[k]) for k in self.names] for r in state]
 
 
 class EpochMeans:

@@ -148,8 +148,9 @@ class TrainStep:
             self.names = [*keys, *(f"{k}_w" for k in self._weighted), "total"]
             if self.needs_norm:
                 self.names.append("grad_norm")
-        out = [l.detach() for l in losses.values()]
-        out += [losses[k].detach() * weights[k] for k in self._weighted]
+        out = list(map(torch.Tensor.detach, losses.values()))  # (map: no comprehension frame per step)
+        for k in self._weighted:
+            out.append(losses[k].detach() * weights[k])
         out.append(total.detach())
         return out
 
