@@ -83,14 +83,18 @@ def prepare_run_dir(run_dir: Path) -> list[str]:
     return remove_stale_temporaries(run_dir / "checkpoints") + remove_stale_temporaries(run_dir)
 
 
-def write_run_config(run_dir: Path, text: str) -> None:
-    """(Re)write RUN_DIR/config.yaml atomically."""
+def write_run_file(run_dir: Path, name: str, text: str) -> None:
+    """(Re)write RUN_DIR/name atomically (config.yaml, summary.json): a kill never leaves half a file."""
     try:
-        tmp = run_dir / ".config.yaml.tmp"
+        tmp = run_dir / f".{name}.tmp"
         tmp.write_text(text)
-        os.replace(tmp, run_dir / "config.yaml")
+        os.replace(tmp, run_dir / name)
     except OSError as err:
         raise _unwritable(run_dir, err) from err
+
+
+def write_run_config(run_dir: Path, text: str) -> None:
+    write_run_file(run_dir, "config.yaml", text)
 
 
 def remove_stale_temporaries(directory: Path) -> list[str]:

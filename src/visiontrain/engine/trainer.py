@@ -16,7 +16,8 @@ from torch import nn
 from visiontrain.config import Config, config_to_dict, dump_config
 from visiontrain.engine import build
 from visiontrain.engine.checkpoint import (BestTracker, ReplicatedWeights, atomic_save, capture_rng,
-                                           load_checkpoint, prepare_run_dir, restore_rng, write_run_config)
+                                           load_checkpoint, prepare_run_dir, restore_rng, write_run_config,
+                                           write_run_file)
 from visiontrain.engine.distributed import DistInfo, all_reduce_mean, broadcast_object, convert_sync_bn, init_distributed
 from visiontrain.engine.ema import ModelEma
 from visiontrain.engine.fsdp import full_state_dict, sync_buffers
@@ -390,7 +391,7 @@ class Trainer:
                 "best": dict(self.best.best) if self.best else {}, "metric": self.metric, "mode": self.mode,
                 "skipped_steps": self.skipped, "fp16_overflow_skips": self.overflow_skipped,
             }
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            write_run_file(self.run_dir, "summary.json", json.dumps(summary, indent=2))
             self.log.table("final", {**summary["final"], "wall_s": summary["wall_s"]})
         self.hooks("after_train")
         self.log.close()

@@ -1,0 +1,707 @@
+"""The docs' commands, run; and every command line and config key they name, checked.
+
+Pages: docs/*.md and docs/recipes/*.md. A fenced ```bash block preceded by an HTML comment
+``<!-- test[: OPTION ...] -->`` on the line just before its opening fence is run with
+``bash -e -o pipefail`` in a scratch directory, with the venv's ``visiontrain`` and ``python`` first
+on PATH. Options (docs/README.md lists them for writers):
+
+    setup=NAME[,NAME]     build fixtures first: coco, voc, yolo, image-folder (tiny datasets)
+    continue              run in the previous marked block's directory, after it
+    fit-args="k=v ..."    append these overrides to every `fit` command of the block (after its own)
+    exit=N                expected exit status; each "# visiontrain: error: ..." comment line of the
+                          block must then appear in stderr
+    timeout=S             seconds allowed (default 300)
+
+A fenced block preceded by ``<!-- file: NAME -->`` is written to NAME in the directory of every
+marked block of its page (the custom task's module and recipe). A block and the ``continue``
+blocks after it form a chain, one test; the chains run two at a time in the background
+(VISIONTRAIN_DOCS_JOBS changes the number), which saves about a third of the wall time on two cores.
+
+Every page, marked or not, is also checked statically: each `visiontrain` command line in a shell
+block must parse with the CLI's own parser and, for fit / show-config / benchmark, load its
+recipe with its overrides; every config key written in code (inline or fenced) must exist; every
+relative link and anchor must resolve; every full-scale recipe has a page; every command that
+trains a small recipe is marked.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import importlib.util
+import io
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = sorted([*DOCS.glob("*.md"), *(DOCS / "recipes").glob("*.md")])
+BIN = Path(sys.executable).parent  # the venv's bin: visiontrain, python, torchrun
+
+FULL_RECIPES = ("classify-mobilevit-imagenet", "detect-detr-r50-coco", "detect-faster-rcnn-r50-coco",
+                "detect-yolov3-darknet53-voc", "ssl-dino-vits16-imagenet")
+SMALL_RECIPES = ("classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3", "ssl-dino")
+OPTIONS = {"setup", "continue", "fit-args", "exit", "timeout"}
+DEFAULT_TIMEOUT = 300
+JOBS = int(os.environ.get("VISIONTRAIN_DOCS_JOBS", min(2, os.cpu_count() or 1)))
+
+MARK = re.compile(r"^\s*<!--\s*test(?::(?P<args>.*?))?\s*-->\s*$")
+FILE_MARK = re.compile(r"^\s*<!--\s*file:\s*(?P<name>[\w.-]+)\s*-->\s*$")
+FENCE = re.compile(r"^(?P<fence>```+|~~~+)\s*(?P<lang>[\w+-]*)")
+
+
+# ----------------------------------------------------------------------------- reading the pages
+@dataclass
+class Block:
+    page: Path
+    line: int                      # 1-based line of the opening fence
+    lang: str
+    code: str
+    options: dict[str, str] | None = None   # None: not marked
+    file: str | None = None        # <!-- file: NAME -->
+    marker_error: str = ""
+
+    @property
+    def where(self) -> str:
+        first = next((ln.strip() for ln in self.code.splitlines() if ln.strip()), "")
+        return f"{self.page.relative_to(ROOT)}:{self.line}: `{first}`"
+
+
+def parse_options(text: str) -> tuple[dict[str, str], str]:
+    try:
+        tokens = shlex.split(text or "")
+    except ValueError as err:
+        return {}, f"marker options {text!r}: {err}"
+    opts: dict[str, str] = {}
+    for tok in tokens:
+        key, _, value = tok.partition("=")
+        if key not in OPTIONS:
+            return opts, f"unknown marker option {key!r} (known: {', '.join(sorted(OPTIONS))})"
+        opts[key] = value
+    return opts, ""
+
+
+def read_blocks(page: Path) -> list[Block]:
+    lines = page.read_text().splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, start = m.group("fence"), i
+        j = i + 1
+        while j < len(lines) and not lines[j].strip().startswith(fence):
+            j += 1
+        block = Block(page, start + 1, m.group("lang"), "\n".join(lines[start + 1:j]) + "\n")
+        prev = lines[start - 1] if start else ""
+        if (mark := MARK.match(prev)):
+            block.options, block.marker_error = parse_options(mark.group("args") or "")
+        elif (fmark := FILE_MARK.match(prev)):
+            block.file = fmark.group("name")
+        blocks.append(block)
+        i = j + 1
+    return blocks
+
+
+def stray_markers(page: Path) -> list[str]:
+    """Marker lines not directly followed by a fence."""
+    lines = page.read_text().splitlines()
+    bad = []
+    for n, line in enumerate(lines):
+        if MARK.match(line) or FILE_MARK.match(line):
+            nxt = lines[n + 1] if n + 1 < len(lines) else ""
+            if not FENCE.match(nxt):
+                bad.append(f"{page.relative_to(ROOT)}:{n + 1}: marker not followed by a fenced block")
+    return bad
+
+
+BLOCKS = {page: read_blocks(page) for page in PAGES}
+
+
+@dataclass
+class Chain:
+    page: Path
+    blocks: list[Block] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return f"{self.page.relative_to(DOCS)}:{self.blocks[0].line}"
+
+
+def build_chains() -> list[Chain]:
+    chains: list[Chain] = []
+    for page, blocks in BLOCKS.items():
+        current: Chain | None = None
+        for b in blocks:
+            if b.options is None:
+                continue
+            if "continue" in b.options and current is not None:
+                current.blocks.append(b)
+            else:
+                current = Chain(page, [b])
+                chains.append(current)
+    return chains
+
+
+CHAINS = {c.id: c for c in build_chains()}
+
+
+def page_files(page: Path) -> dict[str, str]:
+    return {b.file: b.code for b in BLOCKS[page] if b.file}
+
+
+# ----------------------------------------------------------------------------- fixtures
+CLASSES = ("square", "bar")
+SPLIT_IDS = (range(0, 8), range(8, 12))  # 8 training, 4 validation images
+
+
+def _scene(i: int):
+    """A 128x96 image with one (even i) or two (odd i) filled boxes: [(x1, y1, x2, y2, class)]."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (128, 96), (40 + 7 * (i % 9), 60, 80))
+    draw = ImageDraw.Draw(img)
+    boxes = []
+    for k in range(1 + i % 2):
+        cls = (i + k) % 2
+        x1, y1 = 8 + 50 * k + 3 * (i % 5), 10 + 4 * (i % 4)
+        x2, y2 = (x1 + 30, y1 + 30) if cls == 0 else (x1 + 16, y1 + 60)
+        draw.rectangle([x1, y1, x2 - 1, y2 - 1], fill=(220, 200 - 120 * cls, 40 + 180 * cls))
+        boxes.append((x1, y1, x2, y2, cls))
+    return img, boxes
+
+
+def build_coco(root: Path) -> None:
+    (root / "annotations").mkdir(parents=True)
+    for split, ids in zip(("train2017", "val2017"), SPLIT_IDS):
+        (root / split).mkdir()
+        images, anns = [], []
+        for i in ids:
+            img, boxes = _scene(i)
+            img.save(root / split / f"{i:06d}.jpg", quality=95)
+            images.append({"id": i + 1, "file_name": f"{i:06d}.jpg", "width": img.width, "height": img.height})
+            for x1, y1, x2, y2, c in boxes:
+                anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": c + 1, "iscrowd": 0,
+                             "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1)})
+        cats = [{"id": c + 1, "name": n} for c, n in enumerate(CLASSES)]
+        (root / "annotations" / f"instances_{split}.json").write_text(
+            json.dumps({"images": images, "annotations": anns, "categories": cats}))
+
+
+def build_voc(root: Path) -> None:
+    for d in ("ImageSets/Main", "Annotations", "JPEGImages"):
+        (root / d).mkdir(parents=True)
+    for split, ids in zip(("trainval", "test"), SPLIT_IDS):
+        for i in ids:
+            img, boxes = _scene(i)
+            img.save(root / "JPEGImages" / f"{i:06d}.jpg", quality=95)
+            objects = "".join(f"<object><name>{CLASSES[c]}</name><difficult>0</difficult><bndbox>"
+                              f"<xmin>{x1 + 1}</xmin><ymin>{y1 + 1}</ymin><xmax>{x2}</xmax><ymax>{y2}</ymax>"
+                              f"</bndbox></object>" for x1, y1, x2, y2, c in boxes)
+            (root / "Annotations" / f"{i:06d}.xml").write_text(
+                f"<annotation><filename>{i:06d}.jpg</filename><size><width>{img.width}</width>"
+                f"<height>{img.height}</height><depth>3</depth></size>{objects}</annotation>")
+        (root / "ImageSets" / "Main" / f"{split}.txt").write_text("".join(f"{i:06d}\n" for i in ids))
+
+
+def build_yolo(root: Path) -> None:
+    for split, ids in zip(("train", "val"), SPLIT_IDS):
+        (root / "images" / split).mkdir(parents=True)
+        (root / "labels" / split).mkdir(parents=True)
+        for i in ids:
+            img, boxes = _scene(i)
+            img.save(root / "images" / split / f"{i:06d}.jpg", quality=95)
+            w, h = img.size
+            (root / "labels" / split / f"{i:06d}.txt").write_text("".join(
+                f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}\n"
+                for x1, y1, x2, y2, c in boxes))
+    (root / "data.yaml").write_text(f"names: [{', '.join(CLASSES)}]\n")
+
+
+def build_image_folder(root: Path) -> None:
+    from PIL import Image, ImageDraw
+
+    for split, n in (("train", 8), ("val", 4)):
+        for name in ("circle", "cross"):
+            (root / split / name).mkdir(parents=True)
+            for i in range(n):
+                img = Image.new("RGB", (40, 40), (30 + 20 * i, 30, 30))
+                draw = ImageDraw.Draw(img)
+                if name == "circle":
+                    draw.ellipse([8, 8, 32, 32], fill=(240, 240, 0))
+                else:
+                    draw.line([8, 8, 32, 32], fill=(0, 240, 240), width=4)
+                    draw.line([8, 32, 32, 8], fill=(0, 240, 240), width=4)
+                img.save(root / split / name / f"{i:03d}.png")
+
+
+SETUPS = {"coco": ("coco", build_coco), "voc": ("VOC2007", build_voc), "yolo": ("yolo", build_yolo),
+          "image-folder": ("imagefolder", build_image_folder)}
+
+
+# ----------------------------------------------------------------------------- running blocks
+OVERRIDE = re.compile(r"""^['"]?[A-Za-z_][\w.\[\]]*=""")
+FIT_CALL = re.compile(r"(?:(?<=\s)|^)(?:visiontrain|[\w./-]+\.py)\s+fit\s+(?P<recipe>\S+)")
+
+
+def add_fit_args(code: str, extra: str) -> str:
+    """Insert ``extra`` after the last ``key=value`` that follows each ``... fit RECIPE``."""
+    if not extra:
+        return code
+    out = []
+    for line in code.replace("\\\n", " ").splitlines():
+        m = FIT_CALL.search(line)
+        if m:
+            rest = line[m.end():]
+            pos = m.end()
+            for tok in re.finditer(r"\S+", rest):
+                if not OVERRIDE.match(tok.group()):
+                    break
+                pos = m.end() + tok.end()
+            line = f"{line[:pos]} {extra}{line[pos:]}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def expected_errors(code: str) -> list[str]:
+    return [ln.strip()[2:].strip() for ln in code.splitlines() if ln.strip().startswith("# visiontrain: error:")]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _tail(text: str, n: int = 3000) -> str:
+    return text if len(text) <= n else "...\n" + text[-n:]
+
+
+def run_chain(chain: Chain, base: Path) -> tuple[bool, str, Path]:
+    """Run the chain's blocks in order in a fresh directory; (ok, report, work dir)."""
+    work = base / re.sub(r"[^\w.-]", "_", chain.id)
+    scripts = base / (work.name + ".scripts")
+    work.mkdir(parents=True)
+    scripts.mkdir()
+    for name, text in page_files(chain.page).items():
+        (work / name).write_text(text)
+    built: set[str] = set()
+    for block in chain.blocks:
+        opts = block.options or {}
+        for name in filter(None, opts.get("setup", "").split(",")):
+            if name not in SETUPS:
+                return False, f"{block.where}: unknown setup {name!r} (known: {', '.join(SETUPS)})", work
+            if name not in built:
+                directory, build = SETUPS[name]
+                build(work / directory)
+                built.add(name)
+        script = scripts / f"block-{block.line}.sh"
+        script.write_text(add_fit_args(block.code, opts.get("fit-args", "")))
+        want = int(opts.get("exit", 0))
+        timeout = float(opts.get("timeout", DEFAULT_TIMEOUT))
+        proc = subprocess.Popen(["bash", "-e", "-o", "pipefail", str(script)], cwd=work, env=_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the block's own process group only
+            out, err = proc.communicate()
+            return False, (f"{block.where}: did not finish within {timeout:g} s\n--- stdout\n{_tail(out)}"
+                           f"\n--- stderr\n{_tail(err)}"), work
+        problems = []
+        if proc.returncode != want:
+            problems.append(f"exited {proc.returncode}, expected {want}")
+        if want:
+            flat = " ".join(err.split())
+            problems += [f"stderr lacks: {msg}" for msg in expected_errors(block.code)
+                         if " ".join(msg.split()) not in flat]
+        if problems:
+            return False, (f"{block.where}: {'; '.join(problems)}\n--- stdout\n{_tail(out)}"
+                           f"\n--- stderr\n{_tail(err)}"), work
+    return True, "", work
+
+
+class ChainRunner:
+    """Runs chains in a small thread pool (each chain is subprocesses), started for every chain
+    selected in this session as soon as the first one is asked for."""
+
+    def __init__(self, base: Path, selected: list[str]) -> None:
+        self.base, self.selected = base, selected
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, JOBS))
+        self.futures: dict[str, concurrent.futures.Future] = {}
+        self.lock = threading.Lock()
+
+    def _submit(self, chain_id: str) -> concurrent.futures.Future:
+        with self.lock:
+            if chain_id not in self.futures:
+                self.futures[chain_id] = self.pool.submit(run_chain, CHAINS[chain_id], self.base)
+            return self.futures[chain_id]
+
+    def result(self, chain_id: str) -> tuple[bool, str, Path]:
+        for cid in self.selected:  # queue everything selected, in collection order
+            self._submit(cid)
+        return self._submit(chain_id).result()
+
+
+@pytest.fixture(scope="session")
+def chains(tmp_path_factory, request) -> ChainRunner:
+    selected = [item.callspec.params["chain_id"] for item in request.session.items
+                if getattr(item, "originalname", "") == "test_doc_commands" and hasattr(item, "callspec")]
+    runner = ChainRunner(tmp_path_factory.mktemp("docs"), selected)
+    yield runner
+    runner.pool.shutdown(wait=True)
+
+
+@pytest.mark.parametrize("chain_id", list(CHAINS))
+def test_doc_commands(chains, chain_id):
+    ok, report, _ = chains.result(chain_id)
+    if not ok:
+        pytest.fail(report, pytrace=False)
+
+
+def test_custom_task_example_learns(chains):
+    """The example task of docs/custom-task.md trains to a useful accuracy, not just without error."""
+    chain_id = next(cid for cid, c in CHAINS.items() if c.page.name == "custom-task.md")
+    ok, report, work = chains.result(chain_id)
+    assert ok, report
+    summary = json.loads((work / "runs" / "digits-mlp" / "summary.json").read_text())
+    assert summary["final"]["top1"] >= 90.0, summary
+
+
+# ----------------------------------------------------------------------------- static checks
+def test_markers_are_well_formed():
+    problems = [msg for page in PAGES for msg in stray_markers(page)]
+    for page, blocks in BLOCKS.items():
+        marked = [b for b in blocks if b.options is not None]
+        for b in marked:
+            if b.marker_error:
+                problems.append(f"{b.where}: {b.marker_error}")
+            if b.lang not in ("bash", "sh"):
+                problems.append(f"{b.where}: a test marker needs a bash block, not {b.lang or 'an untyped one'!r}")
+            for name in filter(None, (b.options or {}).get("setup", "").split(",")):
+                if name not in SETUPS:
+                    problems.append(f"{b.where}: unknown setup {name!r}")
+            if "exit" in (b.options or {}) and not (b.options or {})["exit"].isdigit():
+                problems.append(f"{b.where}: exit= needs a number")
+        if marked and "continue" in (marked[0].options or {}):
+            problems.append(f"{marked[0].where}: the first marked block of a page cannot continue")
+    assert not problems, "\n".join(problems)
+    assert CHAINS, "no marked blocks found in docs/"
+
+
+def test_small_recipe_commands_are_marked():
+    """Every shell block that trains a small (CPU) recipe runs in this file."""
+    pattern = re.compile(r"\bfit\s+(" + "|".join(map(re.escape, SMALL_RECIPES)) + r")(?![\w-])")
+    unmarked = [b.where for blocks in BLOCKS.values() for b in blocks
+                if b.lang in ("bash", "sh", "") and b.options is None and pattern.search(b.code)]
+    assert not unmarked, "unmarked commands that train a small recipe:\n" + "\n".join(unmarked)
+
+
+def test_every_full_recipe_has_a_page():
+    from visiontrain.config import list_recipes
+
+    assert set(FULL_RECIPES) | set(SMALL_RECIPES) == set(list_recipes()), \
+        "a recipe was added or removed: give it a page in docs/recipes/ and update this test"
+    for name in FULL_RECIPES:
+        page = DOCS / "recipes" / f"{name}.md"
+        assert page.is_file(), f"{page} is missing"
+        assert page in BLOCKS and any(b.options is not None for b in BLOCKS[page]), \
+            f"{page}: no marked block (its small counterpart's command)"
+    index = (DOCS / "README.md").read_text()
+    missing = [p.relative_to(DOCS).as_posix() for p in PAGES
+               if p.name != "README.md" and p.relative_to(DOCS).as_posix() not in index]
+    assert not missing, f"docs/README.md does not link: {missing}"
+
+
+# --- command lines --------------------------------------------------------------
+SEPARATORS = {";", "&&", "||", "|", "&", ">", ">>", "<", "2>", "2>&1", "(", ")"}
+HEREDOC = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?")
+
+
+def shell_commands(code: str) -> list[list[str]]:
+    """Simple commands (token lists) of a shell block: continuations joined, comments and heredoc
+    bodies dropped, split at ; && || | and redirections."""
+    commands: list[list[str]] = []
+    lines = code.replace("\\\n", " ").splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if (doc := HEREDOC.search(line)):
+            while i < len(lines) and lines[i].strip() != doc.group(1):
+                i += 1
+            i += 1
+            line = line[:doc.start()]
+        lex = shlex.shlex(line, posix=True, punctuation_chars=";&|<>()")
+        lex.whitespace_split = True
+        current: list[str] = []
+        for tok in lex:
+            if tok in SEPARATORS or set(tok) <= set(";&|<>()"):
+                commands.append(current)
+                current = []
+            else:
+                current.append(tok)
+        commands.append(current)
+    return [c for c in commands if c]
+
+
+def cli_argv(tokens: list[str], files: dict[str, str]) -> list[str] | None:
+    """The visiontrain arguments of a command: after `visiontrain`, `-m visiontrain`, or a page's
+    own module run as a script (`python mlp_task.py ...`)."""
+    for n, tok in enumerate(tokens):
+        if tok == "visiontrain" and (n == 0 or tokens[n - 1] not in ("install", "import")):
+            return tokens[n + 1:]
+        if tok.endswith(".py") and tok in files:
+            return tokens[n + 1:]
+    return None
+
+
+def _import_page_module(path: Path) -> None:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(path.stem, module)
+    spec.loader.exec_module(module)
+
+
+@pytest.fixture(scope="module")
+def page_dirs(tmp_path_factory) -> dict[Path, Path]:
+    """Each page's file blocks written out; their Python modules imported (registering tasks)."""
+    dirs = {}
+    for page in PAGES:
+        files = page_files(page)
+        d = tmp_path_factory.mktemp(page.stem)
+        for name, text in files.items():
+            (d / name).write_text(text)
+            if name.endswith(".py"):
+                _import_page_module(d / name)
+        dirs[page] = d
+    return dirs
+
+
+def test_cli_command_lines_parse_and_load(page_dirs):
+    """Every `visiontrain ...` line in a shell block (marked or not) parses with the CLI's parser,
+    and fit / show-config / benchmark lines load their recipe with their overrides."""
+    from visiontrain import cli
+    from visiontrain import config as C
+    import visiontrain.tasks  # noqa: F401  (registers the built-in task configs, as the CLI does)
+
+    parser = cli.build_parser()
+    problems, seen = [], 0
+    for page, blocks in BLOCKS.items():
+        files = page_files(page)
+        for b in blocks:
+            if b.lang not in ("bash", "sh", "shell", "console"):
+                continue  # untyped blocks are directory trees and output
+            code = add_fit_args(b.code, (b.options or {}).get("fit-args", ""))
+            try:
+                commands = shell_commands(code)
+            except ValueError as err:  # shlex: unbalanced quotes
+                problems.append(f"{b.where}: not valid shell: {err}")
+                continue
+            for tokens in commands:
+                argv = cli_argv(tokens, files)
+                if argv is None:
+                    continue
+                seen += 1
+                where = f"{b.where}: `{' '.join(tokens)}`"
+                stderr = io.StringIO()
+                try:
+                    with contextlib.redirect_stderr(stderr):
+                        args = parser.parse_args(argv)
+                except SystemExit:
+                    problems.append(f"{where}: {stderr.getvalue().strip().splitlines()[-1]}")
+                    continue
+                if args.command in ("fit", "show-config", "benchmark"):
+                    recipe = args.recipe
+                    if recipe in files:
+                        recipe = str(page_dirs[page] / recipe)
+                    elif recipe not in C.list_recipes():
+                        problems.append(f"{where}: recipe {args.recipe!r} is neither built in nor a file of the page")
+                        continue
+                    try:
+                        C.load_config(recipe, args.overrides)
+                    except C.ConfigError as err:
+                        problems.append(f"{where}: {err}")
+                elif args.command == "validate":
+                    bad = [k for k, _ in C.parse_overrides(args.overrides) if not key_exists(k)]
+                    problems += [f"{where}: unknown config key {k!r}" for k in bad]
+    assert seen > 20, f"only {seen} visiontrain command lines found: is the parsing broken?"
+    assert not problems, "\n".join(problems)
+
+
+# --- config keys ------------------------------------------------------------------
+SECTIONS = ("seed", "task", "data", "optim", "schedules", "trainer", "ema", "eval", "checkpoint", "distributed")
+KEY = re.compile(r"(?<![\w./-])(?:" + "|".join(SECTIONS) + r")\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+FILE_SUFFIXES = {"py", "pt", "pth", "yaml", "yml", "md", "json", "jsonl", "png", "txt", "safetensors", "onnx",
+                 "html", "log", "sh"}
+SCHEDULE_TARGETS = ("lr", "weight_decay", "momentum", "ema_decay", "bn_momentum")  # + loss.<term>, task.<scalar>
+INLINE_CODE = re.compile(r"(`+)(.+?)\1")
+SUBCOMMAND = re.compile(r"(?<![\w./-])visiontrain[ \t]+([a-z][a-z-]*)")
+
+
+def _field_types(cls: type) -> dict[str, typing.Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _is_mapping(tp: typing.Any) -> bool:
+    return typing.get_origin(tp) is dict
+
+
+def key_exists(key: str) -> bool:
+    from visiontrain import config as C
+    from visiontrain.engine.schedules import ScheduleConfig
+    import visiontrain.tasks  # noqa: F401
+
+    parts = key.split(".")
+    head, rest = parts[0], parts[1:]
+    if head == "task":
+        fields: dict[str, typing.Any] = {}
+        for cls in C._TASK_CONFIGS.values():
+            fields.update(_field_types(cls))
+        if not rest or rest[0] not in fields:
+            return False
+        return len(rest) == 1 or (len(rest) == 2 and _is_mapping(fields[rest[0]]))
+    if head == "schedules":
+        if not rest:
+            return True
+        if rest[0] in ("loss", "task"):
+            if len(rest) < 2:
+                return False
+            rest = rest[2:]
+        elif rest[0] in SCHEDULE_TARGETS:
+            rest = rest[1:]
+        else:
+            return False
+        return not rest or (len(rest) == 1 and rest[0] in _field_types(ScheduleConfig))
+    cls: typing.Any = C.Config
+    for n, part in enumerate(parts):
+        fields = _field_types(cls)
+        if part not in fields:
+            return False
+        tp = fields[part]
+        if dataclasses.is_dataclass(tp):
+            cls = tp
+            continue
+        return n == len(parts) - 1 or (n == len(parts) - 2 and _is_mapping(tp))
+    return True
+
+
+FOREIGN_COLUMN = re.compile(r"flag|cvnets|seamseg", re.I)  # a mapping table's column of the original's names
+TABLE_SEPARATOR = re.compile(r"^\s*\|?\s*:?-{3,}")
+
+
+def _cells(row: str) -> list[str]:
+    return re.split(r"(?<!\\)\|", row.strip().strip("|"))
+
+
+def code_texts(page: Path, *, langs: tuple[str, ...] | None = None) -> list[tuple[int, str]]:
+    """(line, text) of every inline code span outside fences and of every fenced line. Table cells
+    in a column that holds the original repository's names (its header says flag, cvnets or
+    seamseg) are left out: those are not visiontrain keys. ``langs`` limits the
+    fenced blocks read to those languages."""
+    lines = page.read_text().splitlines()
+    out, in_fence, fence, lang, skip = [], False, "", "", []
+    for n, line in enumerate(lines, 1):
+        m = FENCE.match(line.strip())
+        if m and (not in_fence or line.strip().startswith(fence)):
+            in_fence, fence = (not in_fence), m.group("fence")
+            lang = m.group("lang") if in_fence else ""
+            continue
+        if in_fence:
+            if langs is None or lang in langs:
+                out.append((n, line))
+            continue
+        texts = [line]
+        if line.lstrip().startswith("|"):
+            if TABLE_SEPARATOR.match(line):
+                continue
+            cells = _cells(line)
+            if n < len(lines) and TABLE_SEPARATOR.match(lines[n]):  # a header row
+                skip = [bool(FOREIGN_COLUMN.search(c)) for c in cells]
+            else:
+                texts = [c for i, c in enumerate(cells) if not (i < len(skip) and skip[i])]
+        else:
+            skip = []
+        out += [(n, span.group(2)) for text in texts for span in INLINE_CODE.finditer(text)]
+    return out
+
+
+def test_config_keys_written_in_the_docs_exist(page_dirs):
+    problems = []
+    for page in PAGES:
+        for n, text in code_texts(page):
+            for m in KEY.finditer(text):
+                key = m.group()
+                if key.rsplit(".", 1)[-1] in FILE_SUFFIXES:
+                    continue  # a file name such as checkpoint.pth or data.yaml
+                if text[m.end():m.end() + 2] == ".<":
+                    key += ".placeholder"  # a pattern such as schedules.loss.<term>
+                if not key_exists(key):
+                    problems.append(f"{page.relative_to(ROOT)}:{n}: unknown config key {key!r}")
+    assert not problems, "\n".join(problems)
+
+
+def test_subcommands_written_in_the_docs_exist():
+    from visiontrain import cli
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    problems = [f"{page.relative_to(ROOT)}:{n}: `visiontrain {m.group(1)}` is not a subcommand "
+                f"(known: {', '.join(sub.choices)})"
+                for page in PAGES for n, text in code_texts(page, langs=("bash", "sh", ""))
+                for m in SUBCOMMAND.finditer(text)
+                if m.group(1) not in sub.choices]
+    assert not problems, "\n".join(problems)
+
+
+# --- links --------------------------------------------------------------------------
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    text = heading.strip().lower().replace("`", "")
+    return re.sub(r"\s", "-", re.sub(r"[^\w\- ]", "", text))
+
+
+def _anchors(page: Path) -> set[str]:
+    anchors, in_fence = set(), False
+    for line in page.read_text().splitlines():
+        if FENCE.match(line.strip()):
+            in_fence = not in_fence
+        elif not in_fence and line.startswith("#"):
+            anchors.add(_slug(line.lstrip("#")))
+    return anchors
+
+
+def test_links_resolve():
+    problems = []
+    for page in PAGES:
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            for m in LINK.finditer(line):
+                target = m.group(1)
+                if re.match(r"[a-z]+:", target):
+                    continue  # http:, https:, mailto:
+                path, _, anchor = target.partition("#")
+                dest = (page.parent / path).resolve() if path else page
+                if not dest.exists():
+                    problems.append(f"{page.relative_to(ROOT)}:{n}: link target {target!r} does not exist")
+                elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                    problems.append(f"{page.relative_to(ROOT)}:{n}: no heading #{anchor} in {dest.relative_to(ROOT)}")
+    assert not problems, "\n".join(problems)
