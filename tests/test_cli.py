@@ -33,8 +33,12 @@ def fitted(tmp_path_factory) -> Path:
 
 def test_fit_writes_a_complete_run_dir(fitted):
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "model.safetensors", "model_ema.safetensors",
-                 "checkpoints/last.pt", "checkpoints/best.pt", "checkpoints/best_ema.pt"):
+                 "checkpoints/last.pt", "checkpoints/best.pt", "checkpoints/best_ema.pt", "report.html",
+                 "plots/losses.png", "plots/eval.png", "plots/confusion_matrix.png"):
         assert (fitted / name).is_file(), name
+    # what a newcomer opens: the report, written by fit itself, with every plot inside
+    report = (fitted / "report.html").read_text()
+    assert report.count("data:image/png;base64,") == len(list((fitted / "plots").glob("*.png")))
     assert any((fitted / "tb").iterdir())
     rows = [json.loads(l) for l in (fitted / "metrics.jsonl").read_text().splitlines()]
     assert all("step" in r and "epoch" in r for r in rows)

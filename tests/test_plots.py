@@ -77,13 +77,20 @@ def test_evaluations_close_together_are_drawn_once_and_the_last_always(tmp_path,
                               task=SimpleNamespace(eval_figures=lambda: {}))
     hook = P.PlotHook(tmp_path, min_interval_s=3600)
     hook.trainer = trainer
-    hook.after_eval({})
+    hook.after_eval({})  # a hook that has not seen before_train yet draws at once
+    assert len(calls) == 1
+    hook.before_train()
+    hook.after_eval({})  # within the interval of the start, not the last: skipped
     trainer.step = 2
-    hook.after_eval({})  # within the interval, not the last: skipped
+    hook.after_eval({})
     assert len(calls) == 1
     trainer.step = 3
     hook.after_eval({})  # the last evaluation of the run
     assert len(calls) == 2
+    hook.min_interval_s = 0.0
+    trainer.step = 2
+    hook.after_eval({})  # the interval has passed
+    assert len(calls) == 3
 
 
 def test_a_plot_that_fails_is_logged_and_training_goes_on(tmp_path, caplog):

@@ -85,9 +85,21 @@ def cmd_fit(args: argparse.Namespace) -> int:
         shutdown(barrier=False)  # other ranks may be gone: leave without waiting for them
         raise
     shutdown()
-    if summary:
-        print(json.dumps({"run_dir": str(run_dir), **summary}, indent=None))
+    if summary:  # rank 0 of a run with a run dir
+        print(json.dumps({"run_dir": str(run_dir), "report": _final_report(run_dir), **summary}, indent=None))
     return 0
+
+
+def _final_report(run_dir: Path) -> str | None:
+    """RUN_DIR/report.html at the end of every fit. The run is done and saved by now: a report
+    that cannot be written is a warning, not a failed run (``visiontrain report`` can retry)."""
+    from visiontrain.report import write_report
+
+    try:
+        return str(write_report(run_dir)[0])
+    except Exception as err:  # noqa: BLE001
+        print(f"visiontrain: warning: no report written to {run_dir}: {type(err).__name__}: {err}", file=sys.stderr)
+        return None
 
 
 def _exec_torchrun(args: argparse.Namespace) -> None:

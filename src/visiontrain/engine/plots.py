@@ -184,9 +184,13 @@ class PlotHook(Hook):
         self.run_dir, self.min_interval_s = run_dir, min_interval_s
         self.last = -math.inf
 
+    def before_train(self) -> None:
+        self.last = time.monotonic()
+
     def after_eval(self, metrics: dict[str, float]) -> None:
-        # Drawing takes about a second: evaluations closer together than min_interval_s (short
-        # runs, tests) skip it, except the last one, so the plots always show the end of the run.
+        # Drawing takes about a second: evaluations less than min_interval_s after the start or
+        # the last drawing (short runs, tests) skip it, except the last one, so the plots always
+        # show the end of the run.
         now, final = time.monotonic(), self.trainer.step >= self.trainer.clock.total_steps
         if now - self.last < self.min_interval_s and not final:
             return
