@@ -18,13 +18,15 @@ from safetensors.torch import load_file
 from visiontrain.engine.checkpoint import load_checkpoint
 from visiontrain.engine.preemption import EXIT_PREEMPTED
 
+from procs import FAULTHANDLER_ENV, finish
+
 ARGS = ["classify-fashion", "data.name=digits", "data.batch_size=16", "data.augment=basic", "data.num_workers=1",
         "trainer.epochs=12", "trainer.log_every=5", "trainer.threads=1", "trainer.progress=plain",
         "checkpoint.every=1", "eval.every=4", "task.drop_rate=0.2", "optim.lr=0.003"]
 
 
 def start(run_dir: Path, *options: str, overrides: tuple[str, ...] = ()) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **FAULTHANDLER_ENV}
     return subprocess.Popen([sys.executable, "-m", "visiontrain", "fit", *ARGS, *overrides, "--run-dir", str(run_dir),
                              *options],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -43,7 +45,7 @@ def logged_step(run_dir: Path) -> int:
 def uninterrupted(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("full") / "run"
     proc = start(run)
-    _, err = proc.communicate(timeout=600)
+    _, err = finish(proc, 240)
     assert proc.returncode == 0, err[-3000:]
     return run
 
@@ -57,7 +59,7 @@ def test_stop_signal_writes_last_and_resume_is_exact(uninterrupted, tmp_path, si
         time.sleep(0.02)
     assert proc.poll() is None, "the run ended before it could be signalled"
     os.killpg(proc.pid, sig)  # the main process and its DataLoader worker, as a scheduler does
-    _, err = proc.communicate(timeout=300)
+    _, err = finish(proc, 240)
     assert proc.returncode == EXIT_PREEMPTED, err[-3000:]
     assert f"stopped by {sig.name}" in err and "--resume auto" in err
     state = load_checkpoint(run / "checkpoints" / "last.pt")  # the newest checkpoint loads
@@ -66,7 +68,7 @@ def test_stop_signal_writes_last_and_resume_is_exact(uninterrupted, tmp_path, si
     assert not (run / "model.safetensors").exists()  # the run did not finish
 
     resumed = start(run, "--resume", "auto")
-    out, err = resumed.communicate(timeout=600)
+    out, err = finish(resumed, 240)
     assert resumed.returncode == 0, err[-3000:]
     assert f"resumed from {run / 'checkpoints' / 'last.pt'} at step {stopped_at}" in out
     a, b = load_file(str(uninterrupted / "model.safetensors")), load_file(str(run / "model.safetensors"))
@@ -83,7 +85,7 @@ def test_two_ranks_agree_to_stop_at_a_log_point_and_resume_exactly(tmp_path, str
     SIX = ("trainer.epochs=6", f"distributed.strategy={strategy}")
     full = tmp_path / "full"
     proc = start(full, "--nproc", "2", overrides=SIX)
-    _, err = proc.communicate(timeout=600)
+    _, err = finish(proc, 240)
     assert proc.returncode == 0, err[-3000:]
 
     run = tmp_path / "run"
@@ -93,14 +95,14 @@ def test_two_ranks_agree_to_stop_at_a_log_point_and_resume_exactly(tmp_path, str
         time.sleep(0.02)
     assert proc.poll() is None, "the run ended before it could be signalled"
     os.killpg(proc.pid, signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
+    out, err = finish(proc, 240)
     assert proc.returncode != 0 and "stopped by SIGTERM" in out + err, err[-3000:]
     stopped_at = load_checkpoint(run / "checkpoints" / "last.pt")["progress"]["step"]
     assert stopped_at % 5 == 0 and 30 <= stopped_at < 6 * (1437 // 32)  # a log point (log_every=5)
     proc = start(run, "--nproc", "2", "--resume", "auto", overrides=SIX)
-    out, err = proc.communicate(timeout=600)
+    out, err = finish(proc, 240)
     assert proc.returncode == 0, err[-3000:]
     a, b = load_file(str(full / "model.safetensors")), load_file(str(run / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     files = sorted(p.name for p in run.iterdir() if p.is_file())
-    assert files == ["config.yaml", "metrics.jsonl", "model.safetensors", "summary.json"]  # rank 0 only
+    assert files == ["config.yaml", "metrics.jsonl", "model.safetensors", "report.html", "summary.json"]  # rank 0 only

@@ -52,6 +52,11 @@ class DataConfig:
         "train images leave the loader as uint8 and are scaled and normalised on the device (detection, "
         "image-folder): no float pass on the CPU, a quarter of the bytes to collate, pin and copy", False)
     persistent_workers: bool = doc("keep workers alive across epochs", True)
+    worker_start: Literal["forkserver", "fork", "spawn"] = doc(
+        "how workers start. forkserver: forked from a single-threaded server process, so no worker "
+        "inherits a lock held by another thread of the training process (a collective's, the "
+        "pin-memory thread's): such a fork can hang a worker forever. fork: faster start, and the "
+        "dataset need not be picklable", "forkserver")
     image_size: int | None = doc("model input side; None = the dataset's native size", None, minimum=1)
     augment: str = doc("train augmentation: none | basic | imagenet", "none")
     download: bool = doc("allow torchvision to download the dataset if it is not found", False)

@@ -1,6 +1,7 @@
 """Set-up pieces the trainer composes: device, loaders, optimizer, and the scheduled scalars."""
 from __future__ import annotations
 
+import multiprocessing
 import random
 import re
 from typing import Any, Callable
@@ -56,16 +57,40 @@ def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device
     shard = {"rank": dist_info.rank, "world_size": dist_info.world_size}
     sampler = GroupedBatchSampler(data.group_ids, d.batch_size, seed=cfg.seed, **shard) \
         if data.group_ids is not None else ResumableBatchSampler(len(data.train), d.batch_size, seed=cfg.seed, **shard)
+    context = worker_context(d.worker_start) if d.num_workers > 0 else None
     train = train_loader(data.train, sampler, random_transforms=data.random_transforms, collate=data.train_collate,
-                         num_workers=d.num_workers, pin_memory=pin, persistent_workers=d.persistent_workers)
+                         num_workers=d.num_workers, pin_memory=pin, persistent_workers=d.persistent_workers,
+                         context=context)
     val = eval_loader(data.val, d.eval_batch_size or 2 * d.batch_size, collate=data.eval_collate,
-                      num_workers=d.num_workers, pin_memory=pin, dist_info=dist_info)
+                      num_workers=d.num_workers, pin_memory=pin, dist_info=dist_info, context=context)
     return sampler, train, val
+
+
+#: What the forkserver imports once, before it forks any worker: then a worker starts in
+#: milliseconds instead of importing torch itself. ``__main__`` (a user's script that defines its
+#: dataset) is imported the way multiprocessing's spawn does, without running its main block.
+FORKSERVER_PRELOAD = ["__main__", "visiontrain.data.worker_preload"]
+
+
+def worker_context(start: str) -> Any:
+    """The multiprocessing context DataLoader workers start from (``data.worker_start``).
+
+    A fork copies the training process with whatever locks its other threads hold at that instant
+    (gloo/NCCL work, the pin-memory thread, TensorBoard's writer); a worker that then needs one
+    waits forever, and the run hangs at an evaluation. The forkserver is a separate process with a
+    single thread, started once per training process, so its forks are clean."""
+    context = multiprocessing.get_context(start)
+    if start == "forkserver":
+        from multiprocessing import forkserver
+
+        context.set_forkserver_preload(FORKSERVER_PRELOAD)
+        forkserver.ensure_running()  # its imports now overlap with building the model
+    return context
 
 
 def train_loader(ds: Dataset, sampler: ResumableBatchSampler, *, random_transforms: bool,
                  collate: Callable | None, num_workers: int, pin_memory: bool,
-                 persistent_workers: bool) -> DataLoader:
+                 persistent_workers: bool, context: Any = None) -> DataLoader:
     # A private generator: creating an iterator draws worker base seeds from it, not from the global
     # RNG, so a resumed run (which creates its iterator mid-epoch) keeps the same global RNG stream.
     sampler.seeded = random_transforms
@@ -73,11 +98,21 @@ def train_loader(ds: Dataset, sampler: ResumableBatchSampler, *, random_transfor
                       num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
                       worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
                       persistent_workers=persistent_workers and num_workers > 0,
-                      generator=torch.Generator().manual_seed(0))
+                      multiprocessing_context=context, generator=torch.Generator().manual_seed(0))
+
+
+def stop_workers(loader: DataLoader) -> None:
+    """End a loader's persistent workers now. Dropping the iterator is not enough: when a reference
+    cycle holds it, its shutdown waits for the garbage collector, and one seen shut down that way
+    (a rank of a 2-process run) never heard back from its worker: 5 s of waiting, a SIGTERM the
+    worker ignores, 5 s more."""
+    iterator, loader._iterator = loader._iterator, None
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
 
 
 def eval_loader(ds: Dataset, batch_size: int, *, collate: Callable | None, num_workers: int,
-                pin_memory: bool, dist_info: DistInfo) -> DataLoader:
+                pin_memory: bool, dist_info: DistInfo, context: Any = None) -> DataLoader:
     sampler = None
     if dist_info.enabled:
         from torch.utils.data.distributed import DistributedSampler
@@ -86,7 +121,7 @@ def eval_loader(ds: Dataset, batch_size: int, *, collate: Callable | None, num_w
     return DataLoader(ds, batch_size=batch_size, shuffle=False, sampler=sampler,
                       num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
                       worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
-                      generator=torch.Generator().manual_seed(0))
+                      multiprocessing_context=context, generator=torch.Generator().manual_seed(0))
 
 
 def make_clock(cfg: Config, batches_per_epoch: int) -> StepClock:

@@ -147,7 +147,7 @@ class Trainer:
                                                     last.is_file() else None)) from err
         finally:
             self.stop.restore()
-            self.train_loader._iterator = None  # shut down persistent workers now, not at interpreter exit
+            build.stop_workers(self.train_loader)  # persistent workers end now, not at garbage collection
 
     def _fit(self) -> dict[str, Any]:
         t, total = self.cfg.trainer, self.clock.total_steps

@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from visiontrain.config import ConfigError, TaskConfig, doc, register_task_config
+from visiontrain.engine.build import worker_context
 from visiontrain.engine.ema import unwrap
 from visiontrain.engine.hooks import Hook
 from visiontrain.engine.preemption import ignore_stop_signals
@@ -181,7 +182,8 @@ class DinoTask(Task):
         shard = Subset(self.bank, [min(start + i, n - 1) for i in range(per)])
         bank_loader = DataLoader(shard, batch_size=d.eval_batch_size or 2 * d.batch_size,
                                  num_workers=d.num_workers,
-                                 worker_init_fn=ignore_stop_signals if d.num_workers else None)
+                                 worker_init_fn=ignore_stop_signals if d.num_workers else None,
+                                 multiprocessing_context=worker_context(d.worker_start) if d.num_workers else None)
         bank_x, bank_y = extract_features(encode, bank_loader, device, cl)
         bank_x, bank_y = all_gather_rows(bank_x[:valid]), all_gather_rows(bank_y[:valid])
         test_x, test_y = extract_features(encode, loader, device, cl)

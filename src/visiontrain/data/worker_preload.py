@@ -1,0 +1,40 @@
+"""Imported by the forkserver that DataLoader workers fork from (``data.worker_start=forkserver``).
+
+Everything a worker needs to unpickle its dataset and collate function is imported here once, in
+the server, so each forked worker starts with it: torchvision (after the CPU-torch compatibility
+step that must precede it), the datasets, readers and transforms. Models are left out: a worker
+never builds one.
+
+The server also ignores the stop signals, as the workers do: a scheduler signals the whole job,
+and stopping is the training process's decision (it finishes the step, writes last.pt and exits;
+the server exits when that process is gone).
+"""
+import sys
+
+
+def _in_forkserver() -> bool:
+    """Whether this import runs inside multiprocessing's forkserver start-up (its preloading)."""
+    from multiprocessing import forkserver
+
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_code is forkserver.main.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+from visiontrain._tv_compat import ensure_torchvision  # noqa: E402
+
+ensure_torchvision()
+
+import torch  # noqa: E402,F401
+import torchvision.transforms.v2  # noqa: E402,F401
+
+import visiontrain.data.datasets  # noqa: E402,F401
+import visiontrain.data.detection  # noqa: E402,F401
+import visiontrain.data.samplers  # noqa: E402,F401
+from visiontrain.engine.preemption import ignore_stop_signals  # noqa: E402  (the workers' init function)
+
+if _in_forkserver():
+    ignore_stop_signals()
