@@ -80,3 +80,23 @@ def test_the_forkserver_and_its_workers_leave_stop_signals_to_the_training_proce
     build.stop_workers(loader)
     import visiontrain.data.worker_preload  # noqa: F401  (imported here, outside a server: no change)
     assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN
+
+
+def test_a_dataset_class_a_worker_cannot_import_is_refused_at_start(monkeypatch):
+    """A notebook's class: the forkserver's workers could not unpickle it."""
+    import types
+
+    from visiontrain.config import ConfigError
+
+    class NotebookDataset(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, i: int) -> int:
+            return i
+
+    NotebookDataset.__module__ = "__main__"
+    monkeypatch.setitem(__import__("sys").modules, "__main__", types.ModuleType("__main__"))  # no __file__
+    with pytest.raises(ConfigError, match=r"data.worker_start=forkserver: .*NotebookDataset.*data.worker_start=fork"):
+        build.check_importable_in_workers("forkserver", NotebookDataset(), None)
+    build.check_importable_in_workers("fork", NotebookDataset(), None)  # a fork copies it: fine

@@ -4,6 +4,8 @@ from __future__ import annotations
 import multiprocessing
 import random
 import re
+import sys
+import types
 from typing import Any, Callable
 
 import numpy as np
@@ -11,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from visiontrain.config import Config
+from visiontrain.config import Config, ConfigError
 from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler, SeededDataset
 from visiontrain.engine.distributed import DistInfo, wrap_ddp
 from visiontrain.engine.fsdp import ShardedCheckpoints, shard_model
@@ -57,7 +59,10 @@ def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device
     shard = {"rank": dist_info.rank, "world_size": dist_info.world_size}
     sampler = GroupedBatchSampler(data.group_ids, d.batch_size, seed=cfg.seed, **shard) \
         if data.group_ids is not None else ResumableBatchSampler(len(data.train), d.batch_size, seed=cfg.seed, **shard)
-    context = worker_context(d.worker_start) if d.num_workers > 0 else None
+    context = None
+    if d.num_workers > 0:
+        check_importable_in_workers(d.worker_start, data.train, data.val, data.train_collate, data.eval_collate)
+        context = worker_context(d.worker_start)
     train = train_loader(data.train, sampler, random_transforms=data.random_transforms, collate=data.train_collate,
                          num_workers=d.num_workers, pin_memory=pin, persistent_workers=d.persistent_workers,
                          context=context)
@@ -86,6 +91,25 @@ def worker_context(start: str) -> Any:
         context.set_forkserver_preload(FORKSERVER_PRELOAD)
         forkserver.ensure_running()  # its imports now overlap with building the model
     return context
+
+
+def check_importable_in_workers(start: str, *objects: Any) -> None:
+    """A forkserver or spawned worker unpickles the dataset, importing each class by module name. A
+    class defined in a notebook, or in a main module run with ``python -m`` (which the forkserver
+    does not import), is not found there; say so at start-up, not as a worker's traceback."""
+    if start == "fork":
+        return
+    main = sys.modules.get("__main__")
+    found = getattr(main, "__file__", None) is not None and (start == "spawn" or getattr(main, "__spec__", None) is None)
+    for obj in objects:
+        if obj is None:
+            continue
+        owner = obj if isinstance(obj, (types.FunctionType, type)) else type(obj)
+        if owner.__module__ == "__main__" and not found:
+            raise ConfigError(f"data.worker_start={start}: {owner.__qualname__} is defined in the main module "
+                              f"({getattr(main, '__file__', None) or 'an interactive session'}), which a {start} "
+                              f"worker cannot import; move it into an importable module, or set "
+                              f"data.worker_start=fork (or data.num_workers=0)")
 
 
 def train_loader(ds: Dataset, sampler: ResumableBatchSampler, *, random_transforms: bool,
