@@ -75,3 +75,34 @@ def test_ddp_searches_unused_parameters_only_when_the_task_asks(monkeypatch):
     task.find_unused_parameters = True
     trainer_module.Trainer(cfg, task, None)
     assert [kw["find_unused_parameters"] for kw in seen] == [False, True]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_evaluation_counts_every_sample_once(world):
+    """The eval sampler pads the set so that every rank runs as many batches (FSDP's forwards are
+    collectives); the padding repeats must not be counted. Each rank's shard evaluated on its own
+    (the all-reduce sums them): the confusion counts add up to the set, and top-1 to one process's."""
+    from visiontrain.config import load_config
+    from visiontrain.engine import build
+    from visiontrain.engine.distributed import DistInfo, real_samples
+    from visiontrain.tasks import build_task
+
+    cfg = load_config("classify-fashion", ["data.name=digits", "data.limit_val=101", "data.eval_batch_size=16"])
+    task = build_task(cfg)
+    data = task.build_data()
+    model = task.build_model(data.info).eval()
+    n = len(data.val)
+    assert n == 101 and n % world  # the padding case
+
+    def evaluate(info: DistInfo) -> tuple[torch.Tensor, int | None]:
+        loader = build.eval_loader(data.val, 16, collate=data.eval_collate, num_workers=0, pin_memory=False,
+                                   dist_info=info)
+        with torch.no_grad():
+            task.evaluate(model, loader, torch.device("cpu"))
+        return task.confusion.clone(), real_samples(loader)
+
+    whole, real = evaluate(DistInfo())
+    assert real is None and int(whole.sum()) == n
+    shards = [evaluate(DistInfo(rank, world, rank)) for rank in range(world)]
+    assert sum(r for _, r in shards) == n
+    assert torch.equal(sum(c for c, _ in shards), whole)

@@ -101,6 +101,21 @@ def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return t
 
 
+def real_samples(loader: Any) -> int | None:
+    """How many of this rank's evaluation samples are the data set's own; None: all of them.
+
+    The evaluation loader's ``DistributedSampler`` pads the set with repeats of its first samples
+    so that every rank runs the same number of batches (under FSDP each forward is a collective).
+    Rank r gets padded positions r, r + W, ..., so its repeats are its last samples: a task that
+    counts only the first ``real_samples`` of its shard counts every sample once over all ranks."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    sampler = getattr(loader, "sampler", None)
+    if not isinstance(sampler, DistributedSampler) or sampler.drop_last:
+        return None
+    return len(range(sampler.rank, len(sampler.dataset), sampler.num_replicas))  # type: ignore[arg-type]
+
+
 def shutdown(*, barrier: bool = True) -> None:
     """Leave the process group (torchrun runs): every rank, after its last collective.
 

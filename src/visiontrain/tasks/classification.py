@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from visiontrain.config import TaskConfig, doc, register_task_config
+from visiontrain.engine.distributed import real_samples
 from visiontrain.engine.hooks import Hook
 from visiontrain.tasks.base import ExportSpec, Task, TaskData
 
@@ -132,12 +133,16 @@ class ClassificationTask(Task):
         c = self.num_classes
         confusion = torch.zeros(c * c, dtype=torch.int64, device=device)  # [true, predicted], flattened
         k = min(5, c)
+        real, seen = real_samples(loader), 0  # the sharded set's padding repeats are not counted
         for images, labels in loader:
             images = images.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
             if self.cfg.trainer.channels_last and images.ndim == 4:
                 images = images.contiguous(memory_format=torch.channels_last)
             logits = model(images).float()
+            if real is not None:  # (sizes are host metadata: no device read)
+                keep, seen = max(0, min(labels.shape[0], real - seen)), seen + labels.shape[0]
+                logits, labels = logits[:keep], labels[:keep]
             topk = logits.topk(k, dim=-1).indices
             hit = topk == labels[:, None]
             confusion += torch.bincount(labels * c + topk[:, 0], minlength=c * c)

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Subset
 
 from visiontrain.config import ConfigError, TaskConfig, doc, register_task_config
 from visiontrain.engine.build import worker_context
+from visiontrain.engine.distributed import real_samples
 from visiontrain.engine.ema import unwrap
 from visiontrain.engine.hooks import Hook
 from visiontrain.engine.preemption import ignore_stop_signals
@@ -187,6 +188,9 @@ class DinoTask(Task):
         bank_x, bank_y = extract_features(encode, bank_loader, device, cl)
         bank_x, bank_y = all_gather_rows(bank_x[:valid]), all_gather_rows(bank_y[:valid])
         test_x, test_y = extract_features(encode, loader, device, cl)
+        real = real_samples(loader)  # this rank's share without the sampler's padding repeats
+        if real is not None:
+            test_x, test_y = test_x[:real], test_y[:real]
         pred = knn_predict(bank_x, bank_y, test_x, num_classes=self.num_classes, k=t.knn_k,
                            temperature=t.knn_temperature)
         counts = torch.stack([(pred == test_y).sum(), torch.tensor(test_y.numel(), device=device)]).double()
