@@ -119,7 +119,7 @@ def test_only_layer2_to_4_transformer_and_heads_train():
 
 def test_pretrained_backbone_without_cached_weights_fails_clearly(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
-    with pytest.raises(RuntimeError, match="pretrained_backbone=False"):
+    with pytest.raises(RuntimeError, match="task.pretrained_backbone=false"):
         DETR(NUM_CLASSES, **{**TINY, "pretrained_backbone": True})
     with pytest.raises(ValueError, match="backbone"):
         DETR(NUM_CLASSES, **{**TINY, "backbone": "vgg16"})

@@ -64,7 +64,7 @@ def _cached_weights(timm: Any, name: str) -> bool:
 
 def _pretrained_error(name: str, cause: str) -> RuntimeError:
     return RuntimeError(
-        f"cannot get pretrained weights for timm model {name!r}: {cause}. Fixes: model.pretrained=false "
+        f"cannot get pretrained weights for timm model {name!r}: {cause}. Fixes: task.pretrained=false "
         "(train from scratch); run once where the Hugging Face hub is reachable so the weights land in the "
         "Hugging Face cache (HF_HOME, default ~/.cache/huggingface) and copy that cache here; or pass "
         "pretrained_cfg_overlay=dict(file='/path/to/weights.safetensors')."
@@ -88,7 +88,7 @@ def build_model(
     """
     if name == "small_cnn":
         if pretrained:
-            raise ValueError("small_cnn has no pretrained weights; use model.pretrained=false")
+            raise ValueError("small_cnn has no pretrained weights; use task.pretrained=false")
         return SmallCNN(in_channels, num_classes, **kwargs)
 
     timm = _timm()

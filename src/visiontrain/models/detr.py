@@ -50,8 +50,8 @@ def _cached_weights(backbone: str):
     path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(weights.url))
     if not os.path.isfile(path):
         raise RuntimeError(
-            f"pretrained_backbone=True needs the torchvision {backbone} ImageNet weights in the local "
-            f"cache, but {path} does not exist. Fixes: pretrained_backbone=False (train from scratch), or "
+            f"task.pretrained_backbone=true needs the torchvision {backbone} ImageNet weights in the local "
+            f"cache, but {path} does not exist. Fixes: task.pretrained_backbone=false (train from scratch), or "
             f"download {weights.url} on a machine with network access and copy it to {path} "
             "(the directory is torch.hub.get_dir()/checkpoints; set TORCH_HOME to move it).")
     return weights
