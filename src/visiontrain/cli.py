@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -76,7 +77,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if args.nproc is not None and args.nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         _exec_torchrun(args)
     try:
-        summary = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=args.init).fit()
+        trainer = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=args.init)
+        done = resume is not None and trainer.step >= trainer.clock.total_steps
+        summary = _finished(trainer, resume, run_dir) if done else trainer.fit()
+        del trainer
     except Preempted as err:
         err = err.with_traceback(None)  # its frames hold the trainer (and DDP): drop them before shutdown
         shutdown()  # every rank stopped at the same, agreed step
@@ -86,8 +90,20 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise
     shutdown()
     if summary:  # rank 0 of a run with a run dir
-        print(json.dumps({"run_dir": str(run_dir), "report": _final_report(run_dir), **summary}, indent=None))
+        report = str(run_dir / "report.html") if done else _final_report(run_dir)
+        print(json.dumps({"run_dir": str(run_dir), "report": report, **summary}, indent=None))
     return 0
+
+
+def _finished(trainer: Any, resume: str, run_dir: Path) -> dict[str, Any]:
+    """A resumed checkpoint already at the run's last step: nothing to train, and nothing in the
+    run dir is rewritten (evaluating again would append a second final row). Every rank takes this
+    branch: they loaded the same step."""
+    trainer.log.print(f"{resume} is at step {trainer.step}, this run's last: nothing to train (raise "
+                      f"trainer.epochs or trainer.max_steps to train further)")
+    trainer.log.close()
+    summary = run_dir / "summary.json"
+    return json.loads(summary.read_text()) if trainer.dist.is_main and summary.is_file() else {}
 
 
 def _final_report(run_dir: Path) -> str | None:
