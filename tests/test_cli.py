@@ -128,3 +128,18 @@ def test_missing_dataset_path_is_a_clear_error(tmp_path):
               str(tmp_path / "r"))
     assert proc.returncode == 2
     assert str(tmp_path / "nope") in proc.stderr
+
+
+def test_import_names_what_it_could_not_find(tmp_path, capsys, monkeypatch):
+    from visiontrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", sys.path[:])  # --import adds the directory it imports from
+    assert main(["--import", "no_such_task", "recipes"]) == 2
+    assert "--import no_such_task: no module named 'no_such_task'" in capsys.readouterr().err
+    assert main(["--import", "missing/task.py", "recipes"]) == 2
+    assert "--import missing/task.py: no such file" in capsys.readouterr().err
+    # a module found from the current directory, imported under its own name: its main block does not run
+    (tmp_path / "my_registry.py").write_text("LOADED = __name__\nif __name__ == '__main__':\n    raise SystemExit(9)\n")
+    assert main(["--import", "my_registry", "recipes"]) == 0
+    assert sys.modules.pop("my_registry").LOADED == "my_registry"

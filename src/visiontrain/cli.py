@@ -121,7 +121,11 @@ def _final_report(run_dir: Path) -> str | None:
 def _exec_torchrun(args: argparse.Namespace) -> None:
     """``fit ... --nproc N``: become ``torchrun --standalone --nproc-per-node N -m visiontrain fit ...``
     (exec: the scheduler's signals then reach torchrun, which passes them to every rank)."""
-    argv = ["fit", args.recipe, *args.overrides]
+    imports = list(args.imports)
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)  # python my_task.py fit --nproc N
+    if main_file and Path(main_file).resolve() != Path(__file__).with_name("__main__.py").resolve():
+        imports.append(main_file)  # the ranks import it as a module: it registers its task
+    argv = [*(a for m in imports for a in ("--import", m)), "fit", args.recipe, *args.overrides]
     for flag, value in (("--run-dir", args.run_dir), ("--resume", args.resume), ("--init", args.init)):
         if value is not None:
             argv += [flag, value]
@@ -250,6 +254,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="visiontrain", description="Train vision models from recipes.")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import your module first, so that the tasks it registers exist: a module name "
+                        "(found from the current directory too) or a path to a .py file; repeatable; "
+                        "passed on to every rank of --nproc")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("recipes", help="list built-in recipes").set_defaults(fn=cmd_recipes)
 
@@ -327,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     import visiontrain.tasks  # noqa: F401  (registers every task's config section)
 
     try:
+        for module in args.imports:
+            import_user_module(module)
         return args.fn(args)
     except Preempted as err:
         print(f"visiontrain: {err}", file=sys.stderr)
@@ -344,6 +354,30 @@ def main(argv: list[str] | None = None) -> int:
     # exit, when torch would report them as killed with a second traceback.
     gc.collect()
     return EXIT_USAGE
+
+
+def import_user_module(spec: str) -> None:
+    """``--import``: a module by name, or a .py file by path. Either way it is imported under its
+    own name from a directory put on sys.path, never as ``__main__``: DataLoader workers started
+    from a forkserver find its classes by that name, and its main block does not run."""
+    import importlib
+
+    if spec.endswith(".py") or os.sep in spec:
+        path = Path(spec)
+        if not path.is_file():
+            raise C.ConfigError(f"--import {spec}: no such file")
+        directory, name = str(path.resolve().parent), path.stem
+    else:
+        directory, name = os.getcwd(), spec
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name != name:
+            raise  # the module itself imports something missing: its own traceback says what
+        raise C.ConfigError(f"--import {spec}: no module named {name!r} in the current directory or on "
+                            f"sys.path (give a .py file's path, or a module name)") from None
 
 
 def _one_line(err: BaseException) -> str:
