@@ -3,18 +3,16 @@ laid out as a COCO dataset (``annotations/instances_<split>.json``, ``<split>/*.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
+
+from procs import run_cli
 
 
 def vt(*args: str) -> subprocess.CompletedProcess:
-    """``python -m visiontrain ARGS`` on one thread, output captured."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "visiontrain", *args], capture_output=True, text=True,
-                          env=env, timeout=600)
+    """``python -m visiontrain ARGS`` on one thread, output captured (a hang fails with its stacks)."""
+    return run_cli(*args, timeout=600)
 
 
 def mosaic_coco(tmp_path_factory, train_images: int, val_images: int, classes: int | None = None) -> Path:

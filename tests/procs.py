@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -31,3 +33,12 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
             out, err = proc.communicate()
         pytest.fail(f"{' '.join(map(str, proc.args))} still running after {timeout:.0f} s; stacks at the "
                     f"abort:\n--- stdout (tail)\n{(out or '')[-3000:]}\n--- stderr (tail)\n{(err or '')[-12000:]}")
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python -m visiontrain ARGS`` on one thread in its own process group, output captured."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **FAULTHANDLER_ENV}
+    proc = subprocess.Popen([sys.executable, "-m", "visiontrain", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd, env=env, start_new_session=True)
+    out, err = finish(proc, timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from procs import run_cli
 from visiontrain.engine.checkpoint import load_checkpoint
 
 QUICK = ["data.name=digits", "data.batch_size=64", "trainer.epochs=2", "trainer.log_every=5",
@@ -18,9 +18,7 @@ QUICK = ["data.name=digits", "data.batch_size=64", "trainer.epochs=2", "trainer.
 
 
 def vt(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "visiontrain", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+    return run_cli(*args, cwd=cwd, timeout=300)
 
 
 @pytest.fixture(scope="module")

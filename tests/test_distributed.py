@@ -11,17 +11,21 @@ from pathlib import Path
 import pytest
 import torch
 
+from procs import FAULTHANDLER_ENV, finish
+
 WORKER = Path(__file__).parent / "dist_worker.py"
 
 
 def run(nproc: int, out: Path, run_dir: Path, resume: Path | None = None, **overrides) -> None:
     """The toy task on NPROC ranks (torchrun) or one plain process; OUT gets the full weights."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **FAULTHANDLER_ENV}
     args = [str(WORKER), str(out), str(run_dir), json.dumps(overrides), *([str(resume)] if resume else [])]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args] \
         if nproc > 1 else [sys.executable, *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)  # a process group: a hang's every rank is stopped and shown
+    _, err = finish(proc, 240)
+    assert proc.returncode == 0, err[-3000:]
 
 
 @pytest.mark.parametrize("accum", [1, 2])
