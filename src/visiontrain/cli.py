@@ -90,7 +90,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise
     shutdown()
     if summary:  # rank 0 of a run with a run dir
-        report = str(run_dir / "report.html") if done else _final_report(run_dir)
+        report = (str(run_dir / "report.html") if (run_dir / "report.html").is_file() else None) if done \
+            else _final_report(run_dir)
         print(json.dumps({"run_dir": str(run_dir), "report": report, **summary}, indent=None))
     return 0
 

@@ -16,14 +16,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import Subset
 
 from visiontrain.config import ConfigError, TaskConfig, doc, register_task_config
-from visiontrain.engine.build import worker_context
-from visiontrain.engine.distributed import real_samples
+from visiontrain.engine.build import eval_loader, worker_context
+from visiontrain.engine.distributed import DistInfo, real_samples
 from visiontrain.engine.ema import unwrap
 from visiontrain.engine.hooks import Hook
-from visiontrain.engine.preemption import ignore_stop_signals
 from visiontrain.tasks.base import ExportSpec, Task, TaskData
 
 
@@ -181,10 +180,9 @@ class DinoTask(Task):
         per = -(-n // world)
         start, valid = rank * per, max(0, min(per, n - rank * per))
         shard = Subset(self.bank, [min(start + i, n - 1) for i in range(per)])
-        bank_loader = DataLoader(shard, batch_size=d.eval_batch_size or 2 * d.batch_size,
-                                 num_workers=d.num_workers,
-                                 worker_init_fn=ignore_stop_signals if d.num_workers else None,
-                                 multiprocessing_context=worker_context(d.worker_start) if d.num_workers else None)
+        bank_loader = eval_loader(shard, d.eval_batch_size or 2 * d.batch_size, collate=None,
+                                  num_workers=d.num_workers, pin_memory=False, dist_info=DistInfo(),
+                                  context=worker_context(d.worker_start) if d.num_workers else None)
         bank_x, bank_y = extract_features(encode, bank_loader, device, cl)
         bank_x, bank_y = all_gather_rows(bank_x[:valid]), all_gather_rows(bank_y[:valid])
         test_x, test_y = extract_features(encode, loader, device, cl)
