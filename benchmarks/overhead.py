@@ -17,6 +17,7 @@ TrainStep called from a bare loop) to set against the raw loop's time.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -218,6 +219,7 @@ def main() -> int:
     for r in range(args.repeats):
         # the order rotates every repeat, so no runner always follows the same one (cache, clock)
         for name in names[r % len(names):] + names[:r % len(names)]:
+            gc.collect()  # a full collection pending from set-up would land in one run's timing
             t = runners[name](args.steps)
             if t is not None:
                 times[name].append(t)

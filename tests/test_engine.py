@@ -100,6 +100,55 @@ def test_grad_norm_logged_and_loss_weights(run_dir):
         assert key in r
 
 
+def _single_term_task(term: str):
+    from toy_task import ToyTask
+
+    class SingleTerm(ToyTask):  # one weighted term of weight 1: the total is that very tensor
+        default_loss_weights = {term: 1.0}
+
+    return SingleTerm
+
+
+def test_total_that_is_a_term_is_logged_under_both_names(run_dir):
+    """The recorder keeps such a total once and logs it as the term and as `total`; the columns
+    after it (grad_norm) and the unweighted terms around it stay in place."""
+    from visiontrain.engine.trainer import Trainer
+
+    cfg = toy_config(trainer__clip_grad=100.0, trainer__max_steps=4, trainer__log_every=2)
+    trainer = Trainer(cfg, _single_term_task("l1")(cfg), run_dir)
+    trainer.fit()
+    assert trainer.step_fn.names == ["mse", "l1", "mean_out", "total", "grad_norm"]
+    assert trainer.step_fn.columns == [0, 1, 2, 1, 3]  # total is recorded once, as l1
+    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    assert len(train_rows) == 2
+    for r in train_rows:
+        assert r["total"] == r["l1"] and r["mse"] != r["l1"] and r["grad_norm"] > 0
+        assert "l1_w" not in r and "mse_w" not in r
+
+
+def test_total_that_is_a_term_still_stops_a_nonfinite_run(run_dir):
+    from visiontrain.engine.trainer import Trainer
+
+    cfg = toy_config(task__poison_step=5, trainer__log_every=4, trainer__epochs=2)
+    with pytest.raises(NonFiniteLossError, match=r"step 6 .*mse=nan.*total=nan"):
+        Trainer(cfg, _single_term_task("mse")(cfg), run_dir).fit()
+
+
+def test_scheduled_weight_of_a_single_term_logs_the_weighted_total(run_dir):
+    """A schedule may move the weight off 1.0: then the total is its own tensor, recorded apart."""
+    from visiontrain.engine.trainer import Trainer
+
+    cfg = toy_config(trainer__epochs=1, trainer__log_every=1,
+                     schedules={"loss.l1": {"shape": "linear", "base": 0.0, "end": 1.0}})
+    Trainer(cfg, _single_term_task("l1")(cfg), run_dir).fit()
+    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["kind"] == "train"]
+    assert len(rows) == 8
+    for i, r in enumerate(rows):  # weight of l1 at step i is i/8
+        assert r["total"] == pytest.approx(r["l1"] * i / 8, rel=1e-5, abs=1e-7)
+
+
 def test_nonfinite_raise_names_step_epoch_terms(run_dir):
     cfg = toy_config(task__poison_step=10, trainer__log_every=4, checkpoint__every=1,
                      checkpoint__unit="steps", trainer__epochs=3)

@@ -1,11 +1,11 @@
 """Per-step scalars recorded on the device, read by the host once per log point.
 
-A step hands over its named 0-dim device scalars (loss terms, total, grad norm); the recorder only
-keeps references to them, so recording launches no kernel and reads nothing. At a log point (or
-before a checkpoint or an evaluation) every kept scalar is stacked in one kernel and moves to the
-host with a single ``.tolist()``. Keeping every step's row, not just a running sum, is what lets
-the non-finite policy name the exact step and every term of it without any per-step bookkeeping
-on the device.
+A step hands over its named 0-dim device scalars (loss terms, total, grad norm); the recorder
+keeps references to them and stacks every ``CHUNK`` steps' worth in one kernel, so recording
+reads nothing. At a log point (or before a checkpoint or an evaluation) the stacked rows are joined
+in one kernel and move to the host with a single ``.tolist()``. Keeping every step's row, not just
+a running sum, is what lets the non-finite policy name the exact step and every term of it
+without any per-step bookkeeping on the device.
 """
 from __future__ import annotations
 
@@ -15,26 +15,47 @@ from typing import Callable, NamedTuple
 import torch
 
 
+#: Steps whose 0-dim scalars are stacked together as soon as they are all recorded. Holding a
+#: few hundred separate scalars until the log point costs the CPU more than stacking them in
+#: small groups (the many small blocks they keep alive; see BENCHMARKS.md, "Engine overhead").
+CHUNK = 10
+
+
 class StepRecorder:
     def __init__(self, capacity: int, device: torch.device) -> None:
         self.capacity, self.device = capacity, device
         self.names: list[str] | None = None
-        self.values: list[torch.Tensor] = []  # n rows of len(names) scalars, flattened
+        self.columns: list[int] | None = None  # names[j] is value columns[j] of a row; None: j
+        self._column_index: torch.Tensor | None = None  # the same on the device, made at a read
+        self.width = 0
+        self.values: list[torch.Tensor] = []  # the rows since the last chunk, flattened
+        self.chunks: list[torch.Tensor] = []  # earlier rows, stacked CHUNK rows at a time
         # Each step's found_inf flag (see TrainStep): 0 until the step's non-finite check sets it,
-        # read by the fused optimizer; the filled cells are zeroed again at each read.
+        # read by the fused optimizer; the filled cells are zeroed again at a read that saw one set.
         self.flag_buf = torch.zeros(capacity, dtype=torch.float32, device=device)
         self.flags = self.flag_buf.unbind(0)  # views, bound once: handing one out costs no kernel
+        self.flags_used = False  # no cell handed out: the read neither copies nor zeroes them
         self.n = 0
 
-    def record(self, names: list[str], values: list[torch.Tensor]) -> torch.Tensor:
-        """Keep one row (``values[i]`` named ``names[i]``, same names every step); returns the
-        row's flag cell, a 0-dim device tensor holding 0.0."""
+    def record(self, names: list[str], values: list[torch.Tensor], columns: list[int] | None = None) -> None:
+        """Keep one row: ``names[j]`` is ``values[columns[j]]`` (``values[j]`` without columns; the
+        same names, columns and width every step). A value two names share (the total, when it is
+        the only weighted loss term) is kept, and stacked, once."""
         if self.names is None:
-            self.names = list(names)
+            self.names, self.width = list(names), len(values)
+            if columns is not None and columns != list(range(len(values))):
+                self.columns = list(columns)
         if self.n >= self.capacity:
             raise RuntimeError(f"more than {self.capacity} steps recorded without a read")
         self.values.extend(values)
         self.n += 1
+        if self.n % CHUNK == 0:  # one stack kernel per CHUNK steps; see CHUNK
+            self.chunks.append(torch.stack(self.values))
+            self.values = []
+
+    def flag(self) -> torch.Tensor:
+        """The last recorded row's flag cell: a 0-dim device tensor holding 0.0."""
+        self.flags_used = True
         return self.flags[self.n - 1]
 
     def read(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Rows:
@@ -42,16 +63,26 @@ class StepRecorder:
         row's ``found_inf`` flag (1.0: the step was skipped on the device) comes in ``flags``."""
         if not self.n or self.names is None:
             return Rows([], [], [])
-        n, width = self.n, len(self.names)
-        # one kernel for all rows; bf16/fp16 terms are promoted with the rest to fp32
-        rows = torch.stack(self.values).float().view(n, width)
-        filled = torch.cat([rows, self.flag_buf[:n, None]], dim=1)
+        n = self.n
+        # the stacked chunks and the rest in one kernel; bf16/fp16 terms are promoted to fp32
+        rows = torch.cat([*self.chunks, *([torch.stack(self.values)] if self.values else [])])
+        rows = rows.float().view(n, self.width)
+        if self.columns is not None:
+            if self._column_index is None:  # (a copy to the device, here where the host waits anyway)
+                self._column_index = torch.tensor(self.columns, device=self.device)
+            rows = rows.index_select(1, self._column_index)
+        if self.flags_used:
+            rows = torch.cat([rows, self.flag_buf[:n, None]], dim=1)
         if reduce is not None:
-            filled = reduce(filled)  # mean over ranks: one collective per read
-        host = filled.tolist()  # host sync (log point / checkpoint / evaluation)
-        self.flag_buf[:n].zero_()
-        self.values, self.n = [], 0
-        return Rows(self.names, [row[:-1] for row in host], [row[-1] for row in host])
+            rows = reduce(rows)  # mean over ranks: one collective per read
+        host = rows.tolist()  # host sync (log point / checkpoint / evaluation)
+        self.values, self.chunks, self.n = [], [], 0
+        if not self.flags_used:
+            return Rows(self.names, host, [0.0] * n)
+        flags = [row.pop() for row in host]
+        if any(flags):
+            self.flag_buf[:n].zero_()
+        return Rows(self.names, host, flags)
 
 
 class Rows(NamedTuple):

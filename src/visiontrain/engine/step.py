@@ -66,7 +66,8 @@ class TrainStep:
                  optimizer: torch.optim.Optimizer, *, device: torch.device, precision: str,
                  scaler: torch.amp.GradScaler | None, clip_grad: float | None, clip_mode: str,
                  channels_last: bool, after_backward: list[Callable[[], None]], recorder: StepRecorder,
-                 mask_nonfinite: bool = True, on_device: Callable[[Any], Any] | None = None) -> None:
+                 mask_nonfinite: bool = True, on_device: Callable[[Any], Any] | None = None,
+                 fixed_weights: bool = False) -> None:
         self.model, self.losses_fn, self.optimizer = model, losses_fn, optimizer
         self.on_device = on_device  # the task's batch transform on the device (Task.device_transform)
         self.device, self.precision, self.scaler = device, precision, scaler
@@ -85,7 +86,12 @@ class TrainStep:
         self._no_sync = grad_sync_paused(model)  # DDP/FSDP: no reduction on non-final micro-steps
         self._keys: tuple[str, ...] | None = None
         self._weighted: list[str] = []
+        # With weights no schedule changes, a single term of weight 1 *is* the total (weighted_total
+        # returns it): its column is logged twice from one recorded value.
+        self._fixed_weights = fixed_weights
+        self._total_is: str | None = None
         self.names: list[str] = []
+        self.columns: list[int] = []
 
     def __call__(self, batches: list[Any], weights: dict[str, float]) -> None:
         n = len(batches)
@@ -111,11 +117,12 @@ class TrainStep:
         # The loss and, where there is one, the gradient norm (else the gradients themselves: a
         # finite loss can still give Inf gradients, and under DDP a NaN loss on one rank reaches the
         # others only through them) are what decide whether a step is skipped.
-        total = values[-1]
+        total = values[self._total_at]
         if grad_norm is not None:
             values.append(grad_norm)
-        found_inf = self.recorder.record(self.names, values)  # this step's row; its flag cell is 0
+        self.recorder.record(self.names, values, self.columns)  # this step's row
         if self.mask_nonfinite:
+            found_inf = self.recorder.flag()  # 0.0 on the device until the check below sets it
             self._flag_nonfinite([total, grad_norm] if grad_norm is not None else [total, *self._grads()], found_inf)
             self._masked_step(found_inf)
         else:  # `raise`: the trainer stops at the next read, before anything is written
@@ -137,22 +144,34 @@ class TrainStep:
 
     def _logged_values(self, losses: dict[str, torch.Tensor], total: torch.Tensor,
                        weights: dict[str, float]) -> list[torch.Tensor]:
-        """Every term, each term whose weight is not 1 times its weight (``<term>_w``), the total."""
+        """Every term, each term whose weight is not 1 times its weight (``<term>_w``), the total
+        (unless it is a term: see ``_total_is``); ``self.columns`` maps ``self.names`` to them."""
         keys = tuple(losses)
         if keys != self._keys:
             if self._keys is not None:
                 raise ValueError(f"the task's loss terms changed from {list(self._keys)} to {list(keys)}: "
                                  f"losses() must return the same terms every step")
-            self._keys = keys
-            self._weighted = [k for k in keys if weights.get(k, 1.0) != 1.0]
-            self.names = [*keys, *(f"{k}_w" for k in self._weighted), "total"]
-            if self.needs_norm:
-                self.names.append("grad_norm")
+            self._set_layout(keys, weights)
         out = list(map(torch.Tensor.detach, losses.values()))  # (map: no comprehension frame per step)
         for k in self._weighted:
             out.append(losses[k].detach() * weights[k])
-        out.append(total.detach())
+        if self._total_is is None:
+            out.append(total.detach())
         return out
+
+    def _set_layout(self, keys: tuple[str, ...], weights: dict[str, float]) -> None:
+        self._keys = keys
+        self._weighted = [k for k in keys if weights.get(k, 1.0) != 1.0]
+        self.names = [*keys, *(f"{k}_w" for k in self._weighted), "total"]
+        weighted = [k for k in keys if k in weights]
+        single = self._fixed_weights and len(weighted) == 1 and weights[weighted[0]] == 1.0
+        self._total_is = weighted[0] if single else None
+        width = len(keys) + len(self._weighted)
+        self._total_at = keys.index(self._total_is) if single else width
+        self.columns = list(range(width)) + [self._total_at]
+        if self.needs_norm:
+            self.names.append("grad_norm")
+            self.columns.append(width if single else width + 1)  # recorded after the total
 
     def _grads(self) -> list[torch.Tensor]:
         """The gradients (under FSDP each rank's local shards of them)."""

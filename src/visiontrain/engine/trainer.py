@@ -107,8 +107,8 @@ class Trainer:
                                  precision=t.precision, scaler=self.scaler, clip_grad=t.clip_grad,
                                  clip_mode=t.clip_mode, channels_last=t.channels_last,
                                  after_backward=self.hooks.callbacks("after_backward"), recorder=self.recorder,
-                                 mask_nonfinite=t.nonfinite == "skip",
-                                 on_device=task.device_transform())
+                                 mask_nonfinite=t.nonfinite == "skip", on_device=task.device_transform(),
+                                 fixed_weights=not any(k.startswith("loss.") for k in self.scalars.schedules))
         metric = cfg.eval.metric or task.metric
         self.metric, self.mode = metric, cfg.eval.mode or task.mode
         self.best = BestTracker(self.ckpt_dir, self.mode, cfg.checkpoint.keep_best) if writes else None
@@ -219,7 +219,7 @@ class Trainer:
 
     def _next_batches(self, batches: Any, accum: int) -> list[Any]:
         """The micro-batches of one step (host-side loading: CPU tensors, no device reads)."""
-        return [next(batches) for _ in range(accum)]
+        return [next(batches)] if accum == 1 else [next(batches) for _ in range(accum)]
 
     def _end_epoch(self) -> None:
         self.hooks("after_epoch")
