@@ -220,6 +220,16 @@ def test_bad_config_names_the_key(override, key):
         build_task(cfg).build_model({"num_classes": 3})
 
 
+def test_pretrained_backbone_offline_and_not_cached_names_the_switch(monkeypatch):
+    import visiontrain.models as models
+
+    monkeypatch.setattr(models, "_cached_weights", lambda timm, name: False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = C.load_config("detect-yolov3", ["task.backbone=cspdarknet53", "task.backbone_width=1.0", "task.pretrained_backbone=true"])
+    with pytest.raises(RuntimeError, match=r"'cspdarknet53'.*not in the local cache.*task\.pretrained_backbone=false"):
+        build_task(cfg).build_model({"num_classes": 3})
+
+
 def test_recipes_load():
     voc = C.load_config("detect-yolov3-darknet53-voc")
     t = voc.task

@@ -62,13 +62,26 @@ def _cached_weights(timm: Any, name: str) -> bool:
     return False
 
 
-def _pretrained_error(name: str, cause: str) -> RuntimeError:
+def _pretrained_error(name: str, cause: str, key: str = "task.pretrained") -> RuntimeError:
     return RuntimeError(
-        f"cannot get pretrained weights for timm model {name!r}: {cause}. Fixes: task.pretrained=false "
+        f"cannot get pretrained weights for timm model {name!r}: {cause}. Fixes: {key}=false "
         "(train from scratch); run once where the Hugging Face hub is reachable so the weights land in the "
         "Hugging Face cache (HF_HOME, default ~/.cache/huggingface) and copy that cache here; or pass "
         "pretrained_cfg_overlay=dict(file='/path/to/weights.safetensors')."
     )
+
+
+def check_pretrained_reachable(timm: Any, name: str, key: str) -> None:
+    """Offline (HF_HUB_OFFLINE) and not in the local cache: say so now, naming the switch ``key``,
+    instead of the hub client's error from deep inside timm."""
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    if offline and not _cached_weights(timm, name):
+        raise _pretrained_error(name, "they are not in the local cache and HF_HUB_OFFLINE is set", key)
+
+
+def pretrained_error(name: str, err: Exception, key: str) -> RuntimeError:
+    """The error for weights timm could not fetch (hub unreachable, not cached), naming ``key``."""
+    return _pretrained_error(name, f"{type(err).__name__}: {err}", key)
 
 
 def build_model(
@@ -100,10 +113,8 @@ def build_model(
             "List timm models with timm.list_models('*pattern*')."
         )
     own_weights = "pretrained_cfg_overlay" in kwargs or "pretrained_cfg" in kwargs
-    if pretrained and not own_weights and not _cached_weights(timm, name):
-        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-        if offline:
-            raise _pretrained_error(name, "they are not in the local cache and HF_HUB_OFFLINE is set")
+    if pretrained and not own_weights:
+        check_pretrained_reachable(timm, name, "task.pretrained")
 
     args = dict(pretrained=pretrained, num_classes=num_classes, in_chans=in_channels, **kwargs)
     try:
@@ -118,5 +129,5 @@ def build_model(
         raise
     except Exception as e:
         if pretrained:
-            raise _pretrained_error(name, f"{type(e).__name__}: {e}") from e
+            raise pretrained_error(name, e, "task.pretrained") from e
         raise

@@ -15,6 +15,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from visiontrain.models import check_pretrained_reachable, pretrained_error
+
 #: GluonCV's / Darknet's nine COCO anchors (w, h) in input pixels, three per stride 8, 16, 32.
 COCO_ANCHORS: list[list[float]] = [[10, 13], [16, 30], [33, 23], [30, 61], [62, 45], [59, 119],
                                    [116, 90], [156, 198], [373, 326]]
@@ -79,10 +81,16 @@ def _timm_features(name: str, pretrained: bool, width: float = 1.0) -> tuple[nn.
     if width != 1.0 and pretrained:
         raise ValueError(f"task.backbone_width={width}: pretrained weights exist only at width 1.0")
     extra = _width_overrides(timm, name, width) if width != 1.0 else {}
+    if pretrained:
+        check_pretrained_reachable(timm, name, "task.pretrained_backbone")
     try:
         net = timm.create_model(name, pretrained=pretrained, features_only=True, **extra)
-    except RuntimeError as e:  # e.g. no features_only support, or weights not cached offline
+    except RuntimeError as e:  # e.g. no features_only support
         raise ValueError(f"task.backbone={name!r}: cannot build it as a feature extractor ({e})") from e
+    except Exception as e:  # the hub client's errors (unreachable, nothing cached) come in many types
+        if pretrained and not isinstance(e, TypeError):
+            raise pretrained_error(name, e, "task.pretrained_backbone") from e
+        raise
     reductions = list(net.feature_info.reduction())
     missing = [s for s in STRIDES if s not in reductions]
     if missing:
