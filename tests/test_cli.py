@@ -74,12 +74,14 @@ def test_refuses_to_overwrite_and_resume_auto_continues(fitted, tmp_path):
     assert "resumed from" in proc.stdout and "at step 44" in proc.stdout
     assert json.loads((fitted / "summary.json").read_text())["steps"] == 66
     # and again, now that it is finished: nothing to train, nothing in the run dir rewritten
-    before = {p: p.read_bytes() for p in (fitted / "summary.json", fitted / "metrics.jsonl", fitted / "report.html")}
+    before = {p: p.read_bytes() for p in (fitted / "summary.json", fitted / "metrics.jsonl", fitted / "report.html",
+                                          *(fitted / "tb").iterdir())}
     proc = vt("fit", "classify-fashion", *QUICK, "trainer.epochs=3", "--run-dir", str(fitted), "--resume", "auto")
     assert proc.returncode == 0, proc.stderr
     assert "at step 66, this run's last: nothing to train" in proc.stdout
     assert json.loads(proc.stdout.strip().splitlines()[-1])["steps"] == 66
     assert all(p.read_bytes() == data for p, data in before.items())
+    assert set((fitted / "tb").iterdir()) <= set(before)  # no new, empty TensorBoard events file
 
 
 def test_init_skips_mismatched_head(fitted, tmp_path):

@@ -37,11 +37,11 @@ class RunLogger:
         self.enabled = enabled and run_dir is not None
         self.total_steps = total_steps
         self._jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1) if self.enabled else None
-        self._tb = None
-        if self.enabled:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(run_dir / "tb"))
+        # TensorBoard's writer opens an events file as it is made: made at the first event, so a
+        # run that logs nothing (a resume of a finished run) leaves tb/ as it was
+        self._tb_dir = str(run_dir / "tb") if self.enabled else None
+        self._tb: Any = None
+        self._tb_purge: int | None = None
         use_bar = progress == "bar" or (progress == "auto" and sys.stdout.isatty())
         self._bar = None
         if self.enabled and use_bar:
@@ -62,7 +62,7 @@ class RunLogger:
         self._jsonl.write(json.dumps(record, allow_nan=True) + "\n")
         for key, value in values.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self._tb.add_scalar(f"{kind}/{key}", value, step)
+                self.tb().add_scalar(f"{kind}/{key}", value, step)
         if kind == "train":
             info = "  ".join(f"{k} {_fmt(values[k])}" for k in ("total", "lr", "samples_per_s")
                              if k in values)
@@ -95,10 +95,18 @@ class RunLogger:
         tmp.write_text("".join(kept))
         tmp.replace(path)
         self._jsonl = open(path, "a", buffering=1)
-        from torch.utils.tensorboard import SummaryWriter
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        self._tb_purge = step + 1  # the next writer hides what the old one wrote after `step`
 
-        self._tb.close()
-        self._tb = SummaryWriter(self._tb.log_dir, purge_step=step + 1)
+    def tb(self) -> Any:
+        """The TensorBoard writer, made at the first event (rank 0 with a run dir only)."""
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(self._tb_dir, purge_step=self._tb_purge)
+        return self._tb
 
     def table(self, title: str, rows: dict[str, Any]) -> None:
         """A compact end-of-epoch / end-of-run table."""
@@ -117,7 +125,7 @@ class RunLogger:
     def image(self, tag: str, pixels: Any, step: int) -> None:
         """An RGB uint8 [H, W, 3] image (a rendered figure) in TensorBoard."""
         if self.enabled:
-            self._tb.add_image(tag, pixels, step, dataformats="HWC")
+            self.tb().add_image(tag, pixels, step, dataformats="HWC")
 
     def print(self, text: str) -> None:
         if not self.enabled:
