@@ -90,6 +90,7 @@ class TrainStep:
         # returns it): its column is logged twice from one recorded value.
         self._fixed_weights = fixed_weights
         self._total_is: str | None = None
+        self._total_at = 0  # the total's index among a step's recorded values (set with the layout)
         self.names: list[str] = []
         self.columns: list[int] = []
 

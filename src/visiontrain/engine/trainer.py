@@ -219,7 +219,7 @@ class Trainer:
 
     def _next_batches(self, batches: Any, accum: int) -> list[Any]:
         """The micro-batches of one step (host-side loading: CPU tensors, no device reads)."""
-        return [next(batches)] if accum == 1 else [next(batches) for _ in range(accum)]
+        return [next(batches) for _ in range(accum)]
 
     def _end_epoch(self) -> None:
         self.hooks("after_epoch")
