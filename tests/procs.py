@@ -35,9 +35,11 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
                     f"abort:\n--- stdout (tail)\n{(out or '')[-3000:]}\n--- stderr (tail)\n{(err or '')[-12000:]}")
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """``python -m visiontrain ARGS`` on one thread in its own process group, output captured."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **FAULTHANDLER_ENV}
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m visiontrain ARGS`` on one thread in its own process group, output captured;
+    ``env`` adds to (or replaces) this process's environment."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **FAULTHANDLER_ENV, **(env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "visiontrain", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=cwd, env=env, start_new_session=True)
     out, err = finish(proc, timeout)

@@ -19,6 +19,9 @@ def coco_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def fitted(coco_root, tmp_path_factory) -> Path:
+    """DETR's losses, evaluation and predict on the COCO reader. Why the overrides: a COCO copy of
+    fashion-mosaic (the reader), in-process loading (workers are test_recipes.py's subject), an
+    evaluation each epoch."""
     run = tmp_path_factory.mktemp("detr") / "run"
     proc = vt("fit", "detect-detr", "data.name=coco", f"data.root={coco_root}", "data.batch_size=4",
               "data.num_workers=0", "trainer.max_steps=4", "trainer.log_every=2", "eval.every=1",

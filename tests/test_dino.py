@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,13 +20,16 @@ from visiontrain.evaluation.knn import knn_predict
 from visiontrain.models.dino import dino_loss, update_center
 from visiontrain.tasks import build_task
 
-# 8x8 digits, a 1-block ViT with 2 px patches: a few seconds per run on one thread.
+# 8x8 digits, a 1-block ViT with 2 px patches: a few seconds per run on one thread. These tests are
+# about DINO's loss, teacher, schedules and resume, not the recipe as shipped (test_recipes.py): they
+# load in-process (no workers) and in fp32 (exact comparisons).
 TINY = ["data.name=digits", "task.patch_size=2", "task.global_crop_size=8", "task.local_crop_size=4",
         "task.backbone_args={embed_dim: 32, depth: 1, num_heads: 2}", "task.out_dim=64", "task.hidden_dim=32",
         "task.bottleneck_dim=16", "task.local_crops=2", "task.knn_bank=null", "task.blur_sigma=[0.1, 0.5]",
         "data.batch_size=32", "data.eval_batch_size=200", "data.num_workers=0", "trainer.progress=plain",
         "trainer.precision=fp32"]
-NO_WARMUP = ["schedules.lr.warmup=0", "schedules.task.teacher_temp.warmup=0"]  # for runs shorter than an epoch
+# Runs shorter than an epoch take real steps from the start (a warm-up from 0 would barely move them)
+NO_WARMUP = ["schedules.lr.warmup=0", "schedules.task.teacher_temp.warmup=0"]
 
 
 def cfg_of(*overrides: str) -> C.Config:
@@ -86,7 +90,7 @@ def test_multicrop_gives_two_global_then_local_crops():
 
 
 def test_recipe_schedules_reach_the_teacher_the_temperature_and_the_decayed_group():
-    cfg = cfg_of("trainer.epochs=4", "schedules.task.teacher_temp.warmup=2")
+    cfg = cfg_of("trainer.epochs=4", "schedules.task.teacher_temp.warmup=3")
     trainer = Trainer(cfg, build_task(cfg), None)
     clock, weights = trainer.clock, {}
     total, per_epoch = clock.total_steps, clock.steps_per_epoch
@@ -98,14 +102,52 @@ def test_recipe_schedules_reach_the_teacher_the_temperature_and_the_decayed_grou
         return trainer.ema.decay, trainer.task.teacher_temp, decayed, free
 
     assert at(0) == (pytest.approx(0.996), pytest.approx(0.04), [pytest.approx(0.04)], [0.0])
-    ema, temp, _, _ = at(per_epoch)  # half-way through the 2-epoch temperature warm-up
-    assert temp == pytest.approx(0.055)
+    # one temperature per epoch, np.linspace(0.04, 0.07, 3) over epochs 0..2
+    assert at(per_epoch)[1] == pytest.approx(0.055) and at(2 * per_epoch - 1)[1] == pytest.approx(0.055)
     assert at(2 * per_epoch)[1] == pytest.approx(0.07) and at(3 * per_epoch)[1] == pytest.approx(0.07)
     ema_mid, _, wd_mid, _ = at(total // 2)
     assert ema_mid == pytest.approx(0.998, abs=2e-5) and wd_mid[0] == pytest.approx(0.22, abs=2e-3)
     assert at(total) == (pytest.approx(1.0), pytest.approx(0.07), [pytest.approx(0.4)], [0.0])
     lr0 = cfg.optim.lr * cfg.data.batch_size / 256  # lr = base x global batch / 256
     assert trainer.base_lr == pytest.approx(lr0)
+
+
+def dino_cosine_scheduler(base: float, final: float, epochs: int, niter: int, warmup_epochs: float = 0,
+                          start_warmup: float = 0.0) -> np.ndarray:
+    """DINO's ``utils.cosine_scheduler``, as its repository writes it: the warmup is
+    np.linspace(start, base, W) (base at iteration W-1), then a cosine over the remaining iterations."""
+    warmup_iters = int(warmup_epochs * niter)
+    warmup = np.linspace(start_warmup, base, warmup_iters) if warmup_epochs > 0 else np.array([])
+    iters = np.arange(epochs * niter - warmup_iters)
+    cosine = final + 0.5 * (base - final) * (1 + np.cos(np.pi * iters / len(iters)))
+    return np.concatenate((warmup, cosine))
+
+
+@pytest.mark.parametrize("recipe", ["ssl-dino", "ssl-dino-vits16-imagenet"])
+def test_recipe_schedules_are_dinos_at_every_iteration(recipe):
+    """lr, weight decay and teacher momentum from DINO's cosine_scheduler, the teacher temperature
+    from its per-epoch np.linspace, with DINO's own arguments taken from the recipe."""
+    from visiontrain.engine.schedules import StepClock, build_schedule
+
+    cfg = C.load_config(recipe, [])
+    epochs, niter, s = cfg.trainer.epochs, 8, cfg.schedules  # 8 iterations an epoch: half an epoch is whole
+    clock = StepClock(niter, epochs * niter)
+    lr = cfg.optim.lr * cfg.data.batch_size / 256  # DINO: args.lr * batch_size_per_gpu * world_size / 256.
+    temp = cfg.task.teacher_temp
+    expected = {
+        "lr": dino_cosine_scheduler(lr, s["lr"].end, epochs, niter, warmup_epochs=s["lr"].warmup),
+        "weight_decay": dino_cosine_scheduler(cfg.optim.weight_decay, s["weight_decay"].end, epochs, niter),
+        "ema_decay": dino_cosine_scheduler(cfg.ema.decay, 1.0, epochs, niter),
+        "task.teacher_temp": np.concatenate((
+            np.linspace(s["task.teacher_temp"].warmup_start, temp, int(s["task.teacher_temp"].warmup)),
+            np.ones(epochs - int(s["task.teacher_temp"].warmup)) * temp)).repeat(niter)}  # indexed by epoch
+    bases = {"lr": lr, "weight_decay": cfg.optim.weight_decay, "ema_decay": cfg.ema.decay, "task.teacher_temp": temp}
+    assert set(s) == set(expected)
+    for name, values in expected.items():
+        schedule = build_schedule(s[name], bases[name], clock, name=name)
+        assert len(values) == clock.total_steps
+        np.testing.assert_allclose([schedule(i) for i in range(clock.total_steps)], values, rtol=1e-12, atol=1e-15,
+                                   err_msg=f"{recipe}: schedules.{name}")
 
 
 class TeacherCheck(Hook):

@@ -124,7 +124,8 @@ def test_cli_exports_a_checkpoint_and_prints_the_difference(classify_checkpoint)
 
 @pytest.fixture(scope="module")
 def rcnn_checkpoint(tmp_path_factory) -> Path:
-    """A 2-step Faster R-CNN fit on a 4/2-image fashion-mosaic laid out as COCO."""
+    """A 2-step Faster R-CNN fit on a 4/2-image fashion-mosaic laid out as COCO; a smaller network,
+    loaded in-process and a one-step burn-in, because the subject is the export of its checkpoint."""
     root = mosaic_coco(tmp_path_factory, 4, 2)
     run = tmp_path_factory.mktemp("rcnn") / "run"
     proc = vt("fit", "detect-faster-rcnn", "data.name=coco", f"data.root={root}", "data.batch_size=2",

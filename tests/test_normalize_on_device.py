@@ -15,8 +15,9 @@ from visiontrain.data.normalize import NormalizeOnDevice
 from visiontrain.engine.trainer import Trainer
 from visiontrain.tasks import build_task
 
+# The subject is the same run with the CPU or the device normalising: loaded in-process, no evaluation.
 BASE = ["data.batch_size=4", "data.num_workers=0", "trainer.epochs=1", "trainer.progress=plain", "eval.every=0",
-        "checkpoint.every=0", "schedules.lr.warmup=0"]
+        "checkpoint.every=0"]
 RECIPES = {
     "detect-detr": ["task.train_scales=[96,128]", "task.val_size=96", "task.max_size=160", "task.crop_resize=[96]",
                     "task.crop_min=64", "task.crop_max=96"],

@@ -16,7 +16,8 @@ from visiontrain.engine.schedules import StepClock, build_schedule
 from visiontrain.engine.trainer import Trainer
 from visiontrain.tasks import build_task
 
-# Small enough for a few seconds a step on one core; the recipe's structure otherwise.
+# Small enough for a few seconds a step on one core; the recipe's structure otherwise. Loaded in-process:
+# these tests are about the model, its groups and predict; test_recipes.py runs the recipe's workers.
 TINY = ["task.fpn_channels=32", "task.representation_size=64", "task.train_scales=[128]", "task.val_size=128",
         "task.max_size=192", "task.rpn_batch_size_per_image=64", "task.box_batch_size_per_image=32",
         "task.rpn_pre_nms_top_n=[200,100]", "task.rpn_post_nms_top_n=[100,50]", "data.batch_size=2",

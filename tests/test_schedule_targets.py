@@ -76,6 +76,23 @@ def test_ema_decay_and_bn_momentum_and_task_scalar_schedules():
     assert [s[2] for s in probe.seen] == pytest.approx([0.04 + 0.03 * i / 8 for i in range(8)])
 
 
+def test_a_warmup_longer_than_the_run_is_a_warning_and_trains(caplog):
+    """A step budget below a warmup is a normal request (a smoke run): one line per schedule, and
+    the values stay on the warmup ramp to the end."""
+    seen = run(lambda t: (t.optimizer.param_groups[0]["lr"], t.ema.decay), trainer__max_steps=3,
+               ema__enabled=True, schedules={
+                   "lr": {"shape": "cosine", "warmup": 2, "unit": "epochs"},  # 2 epochs of 8 steps = 16
+                   "ema_decay": {"shape": "constant", "base": 0.99, "warmup": 10, "warmup_start": 0.9}})
+    assert [lr for lr, _ in seen] == pytest.approx([0.05 * i / 16 for i in range(3)])
+    assert [decay for _, decay in seen] == pytest.approx([0.9 + 0.09 * i / 10 for i in range(3)])
+    lines = [r.getMessage() for r in caplog.records if "warmup" in r.getMessage()]
+    assert lines == [
+        "visiontrain: warning: schedules.lr.warmup (2 epochs = 16 steps) is longer than the run (3 steps): "
+        "lr stays in its warmup to the end",
+        "visiontrain: warning: schedules.ema_decay.warmup (10 steps) is longer than the run (3 steps): "
+        "ema_decay stays in its warmup to the end"]
+
+
 def test_unknown_scalar_is_an_error():
     with pytest.raises(ValueError, match="schedules.lrr: unknown scalar"):
         cfg = toy_config(schedules={"lrr": {"shape": "constant"}})

@@ -287,15 +287,40 @@ def test_unknown_unit_message() -> None:
         build(shape="cosine", unit="iters")
 
 
-def test_warmup_longer_than_total_message() -> None:
-    msg = r"schedule 'lr': warmup \(25 steps\) is longer than the run \(20 steps\)"
-    with pytest.raises(ValueError, match=msg):
-        build(shape="cosine", total=20, warmup=25)
-    cfg = ScheduleConfig(shape="cosine", warmup=5, unit="epochs")
-    # 5 epochs of 5 steps = 25 steps > 20
-    msg = r"warmup \(5 epochs = 25 steps\) is longer than the run \(20 steps\)"
-    with pytest.raises(ValueError, match=msg):
-        build_schedule(cfg, 1.0, StepClock(5, 20), name="lr")
+def test_warmup_longer_than_the_run_stays_in_warmup() -> None:
+    # W = 25 > T = 20: steps 0..19 follow the ramp 0 -> 1 over 25 steps; past the end, its value at 20
+    sched = build(shape="cosine", total=20, warmup=25)
+    assert sched.warmup_outlasts_run
+    assert values(sched, [0, 5, 19, 20, 100]) == pytest.approx([0.0, 0.2, 0.76, 0.8, 0.8])
+    # 5 epochs of 5 steps = 25 steps, with a warmup_factor: 1/3 -> 1 over 25 steps
+    cfg = ScheduleConfig(shape="poly", warmup=5, unit="epochs", warmup_factor=1 / 3)
+    sched = build_schedule(cfg, 3.0, StepClock(5, 20), name="lr")
+    assert sched.warmup_outlasts_run
+    assert values(sched, [0, 10]) == pytest.approx([1.0, 1.0 + 2.0 * 10 / 25])
+    assert not build(shape="cosine", total=20, warmup=20).warmup_outlasts_run
+
+
+def test_inclusive_warmup_is_numpy_linspace() -> None:
+    # np.linspace(0.1, 1, 4) = 0.1, 0.4, 0.7, 1.0 at steps 0..3; cosine over [4, 10) from 1 to 0
+    sched = build(shape="cosine", total=10, warmup=4, warmup_start=0.1, warmup_inclusive=True)
+    assert values(sched, [0, 1, 2, 3, 4]) == pytest.approx([0.1, 0.4, 0.7, 1.0, 1.0])
+    assert sched(7) == pytest.approx((1 + math.cos(math.pi * 3 / 6)) / 2)
+    # a one-step warmup is np.linspace(start, base, 1) = [start]
+    assert values(build(total=10, warmup=1, warmup_start=0.5, warmup_inclusive=True), [0, 1]) == [0.5, 1.0]
+
+
+def test_per_epoch_schedule_holds_one_value_per_epoch() -> None:
+    # 4 epochs of 3 steps; warmup 3 epochs inclusive from 0.04 to 0.07: epochs 0, 1, 2 = 0.04, 0.055, 0.07
+    cfg = ScheduleConfig(shape="constant", warmup=3, warmup_start=0.04, unit="epochs", per_epoch=True,
+                         warmup_inclusive=True)
+    sched = build_schedule(cfg, 0.07, StepClock(3, 12), name="task.teacher_temp")
+    assert values(sched, list(range(12))) == pytest.approx([0.04] * 3 + [0.055] * 3 + [0.07] * 6)
+    # cosine per epoch over 4 epochs: epoch e -> (1 + cos(pi e / 4)) / 2
+    sched = build_schedule(ScheduleConfig(shape="cosine", unit="epochs", per_epoch=True), 1.0, StepClock(3, 12))
+    assert values(sched, [0, 2, 3, 11]) == pytest.approx([1.0, 1.0, (1 + math.cos(math.pi / 4)) / 2,
+                                                          (1 + math.cos(math.pi * 3 / 4)) / 2])
+    with pytest.raises(ValueError, match="schedule 'value': per_epoch needs unit: epochs, got unit: steps"):
+        build_schedule(ScheduleConfig(shape="cosine", per_epoch=True), 1.0, StepClock(3, 12))
 
 
 def test_multistep_without_milestones_message() -> None:

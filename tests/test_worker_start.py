@@ -8,10 +8,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from procs import run_cli
 from visiontrain.config import load_config
 from visiontrain.engine import build
 from visiontrain.engine.distributed import DistInfo
-from worker_lock import LOCK, TakesTheLock
+from worker_lock import LOCK, LargeItems, TakesTheLock, stack_unshared
+
+SMALL_RECIPES = ("classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3", "ssl-dino")
 
 
 def first_batch_while_a_thread_holds_the_lock(start: str, timeout: float) -> torch.Tensor:
@@ -87,6 +90,7 @@ def test_a_dataset_class_a_worker_cannot_import_is_refused_at_start(monkeypatch)
     import types
 
     from visiontrain.config import ConfigError
+    from visiontrain.engine.worker_check import check_sendable_to_workers
 
     class NotebookDataset(torch.utils.data.Dataset):
         def __len__(self) -> int:
@@ -98,5 +102,87 @@ def test_a_dataset_class_a_worker_cannot_import_is_refused_at_start(monkeypatch)
     NotebookDataset.__module__ = "__main__"
     monkeypatch.setitem(__import__("sys").modules, "__main__", types.ModuleType("__main__"))  # no __file__
     with pytest.raises(ConfigError, match=r"data.worker_start=forkserver: .*NotebookDataset.*data.worker_start=fork"):
-        build.check_importable_in_workers("forkserver", NotebookDataset(), None)
-    build.check_importable_in_workers("fork", NotebookDataset(), None)  # a fork copies it: fine
+        check_sendable_to_workers("forkserver", {"training dataset": NotebookDataset()})
+    check_sendable_to_workers("fork", {"training dataset": NotebookDataset()})  # a fork copies it: fine
+
+
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+@pytest.mark.parametrize("recipe", SMALL_RECIPES)
+def test_every_small_recipe_loads_a_batch_with_each_start_method(recipe, start):
+    """tests/test_recipes.py runs each recipe with its own start method (the forkserver); here its
+    dataset, transforms and collate reach a spawned worker (pickled, in a fresh interpreter) and a
+    forked one, and load a training batch. The start method is this test's subject, hence the
+    override; classify-fashion loads in-process as shipped (num_workers 0), so it gets one worker here."""
+    from visiontrain.tasks import build_task
+
+    cfg = load_config(recipe, [f"data.worker_start={start}", "data.limit_val=8",
+                               *(["data.num_workers=1"] if recipe == "classify-fashion" else [])])
+    data = build_task(cfg).build_data()
+    sampler, train, _ = build.loaders(data, cfg, DistInfo(), torch.device("cpu"))
+    assert train.multiprocessing_context.get_start_method() == start
+    images = next(iter(train))[0]
+    images = images[0] if isinstance(images, list) else images  # DINO: a list of crops, each [B, C, H, W]
+    assert len(images) == cfg.data.batch_size
+    build.stop_workers(train)
+
+
+def test_a_spawned_worker_stopped_mid_epoch_ends_cleanly():
+    """Stopping a loader whose spawned worker is still sending prefetched batches (a run that ends
+    mid-epoch) must not abort the worker: with multiprocessing's own spawn context it exits with
+    SIGABRT (-6) here, and the loader raises "killed by signal: Aborted"."""
+    for _ in range(3):
+        loader = DataLoader(LargeItems(), batch_size=4, num_workers=1, prefetch_factor=4,
+                            collate_fn=stack_unshared, multiprocessing_context=build.worker_context("spawn"))
+        iterator = iter(loader)
+        assert next(iterator).shape == (4, 1024, 1024)
+        iterator._shutdown_workers()  # what build.stop_workers does at the end of fit
+        assert [w.exitcode for w in iterator._workers] == [0]
+
+
+SHIFTED_TASK = '''"""Classification whose training images pass through a lambda, held by the dataset."""
+from torch.utils.data import Dataset
+
+from visiontrain.tasks import TASKS
+from visiontrain.tasks.classification import ClassificationTask
+
+
+class Shifted(Dataset):
+    def __init__(self, base):
+        self.base, self.shift = base, lambda image: image + 0.0
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, index):
+        image, label = self.base[index]
+        return self.shift(image), label
+
+
+class ShiftedTask(ClassificationTask):
+    def build_data(self):
+        data = super().build_data()
+        data.train = Shifted(data.train)
+        return data
+
+
+TASKS["classification"] = ShiftedTask
+'''
+
+
+def test_a_dataset_a_worker_cannot_receive_is_one_line_and_writes_nothing(tmp_path):
+    """A lambda inside the training dataset: refused before training with its path and the way out,
+    exit 2, no run dir; with data.worker_start=fork (which copies instead of pickling) it trains.
+    num_workers=1: the recipe loads in-process, and workers are this test's subject."""
+    (tmp_path / "shifted_task.py").write_text(SHIFTED_TASK)
+    args = ["--import", "shifted_task.py", "fit", "classify-fashion", "data.name=digits", "data.num_workers=1",
+            "trainer.max_steps=2", "eval.every=0"]
+    proc = run_cli(*args, "--run-dir", "runs/shifted", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert errors[-1].startswith("visiontrain: error: data.worker_start=forkserver: the training dataset cannot be "
+                                 "sent to a forkserver DataLoader worker: training dataset.shift is a lambda "
+                                 "(shifted_task.Shifted.__init__.<locals>.<lambda>), which cannot be pickled"), errors
+    assert "data.worker_start=fork" in errors[-1] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
+    proc = run_cli(*args, "data.worker_start=fork", "--run-dir", "runs/shifted", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -249,6 +249,8 @@ def coco_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def fitted(coco_root, tmp_path_factory):
+    """YOLO's losses, both mAPs, predict and export on a small network read from COCO, loaded
+    in-process with mixup on: test_recipes.py runs the recipe itself."""
     run = tmp_path_factory.mktemp("yolo") / "run"
     proc = vt("fit", "detect-yolov3", "data.name=coco", f"data.root={coco_root}", "data.batch_size=4",
               "data.num_workers=0", "trainer.max_steps=4", "trainer.log_every=2", "eval.every=1", *TINY,

@@ -14,3 +14,19 @@ class TakesTheLock(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> torch.Tensor:
         with LOCK:
             return torch.tensor([i])
+
+
+class LargeItems(torch.utils.data.Dataset):
+    """4 MB an item: a worker is still handing over its prefetched batches when the loader stops."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((1024, 1024), float(i))
+
+
+def stack_unshared(items: list[torch.Tensor]) -> torch.Tensor:
+    """A batch in ordinary memory (torch's default collate writes straight into shared memory in a
+    worker): the queue's feeder thread then copies it into shared memory while sending it."""
+    return torch.stack(items)

@@ -60,6 +60,7 @@ def _default_run_dir(recipe: str) -> Path:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
+    from visiontrain.engine.checkpoint import removed_if_set_up_fails
     from visiontrain.engine.distributed import shutdown
     from visiontrain.engine.preemption import Preempted
     from visiontrain.engine.trainer import Trainer
@@ -77,7 +78,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if args.nproc is not None and args.nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         _exec_torchrun(args)
     try:
-        trainer = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=args.init)
+        with removed_if_set_up_fails(run_dir):
+            trainer = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=args.init)
         done = resume is not None and trainer.step >= trainer.clock.total_steps
         summary = _finished(trainer, resume, run_dir) if done else trainer.fit()
         del trainer
@@ -333,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     from visiontrain.engine.checkpoint import CheckpointError
     from visiontrain.engine.preemption import EXIT_PREEMPTED, Preempted
     from visiontrain.engine.guards import NonFiniteLossError, OutOfMemory
+    from visiontrain.models import PretrainedUnavailable
     import visiontrain.tasks  # noqa: F401  (registers every task's config section)
 
     try:
@@ -348,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     except OutOfMemory as err:
         print(f"visiontrain: error: {err}", file=sys.stderr)
         return EXIT_OUT_OF_MEMORY
-    except (C.ConfigError, CheckpointError, FileNotFoundError, ValueError, yaml.YAMLError) as err:
+    except (C.ConfigError, CheckpointError, FileNotFoundError, ValueError, yaml.YAMLError,
+            PretrainedUnavailable) as err:
         print(f"visiontrain: error: {_one_line(err)}", file=sys.stderr)
     # Outside the except block the error (and its frames, which hold the trainer and its DataLoader
     # iterator) is gone: collect it now, while the workers still run, rather than at interpreter

@@ -1,4 +1,5 @@
-"""Imported by the forkserver that DataLoader workers fork from (``data.worker_start=forkserver``).
+"""Imported by the forkserver that DataLoader workers fork from (``data.worker_start=forkserver``),
+and first thing by a spawned worker (``data.worker_start=spawn``), whose process class is here.
 
 Everything a worker needs to unpickle its dataset and collate function is imported here once, in
 the server, so each forked worker starts with it: torchvision (after the CPU-torch compatibility
@@ -9,6 +10,8 @@ The server also ignores the stop signals, as the workers do: a scheduler signals
 and stopping is the training process's decision (it finishes the step, writes last.pt and exits;
 the server exits when that process is gone).
 """
+import multiprocessing.context
+import os
 import sys
 
 
@@ -38,3 +41,24 @@ from visiontrain.engine.preemption import ignore_stop_signals  # noqa: E402  (th
 
 if _in_forkserver():
     ignore_stop_signals()
+
+
+class SpawnedWorker(multiprocessing.context.SpawnProcess):
+    """A spawned DataLoader worker that ends as a forked one does: ``os._exit`` once its work and
+    multiprocessing's own clean-up are done. A spawned process otherwise finalises the interpreter,
+    which stops daemon threads wherever they stand; the queue's feeder thread, still pickling the last
+    prefetched batch into shared memory when the loader is stopped (in torch's C++, THPStorage_shareFd),
+    is unwound through that frame and the worker aborts ("terminate called without an active
+    exception"): the loader then raises "DataLoader worker ... is killed by signal: Aborted" at the
+    end of a run that stopped mid-epoch. Unpickling this class also imports this module, so the
+    compatibility step above runs before the dataset's torchvision transforms are unpickled."""
+
+    def _bootstrap(self, parent_sentinel: int | None = None) -> int:  # what popen_fork runs, then os._exit
+        code = super()._bootstrap(parent_sentinel)
+        os._exit(code)
+
+
+class SpawnContext(multiprocessing.context.SpawnContext):
+    """``multiprocessing.get_context("spawn")`` with :class:`SpawnedWorker` processes."""
+
+    Process = SpawnedWorker

@@ -1,11 +1,10 @@
 """Set-up pieces the trainer composes: device, loaders, optimizer, and the scheduled scalars."""
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import random
 import re
-import sys
-import types
 from typing import Any, Callable
 
 import numpy as np
@@ -19,6 +18,9 @@ from visiontrain.engine.distributed import DistInfo, wrap_ddp
 from visiontrain.engine.fsdp import ShardedCheckpoints, shard_model
 from visiontrain.engine.preemption import ignore_stop_signals
 from visiontrain.engine.schedules import Schedule, ScheduleConfig, StepClock, build_schedule
+from visiontrain.engine.worker_check import check_sendable_to_workers
+
+log = logging.getLogger("visiontrain")
 
 
 def pick_device(name: str, dist_info: DistInfo) -> torch.device:
@@ -59,15 +61,18 @@ def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device
     shard = {"rank": dist_info.rank, "world_size": dist_info.world_size}
     sampler = GroupedBatchSampler(data.group_ids, d.batch_size, seed=cfg.seed, **shard) \
         if data.group_ids is not None else ResumableBatchSampler(len(data.train), d.batch_size, seed=cfg.seed, **shard)
-    context = None
-    if d.num_workers > 0:
-        check_importable_in_workers(d.worker_start, data.train, data.val, data.train_collate, data.eval_collate)
-        context = worker_context(d.worker_start)
+    context = worker_context(d.worker_start) if d.num_workers > 0 else None
     train = train_loader(data.train, sampler, random_transforms=data.random_transforms, collate=data.train_collate,
                          num_workers=d.num_workers, pin_memory=pin, persistent_workers=d.persistent_workers,
                          context=context)
     val = eval_loader(data.val, d.eval_batch_size or 2 * d.batch_size, collate=data.eval_collate,
                       num_workers=d.num_workers, pin_memory=pin, dist_info=dist_info, context=context)
+    if d.num_workers > 0:  # what each worker will be sent, exactly as the loaders hold it
+        check_sendable_to_workers(d.worker_start, {
+            "training dataset": train.dataset, "training collate function": train.collate_fn,
+            "validation dataset": val.dataset, "validation collate function": val.collate_fn,
+            "worker init function": train.worker_init_fn,
+            **{f"task's {name}": ds for name, ds in data.worker_datasets.items()}})
     return sampler, train, val
 
 
@@ -84,6 +89,10 @@ def worker_context(start: str) -> Any:
     (gloo/NCCL work, the pin-memory thread, TensorBoard's writer); a worker that then needs one
     waits forever, and the run hangs at an evaluation. The forkserver is a separate process with a
     single thread, started once per training process, so its forks are clean."""
+    if start == "spawn":
+        from visiontrain.data.worker_preload import SpawnContext
+
+        return SpawnContext()
     context = multiprocessing.get_context(start)
     if start == "forkserver":
         from multiprocessing import forkserver
@@ -91,25 +100,6 @@ def worker_context(start: str) -> Any:
         context.set_forkserver_preload(FORKSERVER_PRELOAD)
         forkserver.ensure_running()  # its imports now overlap with building the model
     return context
-
-
-def check_importable_in_workers(start: str, *objects: Any) -> None:
-    """A forkserver or spawned worker unpickles the dataset, importing each class by module name. A
-    class defined in a notebook, or in a main module run with ``python -m`` (which the forkserver
-    does not import), is not found there; say so at start-up, not as a worker's traceback."""
-    if start == "fork":
-        return
-    main = sys.modules.get("__main__")
-    found = getattr(main, "__file__", None) is not None and (start == "spawn" or getattr(main, "__spec__", None) is None)
-    for obj in objects:
-        if obj is None:
-            continue
-        owner = obj if isinstance(obj, (types.FunctionType, type)) else type(obj)
-        if owner.__module__ == "__main__" and not found:
-            raise ConfigError(f"data.worker_start={start}: {owner.__qualname__} is defined in the main module "
-                              f"({getattr(main, '__file__', None) or 'an interactive session'}), which a {start} "
-                              f"worker cannot import; move it into an importable module, or set "
-                              f"data.worker_start=fork (or data.num_workers=0)")
 
 
 def train_loader(ds: Dataset, sampler: ResumableBatchSampler, *, random_transforms: bool,
@@ -185,7 +175,12 @@ class ScheduledScalars:
             base = bases.get(name)
             if name.startswith("task."):
                 base = float(getattr(task, name[5:], 0.0))
-            self.schedules[name] = build_schedule(spec, 0.0 if base is None else base, clock, name=name)
+            sched = self.schedules[name] = build_schedule(spec, 0.0 if base is None else base, clock, name=name)
+            if sched.warmup_outlasts_run:  # a smoke run or a step budget: said once, then trained as asked
+                length = f"{spec.warmup:g} {spec.unit}" + \
+                    (f" = {clock.to_steps(spec.warmup, 'epochs'):g} steps" if spec.unit == "epochs" else "")
+                log.warning("visiontrain: warning: schedules.%s.warmup (%s) is longer than the run (%d steps): "
+                            "%s stays in its warmup to the end", name, length, clock.total_steps, name)
         self.bn_layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)] \
             if "bn_momentum" in self.schedules else []
         self.values: dict[str, float] = {}

@@ -83,6 +83,26 @@ def prepare_run_dir(run_dir: Path) -> list[str]:
     return remove_stale_temporaries(run_dir / "checkpoints") + remove_stale_temporaries(run_dir)
 
 
+@contextlib.contextmanager
+def removed_if_set_up_fails(run_dir: Path | None) -> Any:
+    """Around a run's set-up: if it fails (a dataset a worker cannot receive, a model that cannot be
+    built), the directories this attempt created for the run are removed again, so a refused start
+    writes nothing. Only empty directories go: anything an earlier run left stays as it was."""
+    created: list[Path] = []
+    if run_dir is not None:
+        missing = run_dir.absolute()
+        while not missing.exists():
+            created.append(missing)
+            missing = missing.parent
+    try:
+        yield
+    except BaseException:
+        for directory in [*(d / "checkpoints" for d in created[:1]), *created]:  # deepest first
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        raise
+
+
 def write_run_file(run_dir: Path, name: str, text: str) -> None:
     """(Re)write RUN_DIR/name atomically (config.yaml, summary.json): a kill never leaves half a file."""
     try:

@@ -11,7 +11,11 @@ Semantics (``W`` = warmup in steps, ``T`` = total steps of the run):
   inside the warmup it is the already-decayed value, so the curve never jumps).
   ``warmup_factor`` instead starts it at that fraction of the value it ramps to
   (seamseg's burn-in from a third of the lr): relative, so it stays right when the lr
-  is overridden or scaled by ``optim.base_batch``.
+  is overridden or scaled by ``optim.base_batch``. ``warmup_inclusive`` makes the warmup
+  ``np.linspace(warmup_start, base, ceil(W))``: its last step, ``ceil(W) - 1``, already has
+  the target value (DINO's ``utils.cosine_scheduler``); a one-step warmup is ``warmup_start``.
+  A warmup longer than the run is allowed (a smoke run, a step budget): the run ends still
+  in its warmup, and the engine says so once at start-up.
 * The main schedule runs over ``[W, T]`` with ``t = (step - W) / (T - W)``, so cosine,
   linear and poly reach ``end`` exactly at ``T``. At ``step >= T`` the value is clamped
   to the value at ``T``.
@@ -30,6 +34,9 @@ Semantics (``W`` = warmup in steps, ``T`` = total steps of the run):
 * ``unit: epochs`` converts warmup, milestones and step_size with :class:`StepClock`, so
   epoch 3 means the first optimizer step of epoch 3, also when gradient accumulation
   changes the number of optimizer steps per epoch partway through the run.
+* ``per_epoch`` (with ``unit: epochs``): one value per epoch, as schedules indexed by the
+  epoch are written (DINO's teacher temperature). Every formula above is evaluated at the
+  epoch index ``e`` in place of the step, with ``W``, milestones, ``S`` and ``T`` in epochs.
 """
 
 from __future__ import annotations
@@ -63,6 +70,10 @@ class ScheduleConfig:
     unit: str = field(default="steps", metadata={"doc": "steps | epochs: unit of warmup, milestones, step_size"})
     base: float | None = field(default=None, metadata={"doc": "start value of the main schedule (default: the "
                                                               "configured value, e.g. optim.lr)"})
+    warmup_inclusive: bool = field(default=False, metadata={"doc": "warmup = np.linspace(start, base, W): base "
+                                                                   "at its last step W-1 (DINO), not at step W"})
+    per_epoch: bool = field(default=False, metadata={"doc": "one value per epoch, the formulas taken at the epoch "
+                                                            "index (needs unit: epochs)"})
 
 
 class StepClock:
@@ -126,6 +137,19 @@ class StepClock:
             epoch += 1
         return epoch
 
+    def epochs_at(self, step: float) -> float:
+        """The epoch position of ``step``: epoch 2.5 is halfway through epoch 2 (``epoch_start``'s inverse)."""
+        epoch = self.epoch_of(int(step))
+        return epoch + (step - self.epoch_start(epoch)) / self.steps_in_epoch(epoch)
+
+    def epoch_starts(self) -> tuple[float, ...]:
+        """The first step of every epoch the run begins (epoch 0 always)."""
+        starts, epoch = [0.0], 1
+        while (start := self.epoch_start(epoch)) < self.total_steps:
+            starts.append(start)
+            epoch += 1
+        return tuple(starts)
+
     def to_steps(self, value: float, unit: str) -> float:
         """Convert a position (warmup end, milestone) given in ``unit`` to optimizer steps."""
         if unit == "steps":
@@ -146,7 +170,7 @@ class Schedule:
     shape: str
     base: float
     end: float
-    total_steps: float
+    total_steps: float  # positions (this, warmup, milestones, step_size) are epochs when per_epoch
     warmup_steps: float = 0.0
     warmup_start: float = 0.0
     step_size: float = 0.0  # `step` in steps; 0 with unit epochs (decays are in milestones)
@@ -155,18 +179,28 @@ class Schedule:
     power: float = 0.9
     name: str = "value"
     warmup_factor: float | None = None  # if set, the warmup starts at this fraction of its target
+    warmup_inclusive: bool = False  # np.linspace(start, target, ceil(W)): the target at step ceil(W) - 1
+    # per-epoch schedules: the first step of each epoch; positions (W, T, milestones) are then epochs
+    epoch_starts: tuple[float, ...] = ()
+
+    @property
+    def warmup_outlasts_run(self) -> bool:
+        return self.warmup_steps > self.total_steps
 
     def __call__(self, step: int) -> float:
         if step < 0:
             raise ValueError(f"schedule {self.name!r}: step must be >= 0, got {step}")
         w, total = self.warmup_steps, self.total_steps
-        if step >= total:  # clamp; t = 1 even when warmup fills the whole run
-            return self._main(total, 1.0)
-        if step < w:
+        pos = float(bisect_right(self.epoch_starts, step) - 1) if self.epoch_starts else float(step)
+        pos = min(pos, total)  # past the run's end: the value at its end
+        if pos < w:
             target = self._main(w, 0.0)
             start = self.warmup_start if self.warmup_factor is None else self.warmup_factor * target
-            return start + (target - start) * (step / w)
-        return self._main(step, (step - w) / (total - w))
+            if self.warmup_inclusive:
+                n = math.ceil(w)
+                return start + (target - start) * (pos / (n - 1) if n > 1 else 0.0)
+            return start + (target - start) * (pos / w)
+        return self._main(pos, 1.0 if total <= w else (pos - w) / (total - w))
 
     def _main(self, step: float, t: float) -> float:
         """Main schedule at ``step``, ``t`` = progress through ``[W, T]`` in [0, 1]."""
@@ -228,20 +262,26 @@ def build_schedule(
     for m in cfg.milestones:
         _finite(name, "milestones", m, min_value=0.0)
 
-    total = clock.total_steps
-    warmup_steps = clock.to_steps(warmup, cfg.unit)
-    if warmup_steps > total:
-        where = f"{warmup:g} epochs = " if cfg.unit == "epochs" else ""
-        raise ValueError(
-            f"schedule {name!r}: warmup ({where}{warmup_steps:g} steps) is longer than "
-            f"the run ({total} steps)"
-        )
+    epoch_starts: tuple[float, ...] = ()
+    if cfg.per_epoch:  # positions in epochs; each step maps to its epoch's index
+        if cfg.unit != "epochs":
+            raise ValueError(f"schedule {name!r}: per_epoch needs unit: epochs, got unit: {cfg.unit}")
+        epoch_starts, total = clock.epoch_starts(), clock.epochs_at(clock.total_steps)
+
+        def position(value: float) -> float:
+            return value
+    else:
+        total = float(clock.total_steps)
+
+        def position(value: float) -> float:
+            return clock.to_steps(value, cfg.unit)
+    warmup_steps = position(warmup)
 
     step_size_steps = 0.0
     milestones: tuple[float, ...] = ()
     if cfg.shape == "step" and step_size <= 0:
         raise ValueError(f"schedule {name!r}: shape 'step' needs step_size > 0, got {step_size}")
-    if cfg.shape == "step" and cfg.unit == "steps":
+    if cfg.shape == "step" and (cfg.unit == "steps" or cfg.per_epoch):
         step_size_steps = step_size
     elif cfg.shape == "step":
         # Decay at epochs warmup + k * step_size, each mapped through the clock, so
@@ -254,12 +294,13 @@ def build_schedule(
     if cfg.shape == "multistep":
         if not cfg.milestones:
             raise ValueError(f"schedule {name!r}: shape 'multistep' needs non-empty milestones")
-        milestones = tuple(sorted(clock.to_steps(m, cfg.unit) for m in cfg.milestones))
+        milestones = tuple(sorted(position(m) for m in cfg.milestones))
 
     return Schedule(
-        shape=cfg.shape, base=start, end=end, total_steps=float(total),
+        shape=cfg.shape, base=start, end=end, total_steps=total,
         warmup_steps=warmup_steps, warmup_start=warmup_start, step_size=step_size_steps,
         milestones=milestones, gamma=gamma, power=power, name=name, warmup_factor=warmup_factor,
+        warmup_inclusive=cfg.warmup_inclusive, epoch_starts=epoch_starts,
     )  # fmt: skip
 
 

@@ -62,8 +62,28 @@ def _cached_weights(timm: Any, name: str) -> bool:
     return False
 
 
+class PretrainedUnavailable(RuntimeError):
+    """Pretrained weights that cannot be had on this machine (not cached, hub unreachable). The message
+    names the switch that trains from scratch instead; the CLI reports it in one line, exit 2."""
+
+
+def cached_torch_hub_weights(weights: Any, name: str, key: str = "task.pretrained_backbone") -> Any:
+    """torchvision ``weights`` (an enum member) if its file is already in the torch hub cache;
+    otherwise a clear error up front: training machines are often offline, and a download attempt that
+    hangs or fails deep inside torchvision is worse."""
+    import torch
+
+    path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(weights.url))
+    if not os.path.isfile(path):
+        raise PretrainedUnavailable(
+            f"{key}=true needs the torchvision {name} ImageNet weights in the local cache, but {path} does not "
+            f"exist. Fixes: {key}=false (train from scratch), or download {weights.url} on a machine with "
+            f"network access and copy it to {path} (TORCH_HOME moves the cache).")
+    return weights
+
+
 def _pretrained_error(name: str, cause: str, key: str = "task.pretrained") -> RuntimeError:
-    return RuntimeError(
+    return PretrainedUnavailable(
         f"cannot get pretrained weights for timm model {name!r}: {cause}. Fixes: {key}=false "
         "(train from scratch); run once where the Hugging Face hub is reachable so the weights land in the "
         "Hugging Face cache (HF_HOME, default ~/.cache/huggingface) and copy that cache here; or pass "

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 from collections.abc import Sequence
 
 from visiontrain._tv_compat import ensure_torchvision
@@ -31,6 +30,8 @@ from torch import Tensor, nn  # noqa: E402
 from torchvision.models._utils import IntermediateLayerGetter  # noqa: E402
 from torchvision.ops import FrozenBatchNorm2d, box_convert  # noqa: E402
 
+from visiontrain.models import cached_torch_hub_weights  # noqa: E402
+
 __all__ = ["DETR", "postprocess", "sine_position_encoding", "downsample_mask"]
 
 _BACKBONES = {  # name -> (builder name, weights enum name, output channels of layer4)
@@ -43,18 +44,8 @@ _LAYERS = ("stem", "layer1", "layer2", "layer3", "layer4")  # "stem" = conv1 + b
 
 
 def _cached_weights(backbone: str):
-    """The IMAGENET1K_V1 weights enum (what DETR used) if its file is already in the torch hub
-    cache, else a RuntimeError: training machines are often offline, and a silent download attempt
-    that hangs or fails deep inside torchvision is worse than a clear message up front."""
-    weights = getattr(torchvision.models, _BACKBONES[backbone][1]).IMAGENET1K_V1
-    path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(weights.url))
-    if not os.path.isfile(path):
-        raise RuntimeError(
-            f"task.pretrained_backbone=true needs the torchvision {backbone} ImageNet weights in the local "
-            f"cache, but {path} does not exist. Fixes: task.pretrained_backbone=false (train from scratch), or "
-            f"download {weights.url} on a machine with network access and copy it to {path} "
-            "(the directory is torch.hub.get_dir()/checkpoints; set TORCH_HOME to move it).")
-    return weights
+    """The IMAGENET1K_V1 weights (what DETR used), if cached (else PretrainedUnavailable)."""
+    return cached_torch_hub_weights(getattr(torchvision.models, _BACKBONES[backbone][1]).IMAGENET1K_V1, backbone)
 
 
 class Backbone(nn.Module):

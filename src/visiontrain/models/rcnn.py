@@ -12,7 +12,6 @@ maps its contiguous 0-based labels in and out.
 """
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
 
@@ -32,6 +31,7 @@ from torchvision.ops import FeaturePyramidNetwork, FrozenBatchNorm2d, MultiScale
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool  # noqa: E402
 
 from visiontrain.engine.param_groups import freeze_parameters  # noqa: E402
+from visiontrain.models import cached_torch_hub_weights  # noqa: E402
 
 __all__ = ["BACKBONES", "PreparedFasterRCNN", "RcnnExport", "build_faster_rcnn", "fpn_levels"]
 
@@ -40,16 +40,8 @@ BACKBONES = (*RESNETS, "mobilenet_v3_large")
 
 
 def cached_imagenet_weights(name: str) -> torchvision.models.WeightsEnum:
-    """torchvision's default ImageNet weights for ``name`` if the file is already in the torch hub
-    cache; otherwise a clear error up front instead of a download that hangs on an offline machine."""
-    weights = torchvision.models.get_model_weights(name).DEFAULT
-    path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(weights.url))
-    if not os.path.isfile(path):
-        raise RuntimeError(
-            f"task.pretrained_backbone=true needs the torchvision {name} ImageNet weights in the local cache, but "
-            f"{path} does not exist. Fixes: task.pretrained_backbone=false (train from scratch), or download "
-            f"{weights.url} on a machine with network access and copy it to {path} (TORCH_HOME moves the cache).")
-    return weights
+    """torchvision's default ImageNet weights for ``name``, if cached (else PretrainedUnavailable)."""
+    return cached_torch_hub_weights(torchvision.models.get_model_weights(name).DEFAULT, name)
 
 
 def fpn_levels(backbone: str, returned_layers: Sequence[int]) -> int:

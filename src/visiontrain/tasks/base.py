@@ -8,7 +8,7 @@ images, labels or boxes.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -28,6 +28,9 @@ class TaskData:
     train_collate: Callable | None = None       # None: torch's default_collate
     eval_collate: Callable | None = None
     group_ids: list[int] | None = None          # batch only samples of one group (aspect ratio)
+    # other datasets the task reads through DataLoader workers (DINO's k-NN bank), by name: checked
+    # at start-up, like train and val, for what a forkserver or spawned worker cannot receive
+    worker_datasets: dict[str, Dataset] = field(default_factory=dict)
 
 
 @dataclass

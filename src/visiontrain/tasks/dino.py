@@ -115,7 +115,8 @@ class DinoTask(Task):
         self.num_classes = data.num_classes
         info = {"num_classes": data.num_classes, "class_names": data.class_names,
                 "in_channels": data.in_channels, "image_size": data.image_size}
-        return TaskData(MultiCropDataset(src, spec), data.val, info, random_transforms=True)
+        return TaskData(MultiCropDataset(src, spec), data.val, info, random_transforms=True,
+                        worker_datasets={"k-NN bank": self.bank})
 
     def build_model(self, info: dict[str, Any]) -> nn.Module:
         from visiontrain.models.dino import DinoHead, MultiCropWrapper, build_backbone

@@ -92,12 +92,12 @@ class RcnnTask(DetectionTask):
         ensure_torchvision()
         import torchvision.transforms.v2 as T
 
-        from visiontrain.data.detection.transforms import to_model_input
+        from visiontrain.data.detection.transforms import sanitize_boxes, to_model_input
 
         t = self.cfg.task
         flips = [T.RandomHorizontalFlip()] + ([T.RandomVerticalFlip()] if t.vertical_flip else [])
         train = T.Compose([*flips, T.RandomShortestSize(list(t.train_scales), max_size=t.max_size),
-                           T.SanitizeBoundingBoxes(labels_getter=lambda sample: sample[1]["labels"]),
+                           sanitize_boxes(),
                            *to_model_input(self.cfg.data.normalize_on_device)])
         return train, T.Compose([T.Resize(t.val_size, max_size=t.max_size), *to_model_input()])
 

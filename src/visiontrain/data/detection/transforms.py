@@ -45,6 +45,17 @@ class RandomSizeCrop(T.Transform):
         return self._call_kernel(TF.crop, inpt, **params)
 
 
+def target_labels(sample: tuple[Any, dict[str, Any]]) -> torch.Tensor:
+    """The labels of an (image, target) sample, for SanitizeBoundingBoxes: a module-level function,
+    so that a transform holding it pickles (forkserver and spawn workers receive it pickled)."""
+    return sample[1]["labels"]
+
+
+def sanitize_boxes() -> T.SanitizeBoundingBoxes:
+    """Drops boxes a crop or a resize left empty or degenerate, with their labels."""
+    return T.SanitizeBoundingBoxes(labels_getter=target_labels)
+
+
 def to_model_input(on_device: bool = False) -> list[Any]:
     """A pipeline's last steps: uint8 -> float in [0, 1] -> ImageNet normalisation. None when the
     device does them (``data.normalize_on_device``, ``data.normalize.NormalizeOnDevice``): the CPU
@@ -65,7 +76,7 @@ def detr_train_transform(scales: Sequence[int], max_size: int, crop_resize: Sequ
             T.Compose([T.RandomShortestSize(list(crop_resize)), RandomSizeCrop(crop_min, crop_max),
                        T.RandomShortestSize(list(scales), max_size=max_size)]),
         ]),
-        T.SanitizeBoundingBoxes(labels_getter=lambda sample: sample[1]["labels"]),
+        sanitize_boxes(),
         *to_model_input(on_device),
     ])
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from visiontrain._tv_compat import ensure_torchvision
-from visiontrain.data.detection.transforms import IMAGENET_MEAN, to_model_input
+from visiontrain.data.detection.transforms import IMAGENET_MEAN, sanitize_boxes, to_model_input
 
 ensure_torchvision()
 import torchvision.transforms.v2 as T  # noqa: E402
@@ -41,8 +41,7 @@ def yolo_train_transform(size: int, *, letterbox: bool = False, flip: bool = Tru
     steps.append(_resize(size, letterbox))
     if flip:
         steps.append(T.RandomHorizontalFlip())
-    # boxes a crop or a resize left empty or degenerate go, with their labels
-    steps.append(T.SanitizeBoundingBoxes(labels_getter=lambda sample: sample[1]["labels"]))
+    steps.append(sanitize_boxes())
     return T.Compose(steps + to_model_input(on_device))
 
 

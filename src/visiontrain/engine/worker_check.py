@@ -1,0 +1,124 @@
+"""Refuse at start-up what a forkserver or spawned DataLoader worker could not receive.
+
+Such a worker is a fresh process: it gets the dataset (with its transforms), the collate function
+and the worker init function pickled, and imports every class and function they name by module.
+A lambda or a local function anywhere inside them, or a class defined in a notebook, otherwise
+fails as a traceback from inside multiprocessing at the first batch, or at the first evaluation
+minutes into a run. Here the same objects are pickled once before training, into nothing and
+without their tensors' bytes, and a failure names the object's path (e.g.
+``training dataset.transform.transforms[2].labels_getter``) and the way out, in one line.
+"""
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+import types
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from visiontrain.config import ConfigError
+
+_MAX_DEPTH = 40  # how deep the search for the culprit descends (object graphs of datasets are shallow)
+
+
+class _NotImportable(pickle.PicklingError):
+    """A class or function a worker would have to import from a main module it cannot import."""
+
+
+def main_importable(start: str) -> bool:
+    """Whether a ``start`` worker can import the training process's ``__main__``: a spawned one runs
+    a main *file* again (not its main block); the forkserver preloads it unless it was started with
+    ``python -m`` (which it does not re-run); nobody can import a notebook's or a REPL's."""
+    main = sys.modules.get("__main__")
+    has_file = getattr(main, "__file__", None) is not None
+    return has_file and (start == "spawn" or getattr(main, "__spec__", None) is None)
+
+
+class _Probe(ForkingPickler):
+    """Pickles as multiprocessing does, but tensors and arrays by shape only (their bytes are not
+    what can fail), and raises on a class or function a worker could not import."""
+
+    def __init__(self, start: str) -> None:
+        super().__init__(_Sink(), pickle.HIGHEST_PROTOCOL)
+        self.start, self.main_ok = start, main_importable(start)
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return torch.empty, (0,)
+        if isinstance(obj, np.ndarray):
+            return np.empty, (0,)
+        if isinstance(obj, (type, types.FunctionType)) and obj.__module__ == "__main__" and not self.main_ok:
+            raise _NotImportable(f"{obj.__qualname__} is defined in the main module "
+                                 f"({getattr(sys.modules.get('__main__'), '__file__', None) or 'an interactive session'}),"
+                                 f" which a {self.start} worker cannot import")
+        return NotImplemented
+
+
+class _Sink(io.RawIOBase):
+    def write(self, data: Any) -> int:
+        return len(data)
+
+
+def _pickle_error(obj: Any, start: str) -> Exception | None:
+    try:
+        _Probe(start).dump(obj)
+    except RecursionError as err:  # a graph too deep for pickle fails in the worker the same way
+        return err
+    except Exception as err:  # noqa: BLE001  (pickle raises AttributeError, TypeError, PicklingError...)
+        return err
+    return None
+
+
+def _children(obj: Any) -> Iterator[tuple[str, Any]]:
+    """(path suffix, child) for what pickling ``obj`` would pickle: items, elements, attributes."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield f"[{key!r}]", value
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for i, value in enumerate(obj):
+            yield f"[{i}]", value
+    elif hasattr(obj, "__dict__") and not isinstance(obj, (type, types.FunctionType, types.ModuleType)):
+        for name, value in vars(obj).items():
+            if name in ("_modules", "_parameters", "_buffers") and isinstance(value, dict):
+                for sub, module in value.items():  # nn.Module children read as attributes
+                    yield f".{sub}", module
+            else:
+                yield f".{name}", value
+
+
+def _culprit(obj: Any, err: Exception, path: str, start: str, depth: int = 0) -> tuple[str, Any, Exception]:
+    """The deepest object on a failing path (``obj`` fails with ``err``): its children all pickle,
+    or it has none we can see."""
+    if depth < _MAX_DEPTH:
+        for suffix, child in _children(obj):
+            if (child_err := _pickle_error(child, start)) is not None:
+                return _culprit(child, child_err, path + suffix, start, depth + 1)
+    return path, obj, err
+
+
+def _describe(obj: Any) -> str:
+    if isinstance(obj, types.FunctionType):
+        kind = "a lambda" if obj.__name__ == "<lambda>" else "a local function" if "<locals>" in obj.__qualname__ \
+            else "a function"
+        return f"{kind} ({obj.__module__}.{obj.__qualname__})"
+    return f"a {type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def check_sendable_to_workers(start: str, objects: dict[str, Any]) -> None:
+    """Raise a one-line ConfigError naming the first of ``objects`` (label -> object) that a ``start``
+    worker could not receive. A fork copies the process instead of pickling: nothing to check."""
+    if start == "fork":
+        return
+    for label, obj in objects.items():
+        if obj is None or (err := _pickle_error(obj, start)) is None:
+            continue
+        path, culprit, err = _culprit(obj, err, label, start)
+        what = f"{path}: {err}" if isinstance(err, _NotImportable) else \
+            f"{path} is {_describe(culprit)}, which cannot be pickled ({type(err).__name__}: {err})"
+        raise ConfigError(f"data.worker_start={start}: the {label} cannot be sent to a {start} DataLoader worker: "
+                          f"{what}; make it a module-level function or class, or set data.worker_start=fork "
+                          f"(or data.num_workers=0)")

@@ -1,0 +1,149 @@
+"""Every built-in recipe, run through the CLI as a user runs it: `visiontrain fit RECIPE` with the
+recipe's own data, DataLoader workers and their start method, precision, transforms and schedules.
+
+What a run here changes is only its length and size (tests/shipped.py): three optimizer steps,
+fewer evaluation images, and for a full-scale recipe a tiny fixture tree in its real on-disk format
+(tests/dataset_trees.py) with smaller batches and image sizes. Any other override must be listed
+in ``WHY`` with the reason; ``test_only_length_and_size_are_overridden`` holds the table to that,
+and each run's config.yaml is compared with the recipe key by key. The runs go two at a time in
+the background (each is mostly one thread and its workers), as the docs' commands do.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dataset_trees import build_coco, build_image_folder, build_voc
+from procs import run_cli
+from shipped import LENGTH_AND_SIZE
+from visiontrain import config as C
+from visiontrain.engine.checkpoint import load_checkpoint
+
+STEPS = 3
+FIXTURES = {"coco": build_coco, "voc": build_voc, "image-folder": build_image_folder}
+SMALL_DETECTION = ["data.limit_val=8"]
+DETECTION_SIZES = ["task.train_scales=[96,128]", "task.max_size=160", "task.val_size=96"]
+
+# recipe -> (fixture tree for data.root or None, overrides besides trainer.max_steps)
+RUNS: dict[str, tuple[str | None, list[str]]] = {
+    "classify-fashion": (None, ["data.limit_val=256"]),
+    "detect-detr": (None, SMALL_DETECTION),
+    "detect-faster-rcnn": (None, SMALL_DETECTION),
+    "detect-yolov3": (None, SMALL_DETECTION),
+    "ssl-dino": (None, ["task.knn_bank=256", "data.limit_val=100"]),  # the k-NN bank is the train set
+    "classify-mobilevit-imagenet": ("image-folder", ["data.batch_size=4", "data.image_size=64"]),
+    "detect-detr-r50-coco": ("coco", ["task.pretrained_backbone=false", *DETECTION_SIZES, "task.crop_resize=[96]",
+                                      "task.crop_min=64", "task.crop_max=96"]),
+    "detect-faster-rcnn-r50-coco": ("coco", ["task.pretrained_backbone=false", *DETECTION_SIZES]),
+    "detect-yolov3-darknet53-voc": ("voc", ["task.pretrained_backbone=false", "task.size=96", "task.val_size=96",
+                                            "task.multiscale_sizes=[64,96,128]"]),
+    "ssl-dino-vits16-imagenet": ("image-folder", ["data.batch_size=4", "data.eval_batch_size=8", "data.image_size=32",
+                                                  "task.global_crop_size=32", "task.local_crop_size=16"]),
+}
+WHY = {
+    # ImageNet weights cannot be downloaded here (tests run offline); the recipe as shipped then
+    # refuses in one line, which test_a_pretrained_backbone_that_is_not_cached_is_refused_in_one_line runs.
+    "task.pretrained_backbone": "no network for the ImageNet weights",
+}
+
+
+def overrides(recipe: str, root: Path | None) -> list[str]:
+    fixture, extra = RUNS[recipe]
+    return [f"trainer.max_steps={STEPS}", *extra, *([f"data.root={root / fixture}"] if fixture else [])]
+
+
+class RecipeRuns:
+    """Starts every selected recipe's run at the first request, two at a time."""
+
+    def __init__(self, base: Path, selected: list[str]) -> None:
+        self.base, self.selected = base, selected
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+        self.futures: dict[str, concurrent.futures.Future] = {}
+        self.lock = threading.Lock()
+
+    def _run(self, recipe: str):
+        fixture = RUNS[recipe][0]
+        with self.lock:
+            if fixture is not None and not (self.base / fixture).exists():
+                FIXTURES[fixture](self.base / fixture)
+        run_dir = self.base / "runs" / recipe
+        return run_cli("fit", recipe, *overrides(recipe, self.base), "--run-dir", str(run_dir), timeout=600), run_dir
+
+    def result(self, recipe: str):
+        with self.lock:
+            for name in [*self.selected, recipe]:
+                if name not in self.futures:
+                    self.futures[name] = self.pool.submit(self._run, name)
+        return self.futures[recipe].result()
+
+
+@pytest.fixture(scope="session")
+def recipe_runs(tmp_path_factory, request):
+    selected = [item.callspec.params["recipe"] for item in request.session.items
+                if getattr(item, "originalname", "") == "test_recipe_runs_as_shipped" and hasattr(item, "callspec")]
+    runs = RecipeRuns(tmp_path_factory.mktemp("recipes"), selected)
+    yield runs
+    runs.pool.shutdown(wait=True)
+
+
+def test_every_built_in_recipe_is_run():
+    assert sorted(RUNS) == sorted(C.list_recipes())
+
+
+def test_only_length_and_size_are_overridden():
+    for recipe in RUNS:
+        for override in overrides(recipe, Path("/data")):
+            key = override.split("=", 1)[0]
+            assert key in LENGTH_AND_SIZE or key in WHY, f"{recipe}: {key} is neither length/size nor explained"
+
+
+def flat(tree: dict, prefix: str = "") -> dict[str, object]:
+    """{"data": {"root": x}} -> {"data.root": x}"""
+    out: dict[str, object] = {}
+    for key, value in tree.items():
+        out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+@pytest.mark.parametrize("recipe", list(RUNS))
+def test_recipe_runs_as_shipped(recipe_runs, recipe):
+    proc, run_dir = recipe_runs.result(recipe)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-4000:]}"
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+
+    # The run's config is the recipe's, but for the overridden keys.
+    shipped = flat(C.config_to_dict(C.load_config(recipe, [])))
+    ran = flat(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    changed = {k for k in shipped if shipped[k] != ran.get(k)}
+    assert changed <= {o.split("=", 1)[0] for o in overrides(recipe, Path("/data"))}, changed
+
+    # A warmup longer than the three steps is a warning, one line a schedule, and the run trains.
+    for name, spec in C.load_config(recipe, []).schedules.items():
+        if spec.warmup > 0:
+            assert f"visiontrain: warning: schedules.{name}.warmup (" in proc.stderr, proc.stderr[-3000:]
+
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in rows if r["kind"] == "train") == STEPS
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert evals and evals[-1]["step"] == STEPS
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["progress"]["step"] == STEPS
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == STEPS
+
+
+def test_a_pretrained_backbone_that_is_not_cached_is_refused_in_one_line(tmp_path):
+    """detect-detr-r50-coco as shipped on a machine without the ImageNet weights: one line naming the
+    switch, exit 2, and no run dir left behind."""
+    build_coco(tmp_path / "coco")
+    run_dir = tmp_path / "runs" / "detr"
+    proc = run_cli("fit", "detect-detr-r50-coco", f"data.root={tmp_path / 'coco'}", "--run-dir", str(run_dir),
+                   env={"TORCH_HOME": str(tmp_path / "empty-torch-home")})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("visiontrain: error:")]
+    assert len(errors) == 1 and "task.pretrained_backbone=false" in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
