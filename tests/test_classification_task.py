@@ -52,7 +52,7 @@ def test_label_smoothing_and_accuracy_term():
     assert set(out) == {"ce", "acc"} and task.loss_weights == {"ce": 1.0}  # acc is logged only
     logits = model(x)
     assert out["ce"].item() == pytest.approx(F.cross_entropy(logits, y, label_smoothing=0.1).item(), rel=1e-6)
-    assert out["acc"].item() == pytest.approx((logits.argmax(-1) == y).float().mean().item())
+    assert out["acc"].item() == pytest.approx(100 * (logits.argmax(-1) == y).float().mean().item())  # percent
 
 
 def test_mix_switch_off_in_last_epochs():

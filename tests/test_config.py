@@ -11,6 +11,7 @@ import visiontrain.tasks  # noqa: F401  (registers the task config sections)
 from visiontrain import config as C
 from visiontrain.config import ConfigError, load_config
 from visiontrain.engine.schedules import ScheduleConfig
+from visiontrain.typed_config import all_keys
 from visiontrain.tasks.classification import ClassificationConfig
 
 FASHION = "classify-fashion"
@@ -203,7 +204,7 @@ def test_describe_keys_every_key_documented() -> None:
     keys = [k for k, _, _ in rows]
     assert len(keys) == len(set(keys))
     # every dataclass field, the task's own keys included
-    want = C._all_keys(C.Config)
+    want = all_keys(C.Config)
     want += [f"task.{f.name}" for f in dataclasses.fields(ClassificationConfig)]
     assert set(want) <= set(keys)
     assert "task.model" in keys and "optim.lr" in keys

@@ -628,3 +628,18 @@ def test_links_resolve():
                 elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
                     problems.append(f"{page.relative_to(ROOT)}:{n}: no heading #{anchor} in {dest.relative_to(ROOT)}")
     assert not problems, "\n".join(problems)
+
+
+def test_claims_that_once_disagreed_with_the_code():
+    """Three sentences a user acted on and found false; each now says what the code does."""
+    checkpoints = (DOCS / "checkpoints.md").read_text()
+    assert "evaluates the final weights again" not in checkpoints  # a finished run is left as it is
+    assert "changes no file" in checkpoints  # tests/test_cli.py::test_refuses_to_overwrite_and_resume_auto_continues
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "the gradient norm when `trainer.clip_grad` is set" in readme  # the step computes it only to clip
+    from visiontrain.cli import _recipe_summary
+    from visiontrain.config import RECIPES_DIR
+
+    summary = _recipe_summary(RECIPES_DIR / "classify-fashion.yaml")
+    quoted = re.search(r"reaches ([\d.]+) % test top-1 in about (\w+) minutes", readme)
+    assert quoted and f"{quoted.group(1)} % test top-1 in about {quoted.group(2)} minutes" in summary, summary

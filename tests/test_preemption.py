@@ -1,6 +1,7 @@
 """Preemption: SIGTERM / SIGUSR1 to a training run (the main process and its DataLoader worker,
 as a scheduler signals the whole job) -> last.pt written, exit code 4; --resume auto then ends with
-weights bit-identical to an uninterrupted run."""
+weights bit-identical to an uninterrupted run. Ctrl-C (SIGINT to the terminal's process group) does
+the same with exit code 130; a second Ctrl-C stops at once."""
 from __future__ import annotations
 
 import json
@@ -41,6 +42,20 @@ def logged_step(run_dir: Path) -> int:
     return max(steps, default=0)
 
 
+def signalled(run: Path, at_step: int, sig: int, *options: str, overrides: tuple[str, ...] = ()) -> tuple[
+        subprocess.Popen, str, str]:
+    """A run started, then ``sig`` to its whole process group (the run and its DataLoader workers, as
+    a scheduler or a terminal signals a job) once it has logged ``at_step``; its output at the end."""
+    proc = start(run, *options, overrides=overrides)
+    deadline = time.time() + 300
+    while logged_step(run) < at_step and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be signalled"
+    os.killpg(proc.pid, sig)
+    out, err = finish(proc, 240)
+    return proc, out, err
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("full") / "run"
@@ -55,7 +70,7 @@ def test_every_stop_signal_sets_the_flag_the_loop_reads():
     does with it (one full run: the signal that reaches the flag makes no difference after it)."""
     from visiontrain.engine.preemption import STOP_SIGNALS, StopFlag
 
-    assert set(STOP_SIGNALS) >= {signal.SIGTERM, signal.SIGUSR1}
+    assert set(STOP_SIGNALS) == {signal.SIGTERM, signal.SIGUSR1, signal.SIGINT}
     for sig in STOP_SIGNALS:
         flag = StopFlag()
         flag.install()
@@ -70,18 +85,42 @@ def test_every_stop_signal_sets_the_flag_the_loop_reads():
         assert signal.getsignal(sig) is not flag._handle  # restored after the run
 
 
+def test_a_second_ctrl_c_stops_at_once():
+    from visiontrain.engine.preemption import StopFlag
+
+    flag = StopFlag()
+    flag.install()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        assert flag.requested  # the first: finish the step, write last.pt
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    finally:
+        flag.restore()
+
+
+def test_ctrl_c_writes_last_in_one_line_and_exits_130(tmp_path):
+    """What a terminal sends its foreground job: SIGINT to every process of the group (the run and its
+    DataLoader worker). No KeyboardInterrupt traceback, one line, last.pt at the step it stopped."""
+    run = tmp_path / "run"
+    proc, out, err = signalled(run, 10, signal.SIGINT)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    lines = [line for line in (out + err).splitlines() if "stopped by" in line]
+    assert len(lines) == 1 and lines[0].startswith("visiontrain: stopped by SIGINT at step "), lines
+    stopped_at = int(lines[0].split("at step ")[1].split()[0])
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["progress"]["step"] == stopped_at >= 10
+
+
 def test_stop_signal_writes_last_and_resume_is_exact(uninterrupted, tmp_path):
     sig = signal.SIGTERM
     run = tmp_path / "run"
-    proc = start(run)
-    deadline = time.time() + 300
-    while logged_step(run) < 60 and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be signalled"
-    os.killpg(proc.pid, sig)  # the main process and its DataLoader worker, as a scheduler does
-    _, err = finish(proc, 240)
+    proc, out, err = signalled(run, 60, sig)
     assert proc.returncode == EXIT_PREEMPTED, err[-3000:]
     assert f"stopped by {sig.name}" in err and "--resume auto" in err
+    assert (out + err).count("stopped by") == 1, err[-3000:]  # said once
     state = load_checkpoint(run / "checkpoints" / "last.pt")  # the newest checkpoint loads
     stopped_at = state["progress"]["step"]
     assert 60 <= stopped_at < 12 * (1437 // 16)
@@ -107,13 +146,7 @@ def test_two_ranks_agree_to_stop_at_a_log_point_and_resume_exactly(tmp_path):
     assert proc.returncode == 0, err[-3000:]
 
     run = tmp_path / "run"
-    proc = start(run, "--nproc", "2", overrides=SIX)
-    deadline = time.time() + 300
-    while logged_step(run) < 30 and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be signalled"
-    os.killpg(proc.pid, signal.SIGTERM)
-    out, err = finish(proc, 240)
+    proc, out, err = signalled(run, 30, signal.SIGTERM, "--nproc", "2", overrides=SIX)
     assert proc.returncode != 0 and "stopped by SIGTERM" in out + err, err[-3000:]
     stopped_at = load_checkpoint(run / "checkpoints" / "last.pt")["progress"]["step"]
     assert stopped_at % 5 == 0 and 30 <= stopped_at < 6 * (1437 // 32)  # a log point (log_every=5)

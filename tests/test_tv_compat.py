@@ -121,7 +121,7 @@ def test_second_process_hits_cache(first, cache):
     assert res["mode"] == "stubbed"
     assert res["state"]["compiled"] is False
     assert res["state"]["lib_dir"] == res0["state"]["lib_dir"]
-    assert "loaded cached" in r.stderr and r.stderr.count("visiontrain:INFO:") == 1
+    assert "loaded cached" not in r.stderr and "visiontrain:INFO:" not in r.stderr  # said once per machine
 
 
 def test_torchvision_imported_first_is_a_clear_error(first, cache):

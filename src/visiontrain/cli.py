@@ -25,8 +25,9 @@ from typing import Any
 import yaml
 
 from visiontrain import config as C
+from visiontrain.engine.logging import dumps_json
 
-EXIT_USAGE, EXIT_NONFINITE = 2, 3  # and EXIT_PREEMPTED = 4 (engine.preemption): last.pt written, resume
+EXIT_USAGE, EXIT_NONFINITE = 2, 3  # and engine.preemption: 4 preempted, 130 Ctrl-C (last.pt written: resume)
 EXIT_OUT_OF_MEMORY = 5
 
 
@@ -48,8 +49,10 @@ def cmd_recipes(_: argparse.Namespace) -> int:
 def cmd_show_config(args: argparse.Namespace) -> int:
     cfg = C.load_config(args.recipe, args.overrides)
     if args.docs:
-        for key, tp, text in C.describe_keys(cfg):
-            print(f"{key:<32} {tp:<28} {text}")
+        rows = C.describe_keys(cfg)
+        key_w, type_w = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+        for key, tp, text in rows:
+            print(f"{key:<{key_w}}  {tp:<{type_w}}  {text}")
     else:
         print(C.dump_config(cfg), end="")
     return 0
@@ -62,24 +65,25 @@ def _default_run_dir(recipe: str) -> Path:
 def cmd_fit(args: argparse.Namespace) -> int:
     from visiontrain.engine.checkpoint import removed_if_set_up_fails
     from visiontrain.engine.distributed import shutdown
+    from visiontrain.engine.run_dir import checkpoint_in, resolve_resume
+    from visiontrain.launch import exec_torchrun
     from visiontrain.engine.preemption import Preempted
     from visiontrain.engine.trainer import Trainer
     from visiontrain.tasks import build_task
 
     cfg = C.load_config(args.recipe, args.overrides)  # errors surface here, before any process starts
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(args.recipe)
-    last = run_dir / "checkpoints" / "last.pt"
-    resume = args.resume
-    if resume == "auto":
-        resume = str(last) if last.is_file() else None
-    elif resume is None and last.is_file():
-        raise C.ConfigError(f"run dir {run_dir} already holds a run ({last}); pass --resume auto to "
-                            f"continue it, or --run-dir DIR for a new run (nothing was overwritten)")
-    if args.nproc is not None and args.nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        _exec_torchrun(args)
+    torchrun = args.nproc is not None and args.nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1
+    rank0 = os.environ.get("RANK", "0") == "0"
+    resume, notes = resolve_resume(run_dir, args.resume, is_main=rank0 and not torchrun)
+    init = str(checkpoint_in(args.init)) if args.init else None
+    if torchrun:
+        exec_torchrun(args)
+    for note in notes if rank0 else ():
+        print(f"visiontrain: {note}", file=sys.stderr)
     try:
         with removed_if_set_up_fails(run_dir):
-            trainer = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=args.init)
+            trainer = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=init)
         done = resume is not None and trainer.step >= trainer.clock.total_steps
         summary = _finished(trainer, resume, run_dir) if done else trainer.fit()
         del trainer
@@ -94,7 +98,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if summary:  # rank 0 of a run with a run dir
         report = (str(run_dir / "report.html") if (run_dir / "report.html").is_file() else None) if done \
             else _final_report(run_dir)
-        print(json.dumps({"run_dir": str(run_dir), "report": report, **summary}, indent=None))
+        print(dumps_json({"run_dir": str(run_dir), "report": report, **summary}))
     return 0
 
 
@@ -121,36 +125,13 @@ def _final_report(run_dir: Path) -> str | None:
         return None
 
 
-def _exec_torchrun(args: argparse.Namespace) -> None:
-    """``fit ... --nproc N``: become ``torchrun --standalone --nproc-per-node N -m visiontrain fit ...``
-    (exec: the scheduler's signals then reach torchrun, which passes them to every rank)."""
-    imports = list(args.imports)
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)  # python my_task.py fit --nproc N
-    if main_file and Path(main_file).resolve() != Path(__file__).with_name("__main__.py").resolve():
-        imports.append(main_file)  # the ranks import it as a module: it registers its task
-    argv = [*(a for m in imports for a in ("--import", m)), "fit", args.recipe, *args.overrides]
-    for flag, value in (("--run-dir", args.run_dir), ("--resume", args.resume), ("--init", args.init)):
-        if value is not None:
-            argv += [flag, value]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           "-m", "visiontrain", *argv]
-    sys.stdout.flush()
-    os.execv(sys.executable, cmd)
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
     from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
+    from visiontrain.engine.run_dir import checkpoint_in
     from visiontrain.engine.trainer import Trainer
     from visiontrain.tasks import build_task
 
-    target = Path(args.target)
-    if target.is_dir():
-        ckpts = [target / "checkpoints" / n for n in ("best.pt", "last.pt")]
-        path = next((p for p in ckpts if p.is_file()), None)
-        if path is None:
-            raise CheckpointError(f"{target}: no checkpoints/best.pt or checkpoints/last.pt in this run dir")
-    else:
-        path = target
+    path = checkpoint_in(args.target)
     state = load_checkpoint(path)
     if "config" not in state:
         raise CheckpointError(f"{path}: not a visiontrain training checkpoint (no 'config')")
@@ -164,22 +145,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if trainer.ema is not None:
         trainer.ema.load_state_dict(state["ema"])
     metrics = trainer.evaluate()
-    print(json.dumps({"checkpoint": str(path), "step": state["progress"]["step"], **metrics}))
+    print(dumps_json({"checkpoint": str(path), "step": state["progress"]["step"], **metrics}))
     return 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
+    from visiontrain.engine.run_dir import checkpoint_in
     from visiontrain.predict import predict_images
     from visiontrain.tasks import build_task
 
-    state = load_checkpoint(args.checkpoint)
+    path = str(checkpoint_in(args.checkpoint))
+    state = load_checkpoint(path)
     if "config" not in state or "data_info" not in state:
-        raise CheckpointError(f"{args.checkpoint}: not a visiontrain training checkpoint (no config/data_info)")
-    cfg = C.config_from_dict(state["config"], source=args.checkpoint)
+        raise CheckpointError(f"{path}: not a visiontrain training checkpoint (no config/data_info)")
+    cfg = C.config_from_dict(state["config"], source=path)
     task = build_task(cfg)
     if not hasattr(task, "predict"):
-        raise C.ConfigError(f"{args.checkpoint}: task {cfg.task.name!r} has no box predictions; "
+        raise C.ConfigError(f"{path}: task {cfg.task.name!r} has no box predictions; "
                             f"predict works for detection recipes")
     written = predict_images(task, state, args.images, Path(args.out), score_threshold=args.threshold,
                              use_ema=args.ema)
@@ -188,15 +171,17 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from visiontrain.engine.run_dir import checkpoint_in
     from visiontrain.export import export_checkpoint
     from visiontrain.tasks.base import ExportUnsupported
 
+    path = str(checkpoint_in(args.checkpoint))  # a run dir: the file it reads is printed with the result
     try:
-        result = export_checkpoint(args.checkpoint, args.format, args.out, use_ema=args.ema)
+        result = {"checkpoint": path, **export_checkpoint(path, args.format, args.out, use_ema=args.ema)}
     except ExportUnsupported as err:
         print(f"visiontrain: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    print(json.dumps(result))
+    print(dumps_json(result))
     return 0
 
 
@@ -226,7 +211,7 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     finally:
         shutdown(barrier=False)
     print(format_report(args.recipe, result))
-    print(json.dumps({"recipe": args.recipe, **result}))
+    print(dumps_json({"recipe": args.recipe, **result}))
     return 0
 
 
@@ -255,21 +240,46 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless it has none worth saying (None, False, [])."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, []) or action.default is argparse.SUPPRESS:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+    return f"visiontrain {of('visiontrain')} (torch {of('torch')}, torchvision {of('torchvision')}, timm {of('timm')})"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="visiontrain", description="Train vision models from recipes.")
+    p = argparse.ArgumentParser(prog="visiontrain", description="Train vision models from recipes.",
+                                formatter_class=_Help)
+    p.add_argument("--version", action="version", version=_version())
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import your module first, so that the tasks it registers exist: a module name "
                         "(found from the current directory too) or a path to a .py file; repeatable; "
                         "passed on to every rank of --nproc")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=lambda **kw: argparse.ArgumentParser(
+        formatter_class=_Help, **kw))
     sub.add_parser("recipes", help="list built-in recipes").set_defaults(fn=cmd_recipes)
 
     fit = sub.add_parser("fit", help="train a recipe")
     fit.add_argument("recipe", help="built-in recipe name or path to a YAML file")
     fit.add_argument("overrides", nargs="*", help="key=value overrides, e.g. optim.lr=3e-4")
     fit.add_argument("--run-dir", help="output directory (default runs/<recipe>)")
-    fit.add_argument("--resume", help="'auto' (the run dir's last.pt) or a checkpoint path")
-    fit.add_argument("--init", help="load weights only; tensors of another shape are skipped")
+    fit.add_argument("--resume", help="'auto' (the run dir's last.pt if there is one, else a new run), a "
+                                      "checkpoint, or a run dir (its last.pt)")
+    fit.add_argument("--init", help="load weights only, from a checkpoint or a run dir (best.pt, else last.pt); "
+                                    "tensors of another shape are skipped")
     fit.add_argument("--nproc", type=int, help="launch N processes on this machine through torchrun "
                                                "(one per GPU; gloo on CPU)")
     fit.set_defaults(fn=cmd_fit)
@@ -280,8 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     val.set_defaults(fn=cmd_validate)
 
     pred = sub.add_parser("predict", help="draw a detection checkpoint's boxes on images, with a COCO JSON")
-    pred.add_argument("checkpoint")
-    pred.add_argument("images", nargs="+")
+    pred.add_argument("checkpoint", help="a detection checkpoint, or a run dir (its best.pt, else last.pt)")
+    pred.add_argument("images", nargs="+", help="image files (PNG, JPEG, ...)")
     pred.add_argument("--out", required=True, help="output directory")
     pred.add_argument("--threshold", type=float, default=0.5, help="minimum score drawn and written")
     pred.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
@@ -289,8 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     exp = sub.add_parser("export", help="write a checkpoint's network as ONNX / ExportedProgram / TorchScript "
                                         "and compare it with PyTorch")
-    exp.add_argument("checkpoint")
-    exp.add_argument("--format", required=True, choices=["onnx", "exported-program", "torchscript"])
+    exp.add_argument("checkpoint", help="a checkpoint, or a run dir (its best.pt, else last.pt)")
+    exp.add_argument("--format", required=True, choices=["onnx", "exported-program", "torchscript"],
+                     help="onnx (checked in onnxruntime), exported-program (torch.export) or torchscript")
     exp.add_argument("--out", help="output file (default: the checkpoint path with the format's suffix)")
     exp.add_argument("--ema", action="store_true", help="export the checkpoint's EMA weights")
     exp.set_defaults(fn=cmd_export)
@@ -322,8 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(fn=cmd_report)
 
     show = sub.add_parser("show-config", help="print the resolved config")
-    show.add_argument("recipe")
-    show.add_argument("overrides", nargs="*")
+    show.add_argument("recipe", help="built-in recipe name or path to a YAML file")
+    show.add_argument("overrides", nargs="*", help="key=value overrides")
     show.add_argument("--docs", action="store_true", help="list every key with its type and meaning")
     show.set_defaults(fn=cmd_show_config)
     return p
@@ -333,10 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = build_parser().parse_args(argv)
     from visiontrain.engine.checkpoint import CheckpointError
-    from visiontrain.engine.preemption import EXIT_PREEMPTED, Preempted
+    from visiontrain.engine.preemption import EXIT_INTERRUPTED, Preempted
     from visiontrain.engine.guards import NonFiniteLossError, OutOfMemory
     from visiontrain.models import PretrainedUnavailable
     import visiontrain.tasks  # noqa: F401  (registers every task's config section)
+    from visiontrain.launch import import_user_module
 
     try:
         for module in args.imports:
@@ -344,7 +356,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except Preempted as err:
         print(f"visiontrain: {err}", file=sys.stderr)
-        return EXIT_PREEMPTED
+        return err.exit_code
+    except KeyboardInterrupt:  # a Ctrl-C during set-up, or a second one while a run stops
+        print("visiontrain: interrupted by Ctrl-C: stopped at once (checkpoints written before are complete)",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     except NonFiniteLossError as err:
         print(f"visiontrain: error: {err}", file=sys.stderr)
         return EXIT_NONFINITE
@@ -359,30 +375,6 @@ def main(argv: list[str] | None = None) -> int:
     # exit, when torch would report them as killed with a second traceback.
     gc.collect()
     return EXIT_USAGE
-
-
-def import_user_module(spec: str) -> None:
-    """``--import``: a module by name, or a .py file by path. Either way it is imported under its
-    own name from a directory put on sys.path, never as ``__main__``: DataLoader workers started
-    from a forkserver find its classes by that name, and its main block does not run."""
-    import importlib
-
-    if spec.endswith(".py") or os.sep in spec:
-        path = Path(spec)
-        if not path.is_file():
-            raise C.ConfigError(f"--import {spec}: no such file")
-        directory, name = str(path.resolve().parent), path.stem
-    else:
-        directory, name = os.getcwd(), spec
-    if directory not in sys.path:
-        sys.path.insert(0, directory)
-    try:
-        importlib.import_module(name)
-    except ModuleNotFoundError as err:
-        if err.name != name:
-            raise  # the module itself imports something missing: its own traceback says what
-        raise C.ConfigError(f"--import {spec}: no module named {name!r} in the current directory or on "
-                            f"sys.path (give a .py file's path, or a module name)") from None
 
 
 def _one_line(err: BaseException) -> str:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from visiontrain.engine.logging import nan_for_null
+
 SKIP = ("kind", "step", "epoch", "time")
 
 
@@ -40,7 +42,7 @@ def read_run(run_dir: str | Path) -> RunRecord:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = nan_for_null(json.loads(line))  # null is how a NaN is written: a missing value
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}, line {n}: not a JSON object ({err.msg})") from None
         if not isinstance(row, dict):
@@ -51,6 +53,9 @@ def read_run(run_dir: str | Path) -> RunRecord:
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     except json.JSONDecodeError as err:  # e.g. a write cut short: name the file, as for the rows
         raise ValueError(f"{summary_path}: not valid JSON ({err.msg}, line {err.lineno})") from None
+    for key in ("final", "best"):  # metric values: null back to NaN, as in the rows
+        if isinstance(summary.get(key), dict):
+            summary[key] = nan_for_null(summary[key])
     return RunRecord(Path(run_dir).resolve().name, [r for r in rows if r.get("kind") == "train"],
                      [r for r in rows if r.get("kind") == "eval"], summary)
 

@@ -7,24 +7,23 @@ registers its own dataclass), so task-specific keys are checked exactly like eng
 """
 from __future__ import annotations
 
-import contextlib
+import copy
 import dataclasses
 import difflib
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal
 
 import yaml
 
 from visiontrain.engine.schedules import ScheduleConfig
+from visiontrain.typed_config import ConfigError, build_typed, type_name
+
+__all__ = ["Config", "ConfigError", "TaskConfig", "config_from_dict", "config_to_dict", "describe_keys", "doc",
+           "dump_config", "list_recipes", "load_config", "parse_overrides", "register_task_config"]
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
-
-
-class ConfigError(ValueError):
-    """A recipe or override does not fit the schema; the message names the key."""
 
 
 def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING, *,
@@ -157,7 +156,12 @@ class DistributedConfig:
 
 @dataclass
 class TaskConfig:
-    """Base of every task's `task` section; each task subclasses it with its own keys."""
+    """Base of every task's `task` section; each task subclasses it with its own keys.
+
+    ``unread_data_keys``: ``data.*`` keys the task never reads, each with what it reads instead. A
+    recipe or an override that sets one is refused: a user coming from ``imgsz=640`` who writes
+    data.image_size=640 for a detector would otherwise train at the task's own size unawares."""
+    unread_data_keys: ClassVar[dict[str, str]] = {}
     name: str = doc("task: classification | ...", "classification")
     loss_weights: dict[str, float] = doc(
         "weight per loss term; a term without a weight is logged, not optimised", factory=dict)
@@ -184,98 +188,6 @@ _TASK_CONFIGS: dict[str, type[TaskConfig]] = {}
 
 def register_task_config(name: str, cls: type[TaskConfig]) -> None:
     _TASK_CONFIGS[name] = cls
-
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is not None:
-        return f"{origin.__name__}[{', '.join(_type_name(a) for a in typing.get_args(tp))}]"
-    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
-
-
-def _all_keys(cls: type, prefix: str = "") -> list[str]:
-    keys = []
-    for f in dataclasses.fields(cls):
-        tp = typing.get_type_hints(cls)[f.name]
-        keys.append(prefix + f.name)
-        if dataclasses.is_dataclass(tp):
-            keys += _all_keys(tp, f"{prefix}{f.name}.")
-    return keys
-
-
-def _convert(value: Any, tp: Any, key: str) -> Any:
-    """Check `value` against the annotation `tp`, converting only int -> float."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return value
-    if origin in (Union, types.UnionType):
-        for arg in args:
-            try:
-                return _convert(value, arg, key)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
-    if origin is Literal:
-        if value in args:
-            return value
-        close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{key}: expected one of {_type_name(tp)}, got {value!r}{hint}")
-    if tp is type(None):
-        if value is None:
-            return None
-        raise ConfigError(f"{key}: expected null, got {value!r}")
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} keys, got {value!r}")
-        return _build(tp, value, key + ".")
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        return [_convert(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return {str(k): _convert(v, args[1], f"{key}.{k}") for k, v in value.items()}
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is float and isinstance(value, str):
-        with contextlib.suppress(ValueError):  # YAML 1.1 reads 3e-4 (no dot) as a string
-            return float(value)
-    if tp is bool and not isinstance(value, bool):
-        raise ConfigError(f"{key}: expected bool (true/false), got {value!r}")
-    if tp in (int, float) and isinstance(value, bool):
-        raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r}")
-    if isinstance(value, tp):
-        return value
-    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
-
-
-def _build(cls: type, values: dict, prefix: str = "") -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for key in values:
-        if key not in names:
-            full = prefix + str(key)
-            close = difflib.get_close_matches(full, _all_keys(_ROOT, ""), n=3, cutoff=0.6)
-            close += [prefix + c for c in difflib.get_close_matches(str(key), sorted(names), n=3)
-                      if prefix + c not in close]
-            hint = f"; did you mean {', '.join(close[:3])}?" if close else ""
-            raise ConfigError(f"unknown config key {full!r}{hint} "
-                              f"(valid keys under {prefix or 'the top level'}: {', '.join(sorted(names))})")
-    kwargs = {k: _convert(v, hints[k], prefix + k) for k, v in values.items()}
-    for f in dataclasses.fields(cls):
-        low, value = f.metadata.get("min"), kwargs.get(f.name)
-        if low is not None and value is not None and value < low:
-            raise ConfigError(f"{prefix}{f.name}: expected an integer >= {low}, got {value!r}")
-    return cls(**kwargs)
-
-
-_ROOT: type = Config
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
@@ -341,15 +253,23 @@ def config_from_dict(tree: dict, source: str = "config") -> Config:
         raise ConfigError(f"{source}: task.name: unknown task {task_name!r}{hint}; "
                           f"expected one of {', '.join(sorted(_TASK_CONFIGS))}")
     try:
-        cfg = _build(Config, tree)
-        cfg.task = _build(task_cls, task_tree, "task.")
+        cfg = build_typed(Config, tree, root=Config)
+        cfg.task = build_typed(task_cls, task_tree, "task.", root=Config)
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
+    defaults = DataConfig()
+    for key, instead in task_cls.unread_data_keys.items():  # a saved config holds every key at its default
+        if getattr(cfg.data, key) != getattr(defaults, key):
+            raise ConfigError(f"{source}: data.{key}={getattr(cfg.data, key)}: task {task_name!r} does not read "
+                              f"it; {instead}")
     return cfg
 
 
 def load_config(recipe: str, overrides: list[str] | None = None) -> Config:
-    """Load a built-in recipe name or YAML path, apply `key=value` overrides, validate."""
+    """Load a built-in recipe name or YAML path, apply `key=value` overrides, validate.
+
+    The recipe is validated on its own first, so an error names where the bad key came from: the
+    file, or the command line (a mistyped override is not the recipe's fault)."""
     path = resolve_recipe_path(recipe)
     try:
         tree = yaml.safe_load(path.read_text()) or {}
@@ -357,9 +277,12 @@ def load_config(recipe: str, overrides: list[str] | None = None) -> Config:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(tree).__name__}")
-    for key, value in parse_overrides(overrides or []):
+    cfg = config_from_dict(copy.deepcopy(tree), source=str(path))
+    if not overrides:
+        return cfg
+    for key, value in parse_overrides(overrides):
         _set_dotted(tree, key, value)
-    return config_from_dict(tree, source=str(path))
+    return config_from_dict(tree, source=f"command line (over {path.name})")
 
 
 def config_to_dict(cfg: Any) -> dict:
@@ -379,7 +302,7 @@ def describe_keys(cfg: Config) -> list[tuple[str, str, str]]:
         for f in dataclasses.fields(obj):
             low = f.metadata.get("min")
             text = f.metadata.get("doc", "") + (f" (at least {low})" if low is not None else "")
-            rows.append((prefix + f.name, _type_name(hints[f.name]), text))
+            rows.append((prefix + f.name, type_name(hints[f.name]), text))
             value = getattr(obj, f.name)
             if dataclasses.is_dataclass(value):
                 walk(value, f"{prefix}{f.name}.")

@@ -205,6 +205,8 @@ def _is_number(value: Any) -> bool:
 
 
 def _fmt(value: Any) -> str:
+    if value is None:  # null is how a NaN is written (dumps_json): a missing value, as NaN is
+        return "nan"
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.4g}"
     if isinstance(value, (dict, list)):  # e.g. VOC's per-class AP

@@ -96,10 +96,38 @@ class GroupedBatchSampler(ResumableBatchSampler):
         counts: dict[int, int] = {}
         for g in self.group_ids:
             counts[g] = counts.get(g, 0) + 1
+        self.group_counts = dict(sorted(counts.items()))
         self.batches_per_epoch = sum(n // batch_size for n in counts.values()) // world_size
         if self.batches_per_epoch == 0:
-            raise ValueError(f"no aspect-ratio group of {counts} fills a batch of {batch_size} on "
-                             f"{world_size} process(es) (lower data.batch_size)")
+            full = sum(n // batch_size for n in counts.values())
+            short = f"no orientation has enough images for one batch of {batch_size}" if full == 0 else \
+                f"they fill only {full} batch(es) of {batch_size}, fewer than one for each of {world_size} processes"
+            raise ValueError(
+                f"the {self.num_samples} training images are batched by orientation ({self._describe()}), "
+                f"so that the images of a batch need little padding, and {short}. Lower data.batch_size, "
+                f"or set task.group_aspect=false to batch images of any orientation together")
+
+    def _describe(self) -> str:
+        """The group sizes in words: group 1 is aspect ratio (width/height) >= 1, 0 is < 1."""
+        names = {0: "portrait", 1: "landscape or square"}
+        return ", ".join(f"{n} {names.get(g, f'group {g}')}" for g, n in self.group_counts.items())
+
+    @property
+    def left_out_per_epoch(self) -> int:
+        """Images no batch of an epoch holds: each group's leftovers (fewer than a batch), and on
+        several processes the full batches that do not divide among them. Which images they are
+        changes from epoch to epoch; how many does not."""
+        return self.num_samples - self.batches_per_epoch * self.batch_size * self.world_size
+
+    def left_out_message(self) -> str:
+        """One start-up line about the images each epoch leaves out (empty when none)."""
+        left = self.left_out_per_epoch
+        if not left:
+            return ""
+        return (f"batching {self.num_samples} training images by orientation "
+                f"({self._describe()}) in batches of {self.batch_size} leaves {left} out of each epoch "
+                f"(the leftovers of each orientation, other images each epoch); task.group_aspect=false "
+                f"mixes orientations in a batch instead")
 
     def batches(self, epoch: int) -> list[list[int]]:
         """This rank's batches of an epoch, in order (a pure function of seed and epoch)."""

@@ -24,13 +24,24 @@ log = logging.getLogger("visiontrain")
 
 
 def pick_device(name: str, dist_info: DistInfo) -> torch.device:
+    """``trainer.device`` as a torch device; ``cuda`` is this rank's GPU. A device this machine does not
+    have is a mistake in the config, named as typed (exit 2), not a traceback from torch."""
+    typed = name
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         name = f"cuda:{dist_info.local_rank}"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"trainer.device={name!r} but CUDA is not available (use trainer.device=cpu)")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"trainer.device={typed}: not a device; expected auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.device={typed}: CUDA is not available here (torch {torch.__version__}); "
+                          f"use trainer.device=cpu, or auto to take a GPU where there is one")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(f"trainer.device={typed}: this machine has {torch.cuda.device_count()} GPU(s) "
+                          f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    return device
 
 
 def distribute(model: nn.Module, ema: Any, cfg: Config, task: Any, dist_info: DistInfo, device: torch.device,
@@ -61,6 +72,8 @@ def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device
     shard = {"rank": dist_info.rank, "world_size": dist_info.world_size}
     sampler = GroupedBatchSampler(data.group_ids, d.batch_size, seed=cfg.seed, **shard) \
         if data.group_ids is not None else ResumableBatchSampler(len(data.train), d.batch_size, seed=cfg.seed, **shard)
+    if isinstance(sampler, GroupedBatchSampler) and sampler.left_out_per_epoch and dist_info.is_main:
+        log.info("%s", sampler.left_out_message())  # said once: grouping drops each orientation's leftovers
     context = worker_context(d.worker_start) if d.num_workers > 0 else None
     train = train_loader(data.train, sampler, random_transforms=data.random_transforms, collate=data.train_collate,
                          num_workers=d.num_workers, pin_memory=pin, persistent_workers=d.persistent_workers,
@@ -184,6 +197,13 @@ class ScheduledScalars:
         self.bn_layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)] \
             if "bn_momentum" in self.schedules else []
         self.values: dict[str, float] = {}
+
+    def logged(self, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        """What a log point records of them: each group's lr (``lr/<name>``), the first group's as
+        ``lr``, and every other scheduled value as it was last set."""
+        groups = optimizer.param_groups
+        values = {f"lr/{g.get('name', i)}": g["lr"] for i, g in enumerate(groups)}
+        return {**values, "lr": groups[0]["lr"], **{k: v for k, v in self.values.items() if k != "lr"}}
 
     def apply(self, step: int, loss_weights: dict[str, float]) -> None:
         for name, sched in self.schedules.items():

@@ -113,7 +113,12 @@ def write_run_file(run_dir: Path, name: str, text: str) -> None:
         raise _unwritable(run_dir, err) from err
 
 
-def write_run_config(run_dir: Path, text: str) -> None:
+def write_run_config(run_dir: Path, text: str, resumed_at: int | None = None) -> None:
+    """RUN_DIR/config.yaml. A resumed run whose config differs keeps the earlier one as
+    config-<step>.yaml: the config of the segment that ended at that step."""
+    old = run_dir / "config.yaml"
+    if resumed_at is not None and old.is_file() and old.read_text() != text:
+        write_run_file(run_dir, f"config-{resumed_at}.yaml", old.read_text())
     write_run_file(run_dir, "config.yaml", text)
 
 

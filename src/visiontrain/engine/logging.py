@@ -2,6 +2,16 @@
 
 On a terminal the console is a rich progress bar (epoch, step, loss, lr, samples/s, ETA); when
 stdout is not a terminal (CI, a log file) it is one plain line per log point. Only rank 0 writes.
+
+Plain lines start with the local wall-clock time (``2026-11-24 22:15:03``), not the time since
+start: a job that is preempted and resumed writes one log across several processes, and wall-clock
+times stay in order across them and line up with the scheduler's and the system's own logs. Each
+quantity has one number format for the whole run (``format_value``), and an entry longer than
+``WIDTH`` columns (DETR's epoch summary has dozens of terms) wraps onto indented continuation lines.
+
+Every JSON a user reads (metrics.jsonl, summary.json, the CLI's result lines) goes through
+``dumps_json``: a NaN or infinity (COCO's APs on a set without small objects) is written as
+``null``, so the files parse with every strict JSON parser, not only Python's.
 """
 from __future__ import annotations
 
@@ -14,13 +24,98 @@ from typing import Any
 
 from visiontrain.engine.hooks import Hook
 
+#: Plain lines wrap at this many columns; continuation lines are indented under the text.
+WIDTH = 100
+#: Accuracies and error rates, in percent (0-100) everywhere; an ``ema/`` twin is one too.
+PERCENT = frozenset({"top1", "top5", "acc", "class_error", "knn_top1"})
+#: Shown as whole numbers, also as an epoch's mean: throughput and counts.
+WHOLE = frozenset({"samples_per_s", "skipped_steps", "fp16_overflow_skips"})
+#: Scheduled values that span decades (1e-3 -> 1e-6): always in scientific notation.
+SCIENTIFIC = frozenset({"lr", "weight_decay"})
 
-def _fmt(value: Any) -> str:
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinite float, at any depth, replaced by None (JSON null):
+    strict parsers (JavaScript, jq, Go, Rust) refuse Python's NaN/Infinity tokens."""
     if isinstance(value, float):
-        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
-            return f"{value:.3e}"
-        return f"{value:.4f}"
-    return str(value)
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def dumps_json(value: Any, **kwargs: Any) -> str:
+    """``json.dumps`` for every JSON a user reads: non-finite floats become null, and anything else
+    that is not valid JSON raises instead of being written."""
+    return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+
+
+def nan_for_null(value: Any) -> Any:
+    """The reader's side of ``dumps_json``: null back to NaN (at any depth), the missing value
+    the plots and tables already handle."""
+    if value is None:
+        return math.nan
+    if isinstance(value, dict):
+        return {k: nan_for_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [nan_for_null(v) for v in value]
+    return value
+
+
+def format_value(key: str, value: Any) -> str:
+    """One number format per quantity, chosen by its name (never by the value's size), so a column
+    reads the same all run: lr and weight decay ``3.000e-03``, percentages ``91.75``, samples/s and
+    step counts whole, seconds ``1.23``, any other int as is, everything else (losses, AP) ``0.1234``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    name = key[4:] if key.startswith("ema/") else key
+    if not math.isfinite(value):
+        return str(float(value))  # nan, inf, -inf
+    if name in SCIENTIFIC or name.startswith("lr/"):
+        return f"{value:.3e}"
+    if name in WHOLE:
+        return str(round(value))
+    if name == "ema_decay":
+        return f"{value:.6f}"  # 0.9996 and 0.99996 differ
+    if name in PERCENT or name.endswith(("_s", "_gb")):
+        return f"{value:.2f}"
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.4f}"
+
+
+def format_items(values: dict[str, Any]) -> list[str]:
+    """``key value`` for each entry, each value in its quantity's format."""
+    return [f"{k} {format_value(k, v)}" for k, v in values.items()]
+
+
+def wrap_items(head: str, items: list[str], width: int = WIDTH, indent: int = 4) -> str:
+    """``head`` then the items two spaces apart, wrapped between items before ``width`` columns;
+    continuation lines start with ``indent`` spaces (an item is never split)."""
+    lines, line = [], head
+    for item in items:
+        if line.strip() and len(line) + 2 + len(item) > width:
+            lines.append(line)
+            line = " " * indent + item
+        else:
+            line = f"{line}  {item}" if line.strip() else line + item
+    return "\n".join([*lines, line])
+
+
+def timestamp(now: float | None = None) -> str:
+    """Local wall-clock time to the second: the prefix of every plain line."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+
+
+def plain_line(text: str, now: float | None = None) -> str:
+    """A plain (non-terminal) entry: the timestamp before its first line, its continuation lines
+    indented by the timestamp's width so they read as one entry."""
+    stamp = timestamp(now)
+    pad = " " * (len(stamp) + 1)
+    first, *rest = text.split("\n")
+    return "\n".join([f"{stamp} {first}", *(pad + line for line in rest)])
 
 
 def format_eta(seconds: float) -> str:
@@ -53,27 +148,28 @@ class RunLogger:
                                  TextColumn("{task.fields[info]}", markup=False), transient=False)
             self._bar.start()
             self._task = self._bar.add_task("train", total=total_steps, epoch=0, info="")
+        # wrapped entries fit WIDTH columns with the timestamp that starts each plain line
+        self._width = WIDTH if self._bar is not None else WIDTH - len(timestamp()) - 1
 
     def log(self, kind: str, step: int, epoch: int, values: dict[str, Any]) -> None:
         """One event: a JSON line, TensorBoard scalars, and a console line or bar update."""
         if not self.enabled:
             return
         record = {"kind": kind, "step": step, "epoch": epoch, "time": round(time.time(), 3), **values}
-        self._jsonl.write(json.dumps(record, allow_nan=True) + "\n")
+        self._jsonl.write(dumps_json(record) + "\n")
         for key, value in values.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.tb().add_scalar(f"{kind}/{key}", value, step)
         if kind == "train":
-            info = "  ".join(f"{k} {_fmt(values[k])}" for k in ("total", "lr", "samples_per_s")
-                             if k in values)
+            info = "  ".join(format_items({k: values[k] for k in ("total", "lr", "samples_per_s")
+                                           if k in values}))
             eta = f"eta {format_eta(values.get('eta_s', float('nan')))}"
             if self._bar is not None:
                 self._bar.update(self._task, completed=step, epoch=epoch, info=info)
                 return
             self.print(f"step {step}/{self.total_steps}  epoch {epoch}  {info}  {eta}")
         else:
-            self.print(f"[{kind}] step {step} epoch {epoch}  " +
-                       "  ".join(f"{k} {_fmt(v)}" for k, v in values.items()))
+            self.print(wrap_items(f"[{kind}] step {step} epoch {epoch}", format_items(values), self._width))
 
     def rewind(self, step: int) -> None:
         """A resumed run continues from ``step``: what was logged after it (before the crash or kill)
@@ -117,10 +213,10 @@ class RunLogger:
 
             table = Table(title=title, show_header=False)
             for k, v in rows.items():  # plain strings: rows are not rich markup
-                table.add_row(k, _fmt(v))
+                table.add_row(k, format_value(k, v))
             self._bar.console.print(table)
         else:
-            self.print(f"{title}: " + "  ".join(f"{k} {_fmt(v)}" for k, v in rows.items()))
+            self.print(wrap_items(f"{title}:", format_items(rows), self._width))
 
     def image(self, tag: str, pixels: Any, step: int) -> None:
         """An RGB uint8 [H, W, 3] image (a rendered figure) in TensorBoard."""
@@ -128,12 +224,13 @@ class RunLogger:
             self.tb().add_image(tag, pixels, step, dataformats="HWC")
 
     def print(self, text: str) -> None:
+        """A console entry: as is under the bar; as plain lines, after a timestamp."""
         if not self.enabled:
             return
         if self._bar is not None:
             self._bar.console.print(text, markup=False, highlight=False)
         else:
-            print(text, flush=True)
+            print(plain_line(text), flush=True)
 
     def hooks(self) -> list[Hook]:
         """On a terminal, a hook that moves the bar every step (host-side only, at most 10 Hz)."""

@@ -4,7 +4,9 @@
 - ``losses.png``: one panel per loss term (and the total, the gradient norm, every logged extra),
 - ``schedules.png``: the lr of each param group and every other scheduled scalar,
 - ``throughput.png``: samples/s and the share of time spent waiting for data,
-- ``eval.png``: one panel per evaluation metric, the EMA's on the same panel as the model's,
+- ``eval.png``: one panel per evaluation metric, the EMA's on the same panel as the model's, and
+  the training value of the same quantity as a thin line (``train/acc`` under ``top1``: both in
+  percent),
 - and whatever the task draws from its last evaluation (``Task.eval_figures``: a confusion
   matrix, detections against ground truth), also sent to TensorBoard as images under
   ``figures/``. The scalars themselves are already in TensorBoard, logged as they happen.
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from visiontrain.engine.hooks import Hook
+from visiontrain.engine.logging import nan_for_null
 
 log = logging.getLogger("visiontrain")
 
@@ -32,17 +35,34 @@ THROUGHPUT = {"samples_per_s", "data_s", "compute_s", "eta_s", "gpu_peak_mem_gb"
 SCHEDULED = {"lr", "weight_decay", "momentum", "ema_decay", "bn_momentum"}
 
 
+#: Training keys that measure what an evaluation key of another name measures (same scale:
+#: percent). A training key with the evaluation key's own name (the toy task's mse) pairs too.
+TRAIN_TWIN = {"top1": "acc"}
+TRAIN_PREFIX = "train/"
+
+
+def train_twin(eval_key: str, train_keys: list[str]) -> str | None:
+    """The training key drawn on ``eval_key``'s panel of eval.png, if the run logs one."""
+    for key in (TRAIN_TWIN.get(eval_key), eval_key):
+        if key in train_keys and key not in THROUGHPUT and not is_scheduled(key):
+            return key
+    return None
+
+
 def is_scheduled(key: str) -> bool:
     return key in SCHEDULED or key.startswith(("lr/", "loss.", "task."))
 
 
 def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(train, eval) records of a metrics.jsonl; a line cut short by a kill is passed over."""
+    """(train, eval) records of a metrics.jsonl; a line cut short by a kill is passed over. A null
+    (how a NaN is written) is read back as NaN: a missing value, shown as a gap."""
     train, evals = [], []
     for line in path.read_text().splitlines():
         try:
-            record = json.loads(line)
+            record = nan_for_null(json.loads(line))
         except ValueError:
+            continue
+        if not isinstance(record, dict):
             continue
         (train if record.get("kind") == "train" else evals if record.get("kind") == "eval" else []).append(record)
     return train, evals
@@ -98,7 +118,10 @@ def _curves(records: list[dict[str, Any]], groups: list[list[str]], title: str, 
         for key in group:
             steps, values = _series(records, key)
             finite = [v for v in values if math.isfinite(v)]
-            ax.plot(steps, values, marker=marker, markersize=3, linewidth=1.2, label=key)
+            # a training series in an evaluation panel: a thin line (a point per log window)
+            train_key = key.startswith(TRAIN_PREFIX)
+            ax.plot(steps, values, marker="" if train_key else marker, markersize=3,
+                    linewidth=0.8 if train_key else 1.2, alpha=0.7 if train_key else 1.0, label=key)
             if len(finite) > 1 and min(finite) > 0 and max(finite) / min(finite) > 100:
                 ax.set_yscale("log")  # a loss falling over decades reads better on a log axis
         ax.set_title(group[0] if len(group) <= 2 else f"{group[0]} (+{len(group) - 1})", fontsize=9)
@@ -135,7 +158,13 @@ def curve_figures(train: list[dict[str, Any]], evals: list[dict[str, Any]], run_
     groups = [[k] + ([f"ema/{k}"] if any(f"ema/{k}" in r for r in evals) else []) for k in metrics]
     groups += [[k] for k in _keys(evals) if k.startswith("ema/") and k[4:] not in metrics]  # EMA-only runs
     if groups:
-        figures["eval"] = _curves(evals, groups, f"{prefix}evaluation", marker="o")
+        # the training value of the same quantity on the same axis (training acc under top1)
+        pairs = {g[0]: train_twin(g[0].removeprefix("ema/"), keys) for g in groups}
+        twins = {t for t in pairs.values() if t}
+        rows = evals + [{"step": r["step"], **{f"{TRAIN_PREFIX}{t}": r[t] for t in twins if t in r}}
+                        for r in train if twins]
+        groups = [g + ([f"{TRAIN_PREFIX}{pairs[g[0]]}"] if pairs[g[0]] else []) for g in groups]
+        figures["eval"] = _curves(rows, groups, f"{prefix}evaluation", marker="o")
     return figures
 
 

@@ -1,12 +1,15 @@
-"""Preemption: SIGTERM / SIGUSR1 (what SLURM and most schedulers send before a kill) -> stop cleanly.
+"""Preemption: SIGTERM / SIGUSR1 (what SLURM and most schedulers send before a kill) and Ctrl-C
+(SIGINT) -> stop cleanly.
 
 The signal handler only sets a host-side flag. A single process acts on it after the current
 step; under torchrun the ranks agree at the next log point with one extra all-reduce there (a log
 point is already a sync point), so no step pays a collective for it. The trainer then writes
-``checkpoints/last.pt`` and raises :class:`Preempted`; the CLI exits with ``EXIT_PREEMPTED`` (4)
-and ``--resume auto`` continues exactly.
+``checkpoints/last.pt`` and raises :class:`Preempted`; the CLI exits with ``EXIT_PREEMPTED`` (4),
+or ``EXIT_INTERRUPTED`` (130, the shell's 128 + SIGINT) after a Ctrl-C, and ``--resume auto``
+continues exactly. A second Ctrl-C stops at once (KeyboardInterrupt), without a checkpoint of its
+own: every checkpoint already written is complete (atomic writes).
 
-DataLoader workers ignore both signals (``ignore_stop_signals`` is their ``worker_init_fn``): a
+DataLoader workers ignore these signals (``ignore_stop_signals`` is their ``worker_init_fn``): a
 scheduler signals every process of the job, and a worker killed by it would take the run down
 before the checkpoint is written. The main process shuts the workers down itself.
 """
@@ -21,12 +24,21 @@ from typing import Any
 
 import torch
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 EXIT_PREEMPTED = 4
+EXIT_INTERRUPTED = 130  # Ctrl-C
 
 
 class Preempted(Exception):
     """Raised after last.pt was written because a stop signal arrived."""
+
+    def __init__(self, message: str, signum: int | None = None) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_INTERRUPTED if self.signum == signal.SIGINT else EXIT_PREEMPTED
 
 
 def ignore_stop_signals(_worker_id: int = 0) -> None:
@@ -55,6 +67,8 @@ class StopFlag:
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, _frame: Any) -> None:
+        if signum == signal.SIGINT and self.requested:
+            raise KeyboardInterrupt  # a second Ctrl-C: the user wants out now, not after the step
         self.requested, self.signum = True, signum
 
     def install(self) -> None:

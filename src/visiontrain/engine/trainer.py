@@ -5,8 +5,8 @@ writes, and the end of the run. Every one is marked ``# host sync``.
 """
 from __future__ import annotations
 
-import json
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from visiontrain.engine.distributed import DistInfo, all_reduce_mean, broadcast_
 from visiontrain.engine.ema import ModelEma
 from visiontrain.engine.fsdp import full_state_dict, sync_buffers
 from visiontrain.engine.hooks import Hook, HookList
-from visiontrain.engine.logging import RunLogger
+from visiontrain.engine.logging import RunLogger, dumps_json
 from visiontrain.engine.metrics import EpochMeans, PendingRows, StepRecorder
 from visiontrain.engine.param_groups import build_optimizer, build_param_groups, check_coverage, freeze_parameters
 from visiontrain.engine.precision import make_scaler
@@ -125,13 +125,14 @@ class Trainer:
         self.stop = StopFlag()  # SIGTERM / SIGUSR1 while fit() runs: checkpoint, then Preempted
         self.last_eval: dict[str, float] = {}
         self.last_eval_step = -1
+        self.wall_before, self._t_start = 0.0, time.perf_counter()  # training time of earlier segments
         # Set-up may draw from the global RNGs a varying amount (first-time imports do), so the
         # training streams start from a fresh seed: a run is a function of cfg.seed alone.
         build.seed_everything(cfg.seed + 1)
         if resume:
             self.load_state(load_checkpoint(resume, resolve_sharded=False), resume)
         if writes:  # after the resume checks: a refused resume leaves the run's config.yaml as it was
-            write_run_config(self.run_dir, dump_config(cfg))
+            write_run_config(self.run_dir, dump_config(cfg), resumed_at=self.step if resume else None)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
@@ -213,9 +214,9 @@ class Trainer:
         self.save_last()  # every rank: it reads the metric rows (a collective); rank 0 writes
         where = f"{self.ckpt_dir / 'last.pt'} written; continue with --resume auto" if self.ckpt_dir \
             else "no run dir, nothing written"
-        self.log.print(f"stopped by {self.stop.name} at step {self.step} (epoch {self.epoch}): {where}")
-        self.log.close()
-        raise Preempted(f"stopped by {self.stop.name} at step {self.step}; {where}")
+        self.log.close()  # the CLI prints the one line that says where the run stopped
+        raise Preempted(f"stopped by {self.stop.name} at step {self.step} (epoch {self.epoch}); {where}",
+                        self.stop.signum)
 
     def _next_batches(self, batches: Any, accum: int) -> list[Any]:
         """The micro-batches of one step (host-side loading: CPU tensors, no device reads)."""
@@ -252,9 +253,7 @@ class Trainer:
         accum = self.cfg.trainer.accum_steps if self.epoch >= self.cfg.trainer.accum_after_epoch else 1
         samples = n * self.cfg.data.batch_size * self.dist.world_size * accum
         self.samples_seen += samples
-        values.update({f"lr/{g.get('name', i)}": g["lr"] for i, g in enumerate(self.optimizer.param_groups)})
-        values["lr"] = self.optimizer.param_groups[0]["lr"]
-        values.update({k: v for k, v in self.scalars.values.items() if k != "lr"})
+        values.update(self.scalars.logged(self.optimizer))
         values["skipped_steps"], values["fp16_overflow_skips"] = self.skipped, self.overflow_skipped
         values["samples_per_s"] = samples / max(window_s, 1e-9)
         values["data_s"], values["compute_s"] = data_s, window_s - data_s
@@ -263,13 +262,10 @@ class Trainer:
             values["gpu_peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         self.log.log("train", self.step, self.epoch, values)
 
-    def _reduce(self, t: torch.Tensor) -> torch.Tensor:
-        return all_reduce_mean(t, self.dist)
-
     def check_finite(self) -> None:
         """Read the recorded steps and act on the non-finite policy. Runs before every log point,
         evaluation and checkpoint, so `raise` fires at most log_every steps after the bad step."""
-        read = self.recorder.read(reduce=self._reduce)  # host sync
+        read = self.recorder.read(reduce=partial(all_reduce_mean, info=self.dist))  # host sync
         skipped, overflow = check_rows(read, self.step - len(read.rows) + 1, policy=self.cfg.trainer.nonfinite,
                                        fp16=self.scaler is not None, epoch_of=self.clock.epoch_of)
         self.skipped, self.overflow_skipped = self.skipped + skipped, self.overflow_skipped + overflow
@@ -325,7 +321,8 @@ class Trainer:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "progress": {"step": self.step, "epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
                          "batch_size": self.cfg.data.batch_size, "world_size": self.dist.world_size,
-                         "strategy": "fsdp" if self.sharded is not None else "replicated"},
+                         "strategy": "fsdp" if self.sharded is not None else "replicated",
+                         "wall_s": self.wall_before + time.perf_counter() - self._t_start},
             "sampler_seed": self.sampler.seed,
             "rng": capture_rng(),
             "best": self.best.state_dict() if self.best is not None else None,
@@ -352,14 +349,18 @@ class Trainer:
             self.sharded.prune()
 
     def load_state(self, state: dict[str, Any], source: str) -> None:
+        from visiontrain.engine.run_dir import config_changes
         from visiontrain.engine.weights import check_resume_compatible
 
         check_resume_compatible(state, self, source)
+        for line in config_changes(state["config"], config_to_dict(self.cfg)):
+            self.log.print(line)
         self.weights.load(Path(source), state, self.raw_model, self.optimizer, self.ema)
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
         p = state["progress"]
         self.step, self.epoch, self.step_in_epoch = int(p["step"]), int(p["epoch"]), int(p["step_in_epoch"])
+        self.wall_before = float(p.get("wall_s", 0.0))
         self.sampler.seed = int(state["sampler_seed"])
         if self.best is not None and state["best"] is not None:
             self.best.load_state_dict(state["best"])
@@ -385,13 +386,13 @@ class Trainer:
                     save_safetensors(weights, self.run_dir / f"{name}.safetensors")
         if self.dist.is_main and self.run_dir is not None:
             summary = {
-                "steps": self.step, "epochs": self.epoch, "wall_s": round(wall_s, 3),
+                "steps": self.step, "epochs": self.epoch, "wall_s": round(self.wall_before + wall_s, 3),
                 "samples_per_s": self.samples_seen / max(wall_s, 1e-9),
                 "final": dict(self.last_eval),
                 "best": dict(self.best.best) if self.best else {}, "metric": self.metric, "mode": self.mode,
                 "skipped_steps": self.skipped, "fp16_overflow_skips": self.overflow_skipped,
             }
-            write_run_file(self.run_dir, "summary.json", json.dumps(summary, indent=2))
+            write_run_file(self.run_dir, "summary.json", dumps_json(summary, indent=2))
             self.log.table("final", {**summary["final"], "wall_s": summary["wall_s"]})
         self.hooks("after_train")
         self.log.close()

@@ -28,7 +28,7 @@ import torch.nn.functional as F  # noqa: E402
 import torchvision  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 from torchvision.models._utils import IntermediateLayerGetter  # noqa: E402
-from torchvision.ops import FrozenBatchNorm2d, box_convert  # noqa: E402
+from torchvision.ops import FrozenBatchNorm2d, box_convert, clip_boxes_to_image, remove_small_boxes  # noqa: E402
 
 from visiontrain.models import cached_torch_hub_weights  # noqa: E402
 
@@ -244,14 +244,22 @@ class DETR(nn.Module):
         return postprocess(outputs, orig_sizes)
 
 
+#: Boxes narrower or lower than this (original-image pixels, after clipping to the image) are
+#: dropped, as torchvision's RoI heads and YOLOv3's post-processing drop them: a query whose width
+#: underflowed to 0 is no detection, yet it would count as a false positive in AP.
+MIN_BOX_SIZE = 1e-2
+
+
 @torch.no_grad()
 def postprocess(outputs: dict, orig_sizes: Tensor) -> list[dict[str, Tensor]]:
-    """Model outputs -> per image ``{"scores": [Q], "labels": [Q], "boxes": [Q,4]}``.
+    """Model outputs -> per image ``{"scores": [K], "labels": [K], "boxes": [K,4]}``, one entry per
+    query (K = Q) except queries whose box is degenerate, which are dropped (K < Q then).
 
     Scores are the softmax probability of the best real class (the no-object column is dropped
     after the softmax, so it still takes probability mass); boxes are absolute ``xyxy`` pixels of
-    the original image, ``orig_sizes`` [B,2] giving (height, width).  No thresholding: evaluation
-    (COCO mAP) wants every query ranked by score.
+    the original image, ``orig_sizes`` [B,2] giving (height, width), clipped to it (a box is in
+    the image it was predicted for; the centre always is).  No score threshold: evaluation (COCO
+    mAP) wants every query ranked by score.
     """
     logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
     if orig_sizes.shape != (logits.shape[0], 2):
@@ -260,4 +268,9 @@ def postprocess(outputs: dict, orig_sizes: Tensor) -> list[dict[str, Tensor]]:
     h, w = orig_sizes.to(device=boxes.device, dtype=torch.float32).unbind(1)
     scale = torch.stack((w, h, w, h), dim=1)[:, None, :]  # [B,1,4]
     xyxy = box_convert(boxes.float(), in_fmt="cxcywh", out_fmt="xyxy") * scale
-    return [{"scores": s, "labels": lb, "boxes": bx} for s, lb, bx in zip(scores, labels, xyxy)]
+    out = []
+    for s, lb, bx, (ih, iw) in zip(scores, labels, xyxy, orig_sizes.tolist()):  # host sync (evaluation only)
+        bx = clip_boxes_to_image(bx, (int(ih), int(iw)))
+        keep = remove_small_boxes(bx, MIN_BOX_SIZE)
+        out.append({"scores": s[keep], "labels": lb[keep], "boxes": bx[keep]})
+    return out

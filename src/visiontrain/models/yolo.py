@@ -170,30 +170,39 @@ def decode(raw: Sequence[torch.Tensor], anchors: torch.Tensor, num_classes: int
     return torch.cat(preds, 1), torch.cat(boxes, 1), sizes
 
 
+#: Boxes narrower or lower than this (original-image pixels, after clipping to the image) are dropped
+#: before the top-k, NMS and the ``max_detections`` cut: torchvision's RoI heads use the same 1e-2.
+#: A prediction centred in the letterbox padding clips to zero width or height and can score 1.0;
+#: kept, it would take a detection slot and count as a false positive in AP.
+MIN_BOX_SIZE = 1e-2
+
+
 def postprocess(raw: Sequence[torch.Tensor], anchors: torch.Tensor, num_classes: int, valid_hw: torch.Tensor,
                 orig_sizes: torch.Tensor, *, conf_threshold: float = 0.01, nms_iou: float = 0.45,
                 pre_nms_topk: int = 400, max_detections: int = 100) -> list[dict[str, torch.Tensor]]:
-    """Per image: the ``pre_nms_topk`` best (box, class) pairs by objectness x class probability,
-    those above ``conf_threshold``, per-class NMS at ``nms_iou``, the best ``max_detections``; boxes
-    mapped from the input (``valid_hw``: each image's unpadded size there) to ``orig_sizes`` (H, W)."""
+    """Per image: boxes mapped from the input (``valid_hw``: each image's unpadded size there) to
+    ``orig_sizes`` (H, W) and clipped to it, degenerate ones (side < ``MIN_BOX_SIZE``) dropped, then
+    the ``pre_nms_topk`` best (box, class) pairs by objectness x class probability, those above
+    ``conf_threshold``, per-class NMS at ``nms_iou``, the best ``max_detections``."""
     from visiontrain._tv_compat import ensure_torchvision
 
     ensure_torchvision()
-    from torchvision.ops import batched_nms
+    from torchvision.ops import batched_nms, clip_boxes_to_image, remove_small_boxes
 
     pred, boxes, _ = decode(raw, anchors, num_classes)
-    scores = (pred[..., 4:5].sigmoid() * pred[..., 5:].sigmoid()).flatten(1)  # [B, N * C]
-    top, idx = scores.topk(min(pre_nms_topk, scores.shape[1]), dim=1)
-    cand = boxes.gather(1, (idx // num_classes)[..., None].expand(-1, -1, 4))
-    scale = (orig_sizes.to(cand) / valid_hw.to(cand)).flip(-1).repeat(1, 2)[:, None]  # (sx, sy, sx, sy)
-    cand = cand * scale
-    limit = orig_sizes.to(cand).flip(-1).repeat(1, 2)[:, None]
-    cand = torch.minimum(cand.clamp(min=0), limit)
-    labels = idx % num_classes
+    scores = pred[..., 4:5].sigmoid() * pred[..., 5:].sigmoid()  # [B, N, C]
+    scale = (orig_sizes.to(boxes) / valid_hw.to(boxes)).flip(-1).repeat(1, 2)[:, None]  # (sx, sy, sx, sy)
+    boxes = boxes * scale
     out = []
-    for b in range(cand.shape[0]):  # evaluation / prediction only: variable-size selections are fine
-        keep = top[b] > conf_threshold
-        bx, sc, lb = cand[b][keep], top[b][keep], labels[b][keep]  # host sync (a mask sizes its output)
-        kept = batched_nms(bx, sc, lb, nms_iou)[:max_detections]
-        out.append({"boxes": bx[kept], "scores": sc[kept], "labels": lb[kept]})
+    # evaluation / prediction only: per-image sizes and variable-size selections are fine
+    for b, (h, w) in enumerate(orig_sizes.tolist()):  # host sync
+        bx = clip_boxes_to_image(boxes[b], (int(h), int(w)))
+        valid = remove_small_boxes(bx, MIN_BOX_SIZE)  # anchors whose box is not degenerate
+        sc = scores[b, valid].flatten()  # [V * C]
+        top, idx = sc.topk(min(pre_nms_topk, sc.numel()))
+        keep = top > conf_threshold
+        top, idx = top[keep], idx[keep]  # host sync (a mask sizes its output)
+        bx, lb = bx[valid[idx // num_classes]], idx % num_classes
+        kept = batched_nms(bx, top, lb, nms_iou)[:max_detections]
+        out.append({"boxes": bx[kept], "scores": top[kept], "labels": lb[kept]})
     return out

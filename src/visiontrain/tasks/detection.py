@@ -17,6 +17,12 @@ log = logging.getLogger("visiontrain")
 SHOWN_IMAGES, SHOWN_SCORE, SHOWN_MAX_BOXES = 8, 0.3, 20  # the validation images drawn after each evaluation
 
 
+def unread_data_keys(sizes: str, augmentation: str) -> dict[str, str]:
+    """The classification ``data.*`` keys a detector ignores, each with what this detector reads."""
+    return {"image_size": f"its input sizes are {sizes}", "augment": f"its augmentation is {augmentation}",
+            "download": "detection datasets are read from data.root (or built in: fashion-mosaic, neon-trees)"}
+
+
 class DetectionTask(Task):
     """A detector: ``transforms`` and ``predict_batch`` are the family-specific parts."""
 

@@ -8,18 +8,21 @@ format (normalised cxcywh of each image's own size) and COCO evaluation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from visiontrain.config import TaskConfig, doc, register_task_config
 from visiontrain.tasks.base import ExportSpec
-from visiontrain.tasks.detection import DetectionTask
+from visiontrain.tasks.detection import DetectionTask, unread_data_keys
 
 
 @dataclass
 class DetrConfig(TaskConfig):
+    unread_data_keys: ClassVar[dict[str, str]] = unread_data_keys(
+        "task.train_scales, task.max_size and task.val_size",
+        "DETR's own (flip, multi-scale, crop): task.train_scales, task.crop_resize, task.crop_min, task.crop_max")
     name: str = doc("task name", "detr")
     backbone: str = doc("torchvision ResNet: resnet18 | resnet34 | resnet50 | resnet101", "resnet50")
     pretrained_backbone: bool = doc("ImageNet weights for the backbone (must be cached locally)", False)

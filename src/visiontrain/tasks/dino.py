@@ -12,7 +12,7 @@ The task owns only the centre (saved in every checkpoint through ``state_dict``)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -24,10 +24,15 @@ from visiontrain.engine.distributed import DistInfo, real_samples
 from visiontrain.engine.ema import unwrap
 from visiontrain.engine.hooks import Hook
 from visiontrain.tasks.base import ExportSpec, Task, TaskData
+from visiontrain.tasks.classification import CLASSIFICATION_UNREAD
 
 
 @dataclass
 class DinoConfig(TaskConfig):
+    unread_data_keys: ClassVar[dict[str, str]] = {
+        **CLASSIFICATION_UNREAD,
+        "augment": "its augmentation is the multi-crop: task.global_crop_size, task.local_crop_size, "
+                   "task.local_crops, task.global_scale, task.local_scale"}
     name: str = doc("task name", "dino")
     backbone: str = doc("timm model (vit_small_patch16_224, vit_tiny_patch16_224, resnet50, ...)",
                         "vit_tiny_patch16_224")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -20,13 +20,16 @@ from torch import nn
 from visiontrain.config import TaskConfig, doc, register_task_config
 from visiontrain.engine.param_groups import NORM_TYPES, no_decay_names
 from visiontrain.tasks.base import ExportSpec, TaskData
-from visiontrain.tasks.detection import DetectionTask
+from visiontrain.tasks.detection import DetectionTask, unread_data_keys
 
 LOSSES = ("loss_objectness", "loss_rpn_box_reg", "loss_classifier", "loss_box_reg")
 
 
 @dataclass
 class RcnnConfig(TaskConfig):
+    unread_data_keys: ClassVar[dict[str, str]] = unread_data_keys(
+        "task.train_scales, task.max_size and task.val_size",
+        "flips and multi-scale training: task.vertical_flip, task.train_scales")
     name: str = doc("task name", "rcnn")
     backbone: str = doc("resnet18 | resnet34 | resnet50 | resnet101 | mobilenet_v3_large", "resnet50")
     pretrained_backbone: bool = doc("ImageNet weights for the backbone (must be cached locally)", False)

@@ -9,7 +9,7 @@ and in ``models.yolo`` / ``models.yolo_loss``: all of it runs on the device with
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -18,11 +18,14 @@ from visiontrain.config import TaskConfig, doc, register_task_config
 from visiontrain.engine.hooks import Hook
 from visiontrain.models.yolo import COCO_ANCHORS
 from visiontrain.tasks.base import ExportSpec
-from visiontrain.tasks.detection import DetectionTask
+from visiontrain.tasks.detection import DetectionTask, unread_data_keys
 
 
 @dataclass
 class YoloConfig(TaskConfig):
+    unread_data_keys: ClassVar[dict[str, str]] = unread_data_keys(
+        "task.size, task.val_size and task.multiscale_sizes",
+        "GluonCV's: task.flip, task.photometric, task.zoom_out, task.iou_crop, task.mixup")
     name: str = doc("task name", "yolo")
     backbone: str = doc("timm feature extractor with stride 8/16/32 maps: darknet53 (the paper), "
                         "cs3darknet_focus_s, resnet18, ...", "darknet53")

@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import Dataset
 
 from visiontrain.data.datasets.in_memory import check_augment, make_in_memory_pair
+from visiontrain.typed_config import did_you_mean
 
 DATASETS = ("fashion-mnist", "digits", "image-folder")
 DIGITS_VAL_FRACTION = 0.2
@@ -79,7 +80,8 @@ def build_classification_data(
     """Train/val datasets plus what a model needs to know about them (see the module doc).
     ``uint8_train``: train images stay uint8, to be normalised on the device (image-folder only)."""
     if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
+        raise ValueError(f"data.name: unknown classification dataset {name!r}{did_you_mean(name, list(DATASETS))}; "
+                         f"expected one of {', '.join(DATASETS)}")
     check_augment(augment)
     if uint8_train and name != "image-folder":
         raise ValueError(f"data.normalize_on_device=true applies to data.name=image-folder and the detection "

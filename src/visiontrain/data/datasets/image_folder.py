@@ -1,4 +1,7 @@
-"""``root/train/<class>/*.jpg`` + ``root/val/<class>/*.jpg``, scanned with torchvision's ImageFolder.
+"""``root/train/<class>/*.jpg`` + ``root/val/<class>/*.jpg``, scanned with torchvision's ``make_dataset``.
+
+Classes are the train split's sub-directories, and their indices label both splits; hidden entries
+(names starting with ".", such as Jupyter's ``.ipynb_checkpoints``) are neither classes nor images.
 
 Images are decoded with PIL to RGB (any mode: grey, palette, RGBA, 16-bit; ``data.images``) and
 transformed with ``torchvision.transforms.v2``; normalisation uses ImageNet mean/std. A file that
@@ -10,15 +13,18 @@ unpickling), so spawned DataLoader workers do not import torchvision before the 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
 from visiontrain.data.datasets.in_memory import IMAGENET_MEAN, IMAGENET_STD, VAL_CROP_RATIO, check_augment, tv_v2
 
 DEFAULT_IMAGE_SIZE = 224
+LIMIT_SEED = 0  # the fixed seed of the class-balanced data.limit_* subsets (balanced_subset)
 LAYOUT = "ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg (one sub-directory per class)"
 
 
@@ -83,21 +89,71 @@ class ImageFolderClassification(Dataset):
         return self._tf(img).as_subclass(Tensor).contiguous(), label
 
 
-def _scan(directory: Path) -> tuple[list[tuple[str, int]], list[str]]:
+def _hidden(name: str) -> bool:
+    """Names starting with "." are not data: Jupyter's ``.ipynb_checkpoints``, macOS's ``.DS_Store``
+    and ``._x.jpg``, a ``.git``. Counted as a class, such a folder shifts every label after it."""
+    return name.startswith(".")
+
+
+def find_classes(directory: Path) -> list[str]:
+    """The class names of a split: its sub-directories, sorted, hidden ones skipped.
+
+    The one class discovery used both to check train against val and to assign label indices, so
+    the two cannot disagree (torchvision's ``find_classes`` counts hidden folders as classes)."""
+    return sorted(e.name for e in directory.iterdir() if e.is_dir() and not _hidden(e.name))
+
+
+def scan_split(directory: Path, class_to_idx: dict[str, int]) -> list[tuple[str, int]]:
+    """``(path, label)`` of every image under ``directory/<class>/`` (recursively, as torchvision's
+    ``make_dataset`` walks), labelled by ``class_to_idx``: the train split's map for both splits.
+
+    Hidden files and files under hidden sub-directories of a class folder are skipped. A class
+    folder without a readable image is an error naming the split directory and the classes."""
     from visiontrain._tv_compat import ensure_torchvision
 
     ensure_torchvision()
-    from torchvision.datasets import ImageFolder
+    from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension, make_dataset
 
-    try:
-        folder = ImageFolder(str(directory))
-    except FileNotFoundError as err:  # a class without images; torchvision's message names no directory
-        raise FileNotFoundError(f"image-folder split {directory}: {err}") from None
-    return [(str(p), int(t)) for p, t in folder.samples], list(folder.classes)
+    prefix = os.path.join(str(directory), "")  # make_dataset's paths start with it
+
+    def valid(path: str) -> bool:  # hidden parts only below the split (ROOT may be ~/.data); str ops: 1.3M files
+        below = os.sep + path[len(prefix):]
+        return os.sep + "." not in below and has_file_allowed_extension(path, IMG_EXTENSIONS)
+
+    samples = make_dataset(str(directory), class_to_idx, is_valid_file=valid, allow_empty=True)
+    found = {t for _, t in samples}
+    empty = sorted(c for c, i in class_to_idx.items() if i not in found)
+    if empty:  # torchvision's message names no directory
+        raise FileNotFoundError(
+            f"image-folder split {directory}: Found no valid file for the classes {', '.join(empty)}. "
+            f"Supported extensions are: {', '.join(IMG_EXTENSIONS)} (hidden files and folders, whose "
+            f"names start with '.', are skipped); empty: {', '.join(str(directory / c) for c in empty)}")
+    return [(str(p), int(t)) for p, t in samples]
 
 
-def _class_dirs(directory: Path) -> list[str]:
-    return sorted(e.name for e in directory.iterdir() if e.is_dir() and not e.name.startswith("."))
+def balanced_subset(samples: list[tuple[str, int]], n: int | None,
+                    seed: int = LIMIT_SEED) -> list[tuple[str, int]]:
+    """``n`` samples spread evenly over the classes (``data.limit_train`` / ``data.limit_val``).
+
+    The scan lists files class by class, so its first ``n`` may all be one class: a smoke run
+    that then "learns" perfectly, or a val top-1 of a single class. Each class's files are shuffled
+    with a fixed seed, then taken round-robin across classes (a class that runs out drops out)
+    until ``n``. The seed is a constant, not the run's: the subset is the same in every run, so a
+    resumed run sees the samples it started with. The kept samples stay in scan order."""
+    if n is None or n >= len(samples):
+        return list(samples)
+    by_class: dict[int, list[int]] = {}
+    for i, (_, label) in enumerate(samples):
+        by_class.setdefault(label, []).append(i)
+    g = torch.Generator().manual_seed(seed)
+    queues = [[idx[j] for j in torch.randperm(len(idx), generator=g).tolist()]
+              for _, idx in sorted(by_class.items())]
+    keep: list[int] = []
+    depth = 0
+    while len(keep) < n:
+        keep.extend(q[depth] for q in queues if depth < len(q))
+        depth += 1
+    return [samples[i] for i in sorted(keep[:n])]
 
 
 def build_image_folder(
@@ -112,7 +168,7 @@ def build_image_folder(
     for d in (base, base / "train", base / "val"):
         if not d.is_dir():
             raise FileNotFoundError(f"image-folder directory {d} does not exist; expected the layout {LAYOUT}")
-    train_classes, val_classes = _class_dirs(base / "train"), _class_dirs(base / "val")
+    train_classes, val_classes = find_classes(base / "train"), find_classes(base / "val")
     for split, found in (("train", train_classes), ("val", val_classes)):
         if not found:
             raise FileNotFoundError(f"no class sub-directories in {base / split}; expected the layout {LAYOUT}")
@@ -124,14 +180,16 @@ def build_image_folder(
             f"  only in train: {sorted(set(train_classes) - set(val_classes))}; "
             f"only in val: {sorted(set(val_classes) - set(train_classes))}"
         )
-    train_samples, classes = _scan(base / "train")
-    val_samples, _ = _scan(base / "val")
+    classes = train_classes
+    class_to_idx = {name: i for i, name in enumerate(classes)}  # the train split's map, for val too
+    train_samples = scan_split(base / "train", class_to_idx)
+    val_samples = scan_split(base / "val", class_to_idx)
     size = DEFAULT_IMAGE_SIZE if image_size is None else int(image_size)
     for name, n in (("limit_train", limit_train), ("limit_val", limit_val)):
         if n is not None and n < 1:
             raise ValueError(f"{name} must be >= 1, got {n}")
-    train_samples = train_samples[:limit_train] if limit_train is not None else train_samples
-    val_samples = val_samples[:limit_val] if limit_val is not None else val_samples
+    train_samples = balanced_subset(train_samples, limit_train)
+    val_samples = balanced_subset(val_samples, limit_val)
     train = ImageFolderClassification(
         train_samples, classes, image_size=size, mode="val" if augment == "none" else augment, uint8=uint8_train
     )

@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 from visiontrain.data.detection.base import DetectionDataset
+from visiontrain.typed_config import did_you_mean
 
 FORMATS = ("coco", "voc", "yolo", "fashion-mosaic", "neon-trees")
 
@@ -67,7 +68,8 @@ def build_detection_splits(name: str, *, root: str | None, train_split: str, val
         train = read_yolo(str(base), train_split, limit=limit_train, **policy)
         val = read_yolo(str(base), val_split, limit=limit_val, **policy)
     else:
-        raise ValueError(f"data.name: unknown detection dataset {name!r}; expected one of {', '.join(FORMATS)}")
+        raise ValueError(f"data.name: unknown detection dataset {name!r}{did_you_mean(name, list(FORMATS))}; "
+                         f"expected one of {', '.join(FORMATS)}")
     for split, ds in ((train_split, train), (val_split, val)):
         check_not_empty(name, split, ds)
     if train.class_names != val.class_names:

@@ -1,0 +1,50 @@
+"""Starting the processes of a command: `fit --nproc N` re-executed as torchrun, and `--import` of a
+user's module that registers a task (in this process and in every rank)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from pathlib import Path
+
+from visiontrain.config import ConfigError
+
+
+def exec_torchrun(args: argparse.Namespace) -> None:
+    """``fit ... --nproc N``: become ``torchrun --standalone --nproc-per-node N -m visiontrain fit ...``
+    (exec: the scheduler's signals then reach torchrun, which passes them to every rank)."""
+    imports = list(args.imports)
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)  # python my_task.py fit --nproc N
+    if main_file and Path(main_file).resolve() != Path(__file__).with_name("__main__.py").resolve():
+        imports.append(main_file)  # the ranks import it as a module: it registers its task
+    argv = [*(a for m in imports for a in ("--import", m)), "fit", args.recipe, *args.overrides]
+    for flag, value in (("--run-dir", args.run_dir), ("--resume", args.resume), ("--init", args.init)):
+        if value is not None:
+            argv += [flag, value]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+           "-m", "visiontrain", *argv]
+    sys.stdout.flush()
+    os.execv(sys.executable, cmd)
+
+
+def import_user_module(spec: str) -> None:
+    """``--import``: a module by name, or a .py file by path. Either way it is imported under its
+    own name from a directory put on sys.path, never as ``__main__``: DataLoader workers started
+    from a forkserver find its classes by that name, and its main block does not run."""
+    if spec.endswith(".py") or os.sep in spec:
+        path = Path(spec)
+        if not path.is_file():
+            raise ConfigError(f"--import {spec}: no such file")
+        directory, name = str(path.resolve().parent), path.stem
+    else:
+        directory, name = os.getcwd(), spec
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name != name:
+            raise  # the module itself imports something missing: its own traceback says what
+        raise ConfigError(f"--import {spec}: no module named {name!r} in the current directory or on "
+                            f"sys.path (give a .py file's path, or a module name)") from None
