@@ -18,6 +18,12 @@ __all__ = ["SmallCNN", "build_model"]
 
 LOCAL_MODELS = ("small_cnn",)
 
+#: A detection narrower or lower than this (original-image pixels, after clipping to the image) is
+#: dropped by every detector's post-processing, before any top-k, NMS or ``max_detections`` cut
+#: (torchvision's RoI heads use the same 1e-2): a box that clipped to zero width can still score
+#: 1.0, and kept it would take a detection slot and count as a false positive in AP.
+MIN_BOX_SIZE = 1e-2
+
 
 def _timm():
     from visiontrain._tv_compat import ensure_torchvision

@@ -30,7 +30,7 @@ from torch import Tensor, nn  # noqa: E402
 from torchvision.models._utils import IntermediateLayerGetter  # noqa: E402
 from torchvision.ops import FrozenBatchNorm2d, box_convert, clip_boxes_to_image, remove_small_boxes  # noqa: E402
 
-from visiontrain.models import cached_torch_hub_weights  # noqa: E402
+from visiontrain.models import MIN_BOX_SIZE, cached_torch_hub_weights  # noqa: E402
 
 __all__ = ["DETR", "postprocess", "sine_position_encoding", "downsample_mask"]
 
@@ -242,12 +242,6 @@ class DETR(nn.Module):
     def postprocess(outputs: dict, orig_sizes: Tensor) -> list[dict[str, Tensor]]:
         """See :func:`postprocess`."""
         return postprocess(outputs, orig_sizes)
-
-
-#: Boxes narrower or lower than this (original-image pixels, after clipping to the image) are
-#: dropped, as torchvision's RoI heads and YOLOv3's post-processing drop them: a query whose width
-#: underflowed to 0 is no detection, yet it would count as a false positive in AP.
-MIN_BOX_SIZE = 1e-2
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from visiontrain.models import check_pretrained_reachable, pretrained_error
+from visiontrain.models import MIN_BOX_SIZE, check_pretrained_reachable, pretrained_error
 
 #: GluonCV's / Darknet's nine COCO anchors (w, h) in input pixels, three per stride 8, 16, 32.
 COCO_ANCHORS: list[list[float]] = [[10, 13], [16, 30], [33, 23], [30, 61], [62, 45], [59, 119],
@@ -168,13 +168,6 @@ def decode(raw: Sequence[torch.Tensor], anchors: torch.Tensor, num_classes: int
         boxes.append(torch.cat([centre - size / 2, centre + size / 2], -1))
         preds.append(p)
     return torch.cat(preds, 1), torch.cat(boxes, 1), sizes
-
-
-#: Boxes narrower or lower than this (original-image pixels, after clipping to the image) are dropped
-#: before the top-k, NMS and the ``max_detections`` cut: torchvision's RoI heads use the same 1e-2.
-#: A prediction centred in the letterbox padding clips to zero width or height and can score 1.0;
-#: kept, it would take a detection slot and count as a false positive in AP.
-MIN_BOX_SIZE = 1e-2
 
 
 def postprocess(raw: Sequence[torch.Tensor], anchors: torch.Tensor, num_classes: int, valid_hw: torch.Tensor,
