@@ -72,8 +72,8 @@ def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device
     shard = {"rank": dist_info.rank, "world_size": dist_info.world_size}
     sampler = GroupedBatchSampler(data.group_ids, d.batch_size, seed=cfg.seed, **shard) \
         if data.group_ids is not None else ResumableBatchSampler(len(data.train), d.batch_size, seed=cfg.seed, **shard)
-    if isinstance(sampler, GroupedBatchSampler) and sampler.left_out_per_epoch and dist_info.is_main:
-        log.info("%s", sampler.left_out_message())  # said once: grouping drops each orientation's leftovers
+    if isinstance(sampler, GroupedBatchSampler) and dist_info.is_main and (left_out := sampler.left_out_message()):
+        log.info("%s", left_out)  # said once: grouping drops each orientation's leftovers
     context = worker_context(d.worker_start) if d.num_workers > 0 else None
     train = train_loader(data.train, sampler, random_transforms=data.random_transforms, collate=data.train_collate,
                          num_workers=d.num_workers, pin_memory=pin, persistent_workers=d.persistent_workers,

@@ -161,8 +161,9 @@ def curve_figures(train: list[dict[str, Any]], evals: list[dict[str, Any]], run_
         # the training value of the same quantity on the same axis (training acc under top1)
         pairs = {g[0]: train_twin(g[0].removeprefix("ema/"), keys) for g in groups}
         twins = {t for t in pairs.values() if t}
-        rows = evals + [{"step": r["step"], **{f"{TRAIN_PREFIX}{t}": r[t] for t in twins if t in r}}
-                        for r in train if twins]
+        twin_rows = [{"step": r["step"], **{f"{TRAIN_PREFIX}{t}": r[t] for t in twins if t in r}}
+                     for r in train] if twins else []
+        rows = evals + twin_rows
         groups = [g + ([f"{TRAIN_PREFIX}{pairs[g[0]]}"] if pairs[g[0]] else []) for g in groups]
         figures["eval"] = _curves(rows, groups, f"{prefix}evaluation", marker="o")
     return figures

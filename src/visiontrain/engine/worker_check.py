@@ -66,9 +66,7 @@ class _Sink(io.RawIOBase):
 def _pickle_error(obj: Any, start: str) -> Exception | None:
     try:
         _Probe(start).dump(obj)
-    except RecursionError as err:  # a graph too deep for pickle fails in the worker the same way
-        return err
-    except Exception as err:  # noqa: BLE001  (pickle raises AttributeError, TypeError, PicklingError...)
+    except Exception as err:  # noqa: BLE001  (AttributeError, TypeError, PicklingError, RecursionError...)
         return err
     return None
 
