@@ -247,11 +247,8 @@ READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "
          "__format__")
 
 
-def test_criterion_reads_from_device_once_per_batch(monkeypatch):
-    aux_layers = 3
-    targets = random_targets([2, 0, 3])
-    out = random_outputs(3, 7, aux=aux_layers)
-    crit = criterion(aux_layers=aux_layers)
+def count_reads(monkeypatch) -> dict[str, int]:
+    """Counts every tensor method that reads a value to the host, until ``monkeypatch.undo()``."""
     calls: dict[str, int] = dict.fromkeys(READS, 0)
     for name in READS:
         original = getattr(torch.Tensor, name)
@@ -260,6 +257,15 @@ def test_criterion_reads_from_device_once_per_batch(monkeypatch):
             calls[_name] += 1
             return _orig(t, *a, **k)
         monkeypatch.setattr(torch.Tensor, name, wrapper)
+    return calls
+
+
+def test_criterion_reads_from_device_once_per_batch(monkeypatch):
+    aux_layers = 3
+    targets = random_targets([2, 0, 3])
+    out = random_outputs(3, 7, aux=aux_layers)
+    crit = criterion(aux_layers=aux_layers)
+    calls = count_reads(monkeypatch)
     losses = crit(out, targets)
     total = weighted_total(losses, crit.weight_dict)
     total.backward()

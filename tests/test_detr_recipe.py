@@ -34,13 +34,16 @@ def test_detect_detr_smoke_fit(fitted):
     rows = [json.loads(l) for l in (fitted / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train] == [2, 4]
-    # DETR's weighted loss dict: final layer and the aux copy (2 decoder layers -> suffix _0)
-    for key in ("loss_ce", "loss_bbox", "loss_giou", "loss_ce_0", "loss_bbox_0", "loss_giou_0", "class_error",
-                "cardinality_error", "loss_bbox_w", "grad_norm", "total"):
+    # DETR's weighted loss dict: final layer and the aux copy (2 decoder layers -> suffix _0), and
+    # the recipe's options: focal class loss, two-stage proposals (_enc), denoising copies (_dn)
+    for key in ("loss_focal", "loss_bbox", "loss_giou", "loss_focal_0", "loss_bbox_0", "loss_giou_0", "loss_focal_enc",
+                "loss_giou_enc", "loss_focal_dn", "loss_bbox_dn_0", "class_error", "cardinality_error", "loss_bbox_w",
+                "grad_norm", "total"):
         assert key in train[-1], key
-    assert train[-1]["total"] == pytest.approx(
-        sum(train[-1][k] for k in ("loss_ce", "loss_ce_0")) + sum(
-            train[-1][f"{k}_w"] for k in ("loss_bbox", "loss_giou", "loss_bbox_0", "loss_giou_0")), rel=1e-4)
+    assert train[-1]["loss_focal_w"] == pytest.approx(2 * train[-1]["loss_focal"], rel=1e-4)  # focal weighs 2
+    weighted = [k for k in train[-1] if k.endswith("_w")]
+    assert len(weighted) == 3 * 5  # class, L1, GIoU for: final, aux, encoder, denoising final and aux
+    assert train[-1]["total"] == pytest.approx(sum(train[-1][k] for k in weighted), rel=1e-4)
     evals = [r for r in rows if r["kind"] == "eval"]
     assert evals and {"AP", "AP50", "AP75", "APs", "APm", "APl"} <= set(evals[-1])
     summary = json.loads((fitted / "summary.json").read_text())
@@ -57,7 +60,8 @@ def test_predict_draws_boxes_and_writes_coco_results(fitted, coco_root, tmp_path
         drawn = Image.open(out / f"{img.stem}.png")
         assert drawn.size == Image.open(img).size and drawn.mode == "RGB"
     dets = json.loads((out / "detections.json").read_text())
-    assert len(dets) == 2 * 20  # threshold 0: every query of both images (20 queries)
+    # threshold 0: the 100 best (query, class) pairs of each image (20 queries x 10 classes: sigmoid heads)
+    assert len(dets) == 2 * 100
     cats = {c["id"] for c in json.loads((coco_root / "annotations" / "instances_val.json").read_text())["categories"]}
     for d in dets:
         assert d["image_id"] in (1, 2) and d["category_id"] in cats and 0 <= d["score"] <= 1
@@ -82,3 +86,27 @@ def test_detr_recipes_load():
     cfg = C.load_config("detect-detr-r50-coco")
     assert (cfg.task.enc_layers, cfg.task.dec_layers, cfg.task.hidden_dim, cfg.task.num_queries) == (6, 6, 256, 100)
     assert cfg.optim.lr_mult == {"^backbone\\.": 0.1} and cfg.schedules["lr"].milestones == [200]
+    # the paper's recipe keeps the paper's DETR: every fast option off
+    t = cfg.task
+    assert (t.class_loss, t.box_refine, t.two_stage, t.query_groups, t.dn_groups, t.deformable_levels) == \
+        ("ce", False, False, 1, 0, 0)
+    fast = C.load_config("detect-detr-fast-r50-coco").task
+    assert (fast.class_loss, fast.box_refine, fast.two_stage, fast.dn_groups, fast.deformable_levels) == \
+        ("focal", True, True, 5, 2)
+
+
+def test_the_papers_recipe_builds_the_papers_model():
+    from visiontrain.tasks.detr import DetrTask
+
+    task = DetrTask(C.load_config("detect-detr-r50-coco", ["task.pretrained_backbone=false"]))
+    model = task.build_model({"num_classes": 3})
+    assert not hasattr(model, "queries") and not model.sigmoid_class
+    assert set(task.loss_weights) == {f"{k}{s}" for k in ("loss_ce", "loss_bbox", "loss_giou")
+                                      for s in ["", "_0", "_1", "_2", "_3", "_4"]}
+
+
+def test_predict_threshold_follows_the_class_loss():
+    from visiontrain.tasks.detr import DetrTask
+
+    assert DetrTask(C.load_config("detect-detr")).predict_threshold == 0.3  # focal scores sit lower
+    assert DetrTask(C.load_config("detect-detr", ["task.class_loss=ce"])).predict_threshold == 0.5

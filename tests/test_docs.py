@@ -52,8 +52,8 @@ DOCS = ROOT / "docs"
 PAGES = sorted([*DOCS.glob("*.md"), *(DOCS / "recipes").glob("*.md")])
 BIN = Path(sys.executable).parent  # the venv's bin: visiontrain, python, torchrun
 
-FULL_RECIPES = ("classify-mobilevit-imagenet", "detect-detr-r50-coco", "detect-faster-rcnn-r50-coco",
-                "detect-yolov3-darknet53-voc", "ssl-dino-vits16-imagenet")
+FULL_RECIPES = ("classify-mobilevit-imagenet", "detect-detr-r50-coco", "detect-detr-fast-r50-coco",
+                "detect-faster-rcnn-r50-coco", "detect-yolov3-darknet53-voc", "ssl-dino-vits16-imagenet")
 SMALL_RECIPES = ("classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3", "ssl-dino")
 OPTIONS = {"setup", "continue", "fit-args", "exit", "timeout"}
 DEFAULT_TIMEOUT = 300

@@ -39,6 +39,8 @@ RUNS: dict[str, tuple[str | None, list[str]]] = {
     "classify-mobilevit-imagenet": ("image-folder", ["data.batch_size=4", "data.image_size=64"]),
     "detect-detr-r50-coco": ("coco", ["task.pretrained_backbone=false", *DETECTION_SIZES, "task.crop_resize=[96]",
                                       "task.crop_min=64", "task.crop_max=96"]),
+    "detect-detr-fast-r50-coco": ("coco", ["task.pretrained_backbone=false", *DETECTION_SIZES, "task.crop_resize=[96]",
+                                           "task.crop_min=64", "task.crop_max=96"]),
     "detect-faster-rcnn-r50-coco": ("coco", ["task.pretrained_backbone=false", *DETECTION_SIZES]),
     "detect-yolov3-darknet53-voc": ("voc", ["task.pretrained_backbone=false", "task.size=96", "task.val_size=96",
                                             "task.multiscale_sizes=[64,96,128]"]),

@@ -48,20 +48,28 @@ def assert_bit_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
     assert not different, f"tensors differ after resume: {different[:5]}"
 
 
+def fit_and_crash_resume(cfg: C.Config, base, crash_at: int, position: tuple[int, int, int] | None = None
+                         ) -> tuple[Trainer, Trainer]:
+    """(a run fitted to the end, a run killed at ``crash_at`` then resumed from its last.pt to the
+    end); ``position``: the (step, epoch, step_in_epoch) the resumed run must start from."""
+    full = Trainer(cfg, build_task(cfg), base / "full")
+    full.fit()
+    crashed = Trainer(cfg, build_task(cfg), base / "crashed", hooks=[CrashAt(crash_at)])
+    with pytest.raises(Crash):
+        crashed.fit()
+    resumed = Trainer(cfg, build_task(cfg), base / "crashed", resume=str(base / "crashed" / "checkpoints" / "last.pt"))
+    assert (resumed.step, resumed.epoch, resumed.step_in_epoch) == (position or (crash_at, resumed.epoch,
+                                                                                resumed.step_in_epoch))
+    resumed.fit()
+    return full, resumed
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_mid_epoch_resume_is_bit_exact(tmp_path, workers):
     cfg = classification_cfg(workers)
-    full = Trainer(cfg, build_task(cfg), tmp_path / "full")
-    full.fit()
     # 1437 train digits / 32 = 44 steps per epoch; crash at 50 (after the checkpoint at 50, mid-epoch 1)
     # and resume; the resumed run goes through an epoch-end evaluation and the mix switch-off.
-    crashed = Trainer(cfg, build_task(cfg), tmp_path / "crashed", hooks=[CrashAt(50)])
-    with pytest.raises(Crash):
-        crashed.fit()
-    resumed = Trainer(cfg, build_task(cfg), tmp_path / "crashed",
-                      resume=str(tmp_path / "crashed" / "checkpoints" / "last.pt"))
-    assert (resumed.step, resumed.epoch, resumed.step_in_epoch) == (50, 1, 6)
-    resumed.fit()
+    full, resumed = fit_and_crash_resume(cfg, tmp_path, crash_at=50, position=(50, 1, 6))
     assert resumed.step == full.step == 132
     assert_bit_identical(state_of(full), state_of(resumed))
     # the optimizer state and best metrics match too
@@ -94,3 +102,21 @@ def test_resume_refuses_other_batch_size(tmp_path):
     other = toy_config(trainer__max_steps=3, data__batch_size=16)
     with pytest.raises(CheckpointError, match="data.batch_size=32.*data.batch_size=16"):
         Trainer(other, ToyTask(other), tmp_path / "b", resume=str(tmp_path / "a/checkpoints/last.pt"))
+
+
+def test_detr_with_its_fast_options_resumes_bit_exact(tmp_path, tmp_path_factory):
+    """detect-detr as shipped (focal loss, two-stage, groups, denoising copies drawn from the RNG,
+    deformable attention, bf16, one worker), crashed after step 4's checkpoint and resumed."""
+    from detection_helpers import mosaic_coco
+
+    root = mosaic_coco(tmp_path_factory, 8, 2)
+    # a tiny transformer (and 6 steps) keeps the test fast; the options under test are the recipe's
+    small = ["task.hidden_dim=32", "task.dim_feedforward=64", "task.enc_layers=1", "task.num_queries=6"]
+    cfg = C.load_config("detect-detr", small + [
+        "data.name=coco", f"data.root={root}", "data.batch_size=2", "trainer.max_steps=6", "trainer.log_every=3",
+        "task.train_scales=[96]", "task.val_size=96", "task.max_size=128", "task.crop_resize=[96]",
+        "task.crop_min=64", "task.crop_max=96", "eval.every=0", "checkpoint.every=2", "checkpoint.unit=steps",
+        "trainer.progress=plain"])
+    full, resumed = fit_and_crash_resume(cfg, tmp_path, crash_at=4)
+    assert resumed.step == full.step == 6
+    assert_bit_identical(state_of(full), state_of(resumed))

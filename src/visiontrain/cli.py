@@ -4,7 +4,7 @@
     visiontrain fit RECIPE|FILE [k=v ...] [--run-dir DIR] [--resume auto|PATH] [--init PATH] [--nproc N]
     visiontrain validate RUN_DIR|CHECKPOINT [k=v ...]
     visiontrain show-config RECIPE|FILE [k=v ...] [--docs]
-    visiontrain predict CHECKPOINT IMAGE... --out DIR [--threshold 0.5] [--ema]
+    visiontrain predict CHECKPOINT IMAGE... --out DIR [--threshold T] [--ema]
     visiontrain export CHECKPOINT --format onnx|exported-program|torchscript [--out FILE] [--ema]
     visiontrain consolidate CHECKPOINT [--out FILE]
     visiontrain benchmark RECIPE|FILE [k=v ...] [--steps N] [--warmup N] [--synthetic]
@@ -293,7 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("checkpoint", help="a detection checkpoint, or a run dir (its best.pt, else last.pt)")
     pred.add_argument("images", nargs="+", help="image files (PNG, JPEG, ...)")
     pred.add_argument("--out", required=True, help="output directory")
-    pred.add_argument("--threshold", type=float, default=0.5, help="minimum score drawn and written")
+    pred.add_argument("--threshold", type=float, default=None,
+                      help="minimum score drawn and written (default: the task's; 0.3 for a DETR trained with a "
+                           "focal or varifocal loss, 0.5 otherwise)")
     pred.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
     pred.set_defaults(fn=cmd_predict)
 

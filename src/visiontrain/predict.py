@@ -37,11 +37,11 @@ def output_names(images: list[str]) -> list[Path]:
 
 
 def predict_images(task: Any, state: dict[str, Any], images: list[str], out: Path, *,
-                   score_threshold: float = 0.5, use_ema: bool = False) -> int:
+                   score_threshold: float | None = None, use_ema: bool = False) -> int:
     """Writes one drawing per input (boxes, class names, scores; named by :func:`output_names`) and
     OUT/detections.json (COCO results format; image_id = position in the argument list, 1-based;
     each result also names its input, ``file_name`` as given, and its drawing, ``drawn``, relative to
-    OUT). Returns the detection count."""
+    OUT). ``score_threshold`` None: the task's ``predict_threshold``. Returns the detection count."""
     from visiontrain._tv_compat import ensure_torchvision
 
     ensure_torchvision()  # nothing before this point need have loaded torchvision (e.g. the rcnn task)
@@ -52,6 +52,7 @@ def predict_images(task: Any, state: dict[str, Any], images: list[str], out: Pat
     from visiontrain.evaluation.coco import to_coco_results
 
     info = state["data_info"]
+    score_threshold = task.predict_threshold if score_threshold is None else score_threshold
     model = task.build_model(info)
     weights = state["ema"]["module"] if use_ema and state.get("ema") else state["model"]
     model.load_state_dict(weights)

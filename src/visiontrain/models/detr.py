@@ -31,6 +31,9 @@ from torchvision.models._utils import IntermediateLayerGetter  # noqa: E402
 from torchvision.ops import FrozenBatchNorm2d, box_convert, clip_boxes_to_image, remove_small_boxes  # noqa: E402
 
 from visiontrain.models import MIN_BOX_SIZE, cached_torch_hub_weights  # noqa: E402
+from visiontrain.models.detr_deformable import deformable_layers  # noqa: E402
+from visiontrain.models.detr_queries import (  # noqa: E402
+    MLP, QueryOptions, ReferenceQueries, query_attention_mask, sine_embedding)
 
 __all__ = ["DETR", "postprocess", "sine_position_encoding", "downsample_mask"]
 
@@ -57,7 +60,7 @@ class Backbone(nn.Module):
     """
 
     def __init__(self, name: str, pretrained: bool, train_layers: Sequence[str], *,
-                 feature_layer: str = "layer4", frozen_bn: bool = True) -> None:
+                 feature_layer: str = "layer4", frozen_bn: bool = True, fine_level: bool = False) -> None:
         super().__init__()
         if name not in _BACKBONES:
             raise ValueError(f"unknown DETR backbone {name!r}; choose one of {sorted(_BACKBONES)}")
@@ -72,8 +75,12 @@ class Backbone(nn.Module):
         # needs real batch norm (FrozenBatchNorm2d at its initial values is the identity).
         trunk = builder(weights=weights, norm_layer=FrozenBatchNorm2d if frozen_bn else nn.BatchNorm2d)
         # IntermediateLayerGetter keeps the children up to feature_layer and drops the rest.
-        self.body = IntermediateLayerGetter(trunk, return_layers={feature_layer: "out"})
+        # ``fine_level``: also the layer before feature_layer (twice the resolution), for deformable attention
+        fine = _LAYERS[_LAYERS.index(feature_layer) - 1]
+        self.body = IntermediateLayerGetter(trunk, return_layers={fine: "fine", feature_layer: "out"} if fine_level
+                                            else {feature_layer: "out"})
         self.num_channels = _BACKBONES[name][2] // (2 if feature_layer == "layer3" else 1)
+        self.fine_channels = self.num_channels // 2
         prefixes = tuple(f"{layer}." for layer in train_layers if layer != "stem")
         prefixes += ("conv1.", "bn1.") if "stem" in train_layers else ()
         for pname, p in self.body.named_parameters():
@@ -82,6 +89,11 @@ class Backbone(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         return self.body(images)["out"]
+
+    def levels(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        """(fine, out) feature maps; needs ``fine_level``."""
+        features = self.body(images)
+        return features["fine"], features["out"]
 
 
 def downsample_mask(mask: Tensor, size: Sequence[int]) -> Tensor:
@@ -107,14 +119,8 @@ def sine_position_encoding(mask: Tensor, dim: int, temperature: float = 10000.0,
     x = real.cumsum(2)
     y = y / (y[:, -1:, :] + eps) * scale
     x = x / (x[:, :, -1:] + eps) * scale
-    k = torch.arange(half, dtype=torch.float32, device=mask.device)
-    freqs = temperature ** (2 * torch.div(k, 2, rounding_mode="floor") / half)
-
-    def encode(coord: Tensor) -> Tensor:  # [B,h,w] -> [B,h,w,half], sin on even, cos on odd
-        phase = coord[..., None] / freqs
-        return torch.stack((phase[..., 0::2].sin(), phase[..., 1::2].cos()), dim=4).flatten(3)
-
-    return torch.cat((encode(y), encode(x)), dim=3).permute(0, 3, 1, 2)
+    return torch.cat((sine_embedding(y, half, temperature), sine_embedding(x, half, temperature)),
+                     dim=3).permute(0, 3, 1, 2)
 
 
 class EncoderLayer(nn.Module):
@@ -145,62 +151,81 @@ class DecoderLayer(nn.Module):
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
         self.drop1, self.drop2, self.drop3 = nn.Dropout(dropout), nn.Dropout(dropout), nn.Dropout(dropout)
 
-    def forward(self, tgt: Tensor, memory: Tensor, query_pos: Tensor, pos: Tensor, pad: Tensor) -> Tensor:
+    def forward(self, tgt: Tensor, memory: Tensor, query_pos: Tensor, pos: Tensor, pad: Tensor,
+                attn_mask: Tensor | None = None) -> Tensor:
+        """``attn_mask`` [Q,Q] (True = may not attend) keeps query groups and denoising copies apart."""
         qk = tgt + query_pos
-        tgt = self.norm1(tgt + self.drop1(self.self_attn(qk, qk, tgt, need_weights=False)[0]))
+        sa = self.self_attn(qk, qk, tgt, attn_mask=attn_mask, need_weights=False)[0]
+        tgt = self.norm1(tgt + self.drop1(sa))
         att = self.cross_attn(tgt + query_pos, memory + pos, memory, key_padding_mask=pad, need_weights=False)[0]
         tgt = self.norm2(tgt + self.drop2(att))
         return self.norm3(tgt + self.drop3(self.ff(tgt)))
 
 
-class MLP(nn.Module):
-    """Linear layers with ReLU between them (the box head: hidden -> hidden -> hidden -> 4)."""
-
-    def __init__(self, d_in: int, d_hidden: int, d_out: int, num_layers: int) -> None:
-        super().__init__()
-        dims = [d_in] + [d_hidden] * (num_layers - 1) + [d_out]
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
-
-    def forward(self, x: Tensor) -> Tensor:
-        for i, layer in enumerate(self.layers):
-            x = layer(x) if i == len(self.layers) - 1 else F.relu(layer(x))
-        return x
-
-
 class DETR(nn.Module):
     """DETR detector; see the module docstring.  ``forward(images, mask)`` returns
     ``{"pred_logits": [B,Q,C+1], "pred_boxes": [B,Q,4] (cxcywh in [0,1]), "aux_outputs": [...]}``
-    where ``aux_outputs`` holds the same two entries for every decoder layer but the last."""
+    where ``aux_outputs`` holds the same two entries for every decoder layer but the last.
+
+    The options that shorten training (see :mod:`visiontrain.models.detr_queries`) change only what
+    they must: ``sigmoid_class`` gives C class logits (no no-object column; a focal-loss head, its
+    bias set so every class starts at probability 0.01); ``queries`` may add, in training only,
+    ``enc_outputs`` (two-stage proposals), ``dn_outputs`` (denoising queries, with ``dn_slots``)
+    and ``groups`` query sets side by side in ``pred_*``.  All off, the model, its parameter names
+    and its outputs are the paper's.
+    """
 
     def __init__(self, num_classes: int, *, backbone: str = "resnet50", hidden_dim: int = 256, nheads: int = 8,
                  enc_layers: int = 6, dec_layers: int = 6, dim_feedforward: int = 2048, dropout: float = 0.1,
                  num_queries: int = 100, pretrained_backbone: bool = False,
                  train_backbone_layers: Sequence[str] = ("layer2", "layer3", "layer4"),
-                 feature_layer: str = "layer4", frozen_bn: bool = True) -> None:
+                 feature_layer: str = "layer4", frozen_bn: bool = True, sigmoid_class: bool = False,
+                 queries: QueryOptions = QueryOptions()) -> None:
         super().__init__()
         if num_classes < 1 or num_queries < 1 or dec_layers < 1 or enc_layers < 0:
             raise ValueError(f"DETR needs num_classes>=1, num_queries>=1, dec_layers>=1, enc_layers>=0; got "
                              f"{num_classes}, {num_queries}, {dec_layers}, {enc_layers}")
         if hidden_dim % nheads or hidden_dim % 2:
             raise ValueError(f"hidden_dim ({hidden_dim}) must be even and divisible by nheads ({nheads})")
+        if queries.reference_boxes and hidden_dim % 4:
+            raise ValueError(f"reference boxes need hidden_dim divisible by 4 (a sine pair per coordinate), got {hidden_dim}")
         self.num_classes, self.num_queries, self.hidden_dim = num_classes, num_queries, hidden_dim
+        self.sigmoid_class, self.options = sigmoid_class, queries
+        two_levels = queries.deformable_levels == 2
         self.backbone = Backbone(backbone, pretrained_backbone, tuple(train_backbone_layers),
-                                 feature_layer=feature_layer, frozen_bn=frozen_bn)
+                                 feature_layer=feature_layer, frozen_bn=frozen_bn, fine_level=two_levels)
         self.input_proj = nn.Conv2d(self.backbone.num_channels, hidden_dim, kernel_size=1)
+        if two_levels:  # the finer map joins the decoder's deformable attention only (not the encoder)
+            self.fine_proj = nn.Sequential(nn.Conv2d(self.backbone.fine_channels, hidden_dim, kernel_size=1),
+                                           nn.GroupNorm(32 if hidden_dim % 32 == 0 else 1, hidden_dim))
         enc = EncoderLayer(hidden_dim, nheads, dim_feedforward, dropout)
-        dec = DecoderLayer(hidden_dim, nheads, dim_feedforward, dropout)
         self.encoder = nn.ModuleList(copy.deepcopy(enc) for _ in range(enc_layers))
-        self.decoder = nn.ModuleList(copy.deepcopy(dec) for _ in range(dec_layers))
+        if queries.deformable_levels:
+            self.decoder = deformable_layers(dec_layers, hidden_dim, nheads, dim_feedforward, dropout,
+                                             queries.deformable_levels, queries.deformable_points)
+        else:
+            dec = DecoderLayer(hidden_dim, nheads, dim_feedforward, dropout)
+            self.decoder = nn.ModuleList(copy.deepcopy(dec) for _ in range(dec_layers))
         self.decoder_norm = nn.LayerNorm(hidden_dim)
-        self.query_embed = nn.Embedding(num_queries, hidden_dim)
-        self.class_embed = nn.Linear(hidden_dim, num_classes + 1)
-        self.bbox_embed = MLP(hidden_dim, hidden_dim, 4, 3)
+        class_outputs = num_classes if sigmoid_class else num_classes + 1
+        if queries.reference_boxes:
+            self.queries = ReferenceQueries(queries, num_queries, num_classes, class_outputs, hidden_dim, dec_layers)
+        else:
+            self.query_embed = nn.Embedding(num_queries * queries.groups, hidden_dim)
+        self.class_embed = nn.Linear(hidden_dim, class_outputs)
+        if not queries.reference_boxes:  # (created after class_embed: a seed gives the paper model's weights)
+            self.bbox_embed = MLP(hidden_dim, hidden_dim, 4, 3)
         # Xavier on the transformer's matrices, as in the paper's code: the default MHA/Linear
         # inits give a badly scaled residual stream at 6+6 layers.
-        for module in (self.encoder, self.decoder):
+        for module in (self.encoder, self.decoder) if not queries.deformable_levels else (self.encoder,):
             for p in module.parameters():
                 if p.dim() > 1:
                     nn.init.xavier_uniform_(p)
+        if sigmoid_class:  # focal-loss heads start every class at p = 0.01 (RetinaNet's prior)
+            prior = -math.log((1 - 0.01) / 0.01)
+            for head in (self.class_embed, getattr(getattr(self, "queries", None), "enc_class", None)):
+                if head is not None:
+                    nn.init.constant_(head.bias, prior)
 
     def encode_image(self, images: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """Images [B,3,H,W] + padding mask [B,H,W] -> projected features [B,D,h,w] + mask [B,h,w]."""
@@ -209,56 +234,117 @@ class DETR(nn.Module):
         feat = self.backbone(images)
         return self.input_proj(feat), downsample_mask(mask, feat.shape[-2:])
 
-    def forward_features(self, feat: Tensor, mask: Tensor) -> dict:
-        """Transformer + heads from projected features [B,D,h,w] and their padding mask [B,h,w].
+    def forward_features(self, feat: Tensor, mask: Tensor, targets: Sequence[dict[str, Tensor]] | None = None,
+                         fine: tuple[Tensor, Tensor] | None = None) -> dict:
+        """Transformer + heads from projected features [B,D,h,w] and their padding mask [B,h,w];
+        ``targets`` (normalised cxcywh) feed the denoising queries when training; ``fine`` (a
+        projected finer map and its mask) is the second level of two-level deformable attention.
 
         Split from :meth:`forward` so the mask handling of the transformer can be checked (and
         features reused) without running the backbone.
         """
-        b = feat.shape[0]
         pos = sine_position_encoding(mask, self.hidden_dim).to(feat.dtype).flatten(2).transpose(1, 2)
         src = feat.flatten(2).transpose(1, 2)  # [B,hw,D]
         pad = mask.flatten(1)  # [B,hw]
         for layer in self.encoder:
             src = layer(src, pos, pad)
-        query_pos = self.query_embed.weight[None].expand(b, -1, -1)
+        if not self.options.reference_boxes:
+            return self._learned_queries(src, pos, pad)
+        levels = None
+        if self.options.deformable_levels:
+            levels = [(src.transpose(1, 2).reshape(feat.shape), mask)]
+            levels = [fine, *levels] if fine is not None else levels
+        return self._reference_queries(src, pos, pad, feat.shape[-2:], targets, levels)
+
+    def _learned_queries(self, src: Tensor, pos: Tensor, pad: Tensor) -> dict:
+        """The paper's decoder: learned positions, zero targets (and query groups when training)."""
+        groups = self.options.groups if self.training else 1
+        query_pos = self.query_embed.weight[None, :groups * self.num_queries].expand(src.shape[0], -1, -1)
         tgt = torch.zeros_like(query_pos)  # the decoder starts from zero targets; queries are positions
+        attn_mask = query_attention_mask([self.num_queries] * groups, src.device) if groups > 1 else None
         hs = []
         for layer in self.decoder:
-            tgt = layer(tgt, src, query_pos, pos, pad)
+            tgt = layer(tgt, src, query_pos, pos, pad, attn_mask)
             hs.append(self.decoder_norm(tgt))  # the shared final norm feeds every layer's heads
         h = torch.stack(hs)  # [L,B,Q,D]
-        logits, boxes = self.class_embed(h), self.bbox_embed(h).sigmoid()
-        return {"pred_logits": logits[-1], "pred_boxes": boxes[-1],
-                "aux_outputs": [{"pred_logits": lg, "pred_boxes": bx} for lg, bx in zip(logits[:-1], boxes[:-1])]}
+        return _layer_outputs(self.class_embed(h), self.bbox_embed(h).sigmoid())
 
-    def forward(self, images: Tensor, mask: Tensor | None = None) -> dict:
-        """``mask`` [B,H,W], True = padding; None means no padding anywhere."""
+    def _reference_queries(self, src: Tensor, pos: Tensor, pad: Tensor, shape: Sequence[int],
+                           targets: Sequence[dict[str, Tensor]] | None, levels: list | None) -> dict:
+        """Reference-box decoder: [denoising copies] + matching queries (one block per group)."""
+        content, refs, enc_outputs = self.queries.matching_queries(src, pad, shape)
+        groups = self.options.groups if self.training else 1
+        sizes = [content.shape[1] // groups] * groups
+        dn = None
+        if self.training and targets is not None and self.options.dn_groups:
+            dn = self.queries.denoising_queries(targets, src.device)
+        if dn is not None:
+            content, refs = torch.cat([dn[0], content], dim=1), torch.cat([dn[1], refs], dim=1)
+            sizes = [dn[2]] * self.options.dn_groups + sizes
+        attn_mask = query_attention_mask(sizes, src.device) if len(sizes) > 1 else None
+        logits, boxes = self.queries.decode(self.decoder, self.decoder_norm, self.class_embed, src, pos, pad,
+                                            content.to(src.dtype), refs, attn_mask, levels)
+        n_dn = sum(sizes[:self.options.dn_groups]) if dn is not None else 0
+        out = _layer_outputs(logits[:, :, n_dn:], boxes[:, :, n_dn:])
+        if dn is not None:
+            out["dn_outputs"] = {**_layer_outputs(logits[:, :, :n_dn], boxes[:, :, :n_dn]), "dn_slots": dn[2]}
+        if enc_outputs is not None:
+            out["enc_outputs"] = enc_outputs
+        return out
+
+    def forward(self, images: Tensor, mask: Tensor | None = None,
+                targets: Sequence[dict[str, Tensor]] | None = None) -> dict:
+        """``mask`` [B,H,W], True = padding; None means no padding anywhere. ``targets``: only the
+        denoising queries read them (training only)."""
         if mask is None:
             mask = torch.zeros((images.shape[0], *images.shape[-2:]), dtype=torch.bool, device=images.device)
-        return self.forward_features(*self.encode_image(images, mask))
+        if self.options.deformable_levels != 2:
+            return self.forward_features(*self.encode_image(images, mask), targets)
+        if mask.shape != (images.shape[0], *images.shape[-2:]):
+            raise ValueError(f"mask must be [B,H,W] = {(images.shape[0], *images.shape[-2:])}, got {tuple(mask.shape)}")
+        fine, feat = self.backbone.levels(images)
+        feat = self.input_proj(feat)
+        fine = (self.fine_proj(fine), downsample_mask(mask, fine.shape[-2:]))
+        return self.forward_features(feat, downsample_mask(mask, feat.shape[-2:]), targets, fine)
 
     @staticmethod
-    def postprocess(outputs: dict, orig_sizes: Tensor) -> list[dict[str, Tensor]]:
+    def postprocess(outputs: dict, orig_sizes: Tensor, *, sigmoid: bool = False) -> list[dict[str, Tensor]]:
         """See :func:`postprocess`."""
-        return postprocess(outputs, orig_sizes)
+        return postprocess(outputs, orig_sizes, sigmoid=sigmoid)
+
+
+def _layer_outputs(logits: Tensor, boxes: Tensor) -> dict:
+    """Per-layer heads [L,B,Q,*] -> the last layer's as ``pred_*`` and the others' as ``aux_outputs``."""
+    return {"pred_logits": logits[-1], "pred_boxes": boxes[-1],
+            "aux_outputs": [{"pred_logits": lg, "pred_boxes": bx} for lg, bx in zip(logits[:-1], boxes[:-1])]}
 
 
 @torch.no_grad()
-def postprocess(outputs: dict, orig_sizes: Tensor) -> list[dict[str, Tensor]]:
-    """Model outputs -> per image ``{"scores": [K], "labels": [K], "boxes": [K,4]}``, one entry per
-    query (K = Q) except queries whose box is degenerate, which are dropped (K < Q then).
+def postprocess(outputs: dict, orig_sizes: Tensor, *, sigmoid: bool = False, top_k: int = 100
+                ) -> list[dict[str, Tensor]]:
+    """Model outputs -> per image ``{"scores": [K], "labels": [K], "boxes": [K,4]}``, minus boxes
+    that are degenerate after clipping.
 
-    Scores are the softmax probability of the best real class (the no-object column is dropped
-    after the softmax, so it still takes probability mass); boxes are absolute ``xyxy`` pixels of
-    the original image, ``orig_sizes`` [B,2] giving (height, width), clipped to it (a box is in
-    the image it was predicted for; the centre always is).  No score threshold: evaluation (COCO
-    mAP) wants every query ranked by score.
+    Softmax heads (the paper): one entry per query (K = Q), scored by the softmax probability of the
+    best real class (the no-object column is dropped after the softmax, so it still takes
+    probability mass).  Sigmoid heads (``sigmoid``, the focal-loss option): the ``top_k`` best
+    (query, class) pairs over all Q x C sigmoid scores, as Deformable DETR does, so a query unsure
+    between two classes can offer both.  Boxes are absolute ``xyxy`` pixels of the original image,
+    ``orig_sizes`` [B,2] giving (height, width), clipped to it (a box is in the image it was
+    predicted for; the centre always is).  No score threshold: evaluation (COCO mAP) wants every
+    candidate ranked by score.
     """
     logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
     if orig_sizes.shape != (logits.shape[0], 2):
         raise ValueError(f"orig_sizes must be [B,2] (h, w) with B={logits.shape[0]}, got {tuple(orig_sizes.shape)}")
-    scores, labels = logits.float().softmax(-1)[..., :-1].max(-1)
+    if sigmoid:
+        num_classes = logits.shape[-1]
+        flat = logits.float().sigmoid().flatten(1)  # [B, Q*C]
+        scores, index = flat.topk(min(top_k, flat.shape[1]), dim=1)
+        labels = index % num_classes
+        boxes = boxes.gather(1, (index // num_classes)[..., None].expand(-1, -1, 4))
+    else:
+        scores, labels = logits.float().softmax(-1)[..., :-1].max(-1)
     h, w = orig_sizes.to(device=boxes.device, dtype=torch.float32).unbind(1)
     scale = torch.stack((w, h, w, h), dim=1)[:, None, :]  # [B,1,4]
     xyxy = box_convert(boxes.float(), in_fmt="cxcywh", out_fmt="xyxy") * scale

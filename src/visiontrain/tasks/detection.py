@@ -27,6 +27,7 @@ class DetectionTask(Task):
     """A detector: ``transforms`` and ``predict_batch`` are the family-specific parts."""
 
     shown_detections: list[dict] | None = None  # the last evaluation's detections on the drawn images
+    predict_threshold: float = 0.5  # `visiontrain predict`'s default minimum score
 
     @abc.abstractmethod
     def transforms(self) -> tuple[Any, Any]:

@@ -8,7 +8,7 @@ format (normalised cxcywh of each image's own size) and COCO evaluation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -42,7 +42,27 @@ class DetrConfig(TaskConfig):
     num_queries: int = doc("object queries (max detections per image)", 100)
     aux_loss: bool = doc("losses on every decoder layer's output (suffix _i)", True)
     eos_coef: float = doc("weight of the no-object class in the cross-entropy", 0.1)
-    cost_class: float = doc("matching cost weight: class probability", 1.0)
+    class_loss: Literal["ce", "focal", "varifocal"] = doc(
+        "class loss: ce (the paper: softmax with a no-object class), focal (sigmoid focal loss and a "
+        "matching cost to match, Deformable DETR), varifocal (focal with IoU targets, RT-DETR)", "ce")
+    class_weight: float | None = doc("weight of the class loss on every decoder layer (None: 1 for ce and varifocal, "
+                                     "2 for focal, as the paper, RT-DETR and Deformable DETR)", None)
+    focal_alpha: float = doc("focal loss and focal matching cost: weight of the positives", 0.25)
+    focal_gamma: float = doc("focal loss: focusing exponent", 2.0)
+    box_refine: bool = doc("queries carry reference boxes, refined layer by layer (DAB / Deformable DETR)", False)
+    two_stage: bool = doc("the encoder's top-scoring tokens become the queries' boxes (two-stage selection)",
+                          False)
+    query_groups: int = doc("training only: copies of the query set, each matched one-to-one (Group DETR)",
+                            1, minimum=1)
+    dn_groups: int = doc("training only: noised copies of the ground truth to reconstruct (DN-DETR); 0 = off",
+                         0, minimum=0)
+    dn_label_noise: float = doc("denoising: probability a copy's label is replaced by a random class", 0.2)
+    dn_box_noise: float = doc("denoising: box jitter, as a fraction of the box's size", 0.4)
+    deformable_levels: Literal[0, 1, 2] = doc("decoder cross-attention: 0 = the paper's (all cells); 1 = deformable, sampling "
+                                 "around each query's box (Deformable DETR); 2 = also from the finer backbone map",
+                                 0)
+    deformable_points: int = doc("deformable attention: sampling points per head and level", 4, minimum=1)
+    cost_class: float = doc("matching cost weight: class probability (focal: class focal cost)", 1.0)
     cost_bbox: float = doc("matching cost weight: L1 box distance", 5.0)
     cost_giou: float = doc("matching cost weight: generalized IoU", 2.0)
     train_scales: list[int] = doc("shorter-side sizes drawn for training",
@@ -57,6 +77,8 @@ class DetrConfig(TaskConfig):
 
 register_task_config("detr", DetrConfig)
 
+CLASS_WEIGHTS = {"ce": 1.0, "focal": 2.0, "varifocal": 1.0}  # the paper, Deformable DETR, RT-DETR
+
 
 class DetrTask(DetectionTask):
     name = "detr"
@@ -64,13 +86,22 @@ class DetrTask(DetectionTask):
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
-        from visiontrain.models.detr_loss import detr_weight_dict
+        from visiontrain.models.detr_loss import CLASS_LOSSES, detr_weight_dict
 
         t = cfg.task
         if t.val_size >= t.max_size:
             raise ValueError(f"task.val_size={t.val_size} must be below task.max_size={t.max_size} "
                              f"(the longer side is capped at max_size)")
-        self.default_loss_weights = detr_weight_dict(aux_layers=t.dec_layers - 1 if t.aux_loss else 0)
+        class_weight = CLASS_WEIGHTS[t.class_loss] if t.class_weight is None else t.class_weight
+        self.default_loss_weights = detr_weight_dict(
+            class_weight, aux_layers=t.dec_layers - 1 if t.aux_loss else 0, class_key=CLASS_LOSSES[t.class_loss],
+            two_stage=t.two_stage, denoising=t.dn_groups > 0)
+
+    @property
+    def predict_threshold(self) -> float:
+        """Focal-trained sigmoid scores sit lower than softmax ones (0.3-0.6 on objects found, as in
+        Deformable DETR's demos), so 0.5 would drop most true detections."""
+        return 0.5 if self.cfg.task.class_loss == "ce" else 0.3
 
     def transforms(self) -> tuple[Any, Any]:
         from visiontrain.data.detection.transforms import detr_train_transform, detr_val_transform
@@ -83,15 +114,23 @@ class DetrTask(DetectionTask):
     def build_model(self, info: dict[str, Any]) -> nn.Module:
         from visiontrain.models.detr import DETR
         from visiontrain.models.detr_loss import HungarianMatcher, SetCriterion
+        from visiontrain.models.detr_queries import QueryOptions
 
         t = self.cfg.task
-        matcher = HungarianMatcher(t.cost_class, t.cost_bbox, t.cost_giou)
-        self.criterion = SetCriterion(info["num_classes"], matcher, self.loss_weights, eos_coef=t.eos_coef)
+        sigmoid = t.class_loss != "ce"
+        matcher = HungarianMatcher(t.cost_class, t.cost_bbox, t.cost_giou, focal=sigmoid, alpha=t.focal_alpha,
+                                   gamma=t.focal_gamma)
+        self.criterion = SetCriterion(info["num_classes"], matcher, self.loss_weights, eos_coef=t.eos_coef,
+                                      class_loss=t.class_loss, focal_alpha=t.focal_alpha, focal_gamma=t.focal_gamma,
+                                      num_queries=t.num_queries)
+        queries = QueryOptions(box_refine=t.box_refine, two_stage=t.two_stage, groups=t.query_groups,
+                               dn_groups=t.dn_groups, dn_label_noise=t.dn_label_noise, dn_box_noise=t.dn_box_noise,
+                               deformable_levels=t.deformable_levels, deformable_points=t.deformable_points)
         model = DETR(info["num_classes"], backbone=t.backbone, hidden_dim=t.hidden_dim, nheads=t.nheads,
                     enc_layers=t.enc_layers, dec_layers=t.dec_layers, dim_feedforward=t.dim_feedforward,
                     dropout=t.dropout, num_queries=t.num_queries, pretrained_backbone=t.pretrained_backbone,
                     train_backbone_layers=tuple(t.train_backbone_layers), feature_layer=t.feature_layer,
-                    frozen_bn=t.frozen_bn)
+                    frozen_bn=t.frozen_bn, sigmoid_class=sigmoid, queries=queries)
         return model
 
     def init_weights(self, model: nn.Module) -> str | None:
@@ -113,14 +152,16 @@ class DetrTask(DetectionTask):
         from torchvision.ops import box_convert
 
         images, mask, targets = batch
-        outputs = model(images, mask)
-        if not self.cfg.task.aux_loss:
-            outputs.pop("aux_outputs", None)
         normalised = []
         for t in targets:  # boxes as cxcywh of the image's own size; no host read (size is a tensor)
             wh = t["size"].flip(0).repeat(2).to(t["boxes"].dtype)
             normalised.append({"labels": t["labels"],
                                "boxes": box_convert(t["boxes"], "xyxy", "cxcywh") / wh})
+        # only the denoising queries read the targets; without them the call is the paper's
+        outputs = model(images, mask, normalised) if self.cfg.task.dn_groups else model(images, mask)
+        if not self.cfg.task.aux_loss:
+            outputs.pop("aux_outputs", None)
+            outputs.get("dn_outputs", {}).pop("aux_outputs", None)
         self.criterion.to(images.device)
         return self.criterion(outputs, normalised)
 
@@ -128,10 +169,11 @@ class DetrTask(DetectionTask):
                       orig_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         from visiontrain.models.detr import postprocess
 
-        return postprocess(model(images, mask), orig_sizes)
+        return postprocess(model(images, mask), orig_sizes, sigmoid=self.cfg.task.class_loss != "ce")
 
     def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
-        """The raw outputs (pred_logits [B,Q,C+1], pred_boxes [B,Q,4] normalised cxcywh) from images
+        """The raw outputs (pred_logits [B,Q,C+1], or [B,Q,C] sigmoid logits with a focal or varifocal
+        class loss; pred_boxes [B,Q,4] normalised cxcywh) from images
         [B,3,H,W] prepared as for evaluation and their padding mask [B,H,W] (True = padding): the
         Hungarian-free post-processing is a softmax and a box scale, left to the caller."""
         from visiontrain.export import DictOutputs
