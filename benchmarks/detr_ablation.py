@@ -101,13 +101,14 @@ def main() -> None:
 
     table = {name: {e["step"]: e for e in evaluations(run_dir(name))} for name in rows
              if (run_dir(name) / "metrics.jsonl").exists()}
-    steps = sorted({step for evals in table.values() for step in evals})
+    measured = {step for name, evals in table.items() if name != SHIPPED for step in evals}
+    steps = sorted(measured or {step for evals in table.values() for step in evals})  # the ablation's steps
     print("| configuration | " + " | ".join(f"AP50 @ {s} steps" for s in steps) + f" | AP / AP75 @ {steps[-1]} |")
     print("|---|" + "---:|" * (len(steps) + 1))
     for name, evals in table.items():
-        cells = [f"{evals[s]['AP50']:.3f}" if s in evals else "—" for s in steps]
+        cells = [f"{evals[s]['AP50']:.4f}" if s in evals else "—" for s in steps]
         last = evals.get(steps[-1])
-        tail = f"{last['AP']:.3f} / {last['AP75']:.3f}" if last else "—"
+        tail = f"{last['AP']:.4f} / {last['AP75']:.4f}" if last else "—"
         print(f"| {name} | " + " | ".join(cells) + f" | {tail} |")
 
 
