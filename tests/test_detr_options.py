@@ -336,3 +336,17 @@ def test_deformable_model_trains_and_keeps_valid_boxes(levels):
     assert model.decoder[0].cross_attn.sampling_offsets.weight.grad.abs().sum() > 0
     if levels == 2:
         assert model.fine_proj[0].weight.grad.abs().sum() > 0
+
+
+def test_two_stage_with_a_softmax_head_ranks_tokens_by_real_classes_only():
+    """The no-object column of a softmax head must not pick the queries: a token sure it is
+    background would otherwise win."""
+    model = tiny(queries=QueryOptions(two_stage=True)).eval()
+    with torch.no_grad():
+        model.queries.enc_class.weight.zero_()
+        model.queries.enc_class.bias.copy_(torch.tensor([0.0, -50.0, -50.0, 50.0]))  # no-object dominates
+        model.queries.enc_class.weight[0, 0] = 1.0  # class 0 follows the feature's first channel
+        out = model(*batch())
+        memory_scores = out["enc_outputs"]["pred_logits"][..., 0]
+    # the picked tokens are those with the highest class-0 logit, in order
+    assert torch.equal(memory_scores, memory_scores.sort(dim=1, descending=True).values)

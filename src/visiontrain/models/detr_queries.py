@@ -187,7 +187,9 @@ class ReferenceQueries(nn.Module):
         feat = self.enc_output(memory.masked_fill(~valid[..., None], 0.0))
         logits = self.enc_class(feat)
         box_logits = self.enc_box(feat) + anchors.to(feat.dtype)
-        score = logits.max(-1).values.masked_fill(~valid, -1e4)  # padding and edge cells are never picked
+        # the best real class scores a token (a softmax head's last column is no-object); padding and
+        # edge cells are never picked
+        score = logits[..., :self.num_classes].max(-1).values.masked_fill(~valid, -1e4)
         top = score.topk(min(self.num_queries, score.shape[1]), dim=1).indices  # [B,Q] (or all cells)
         if top.shape[1] < self.num_queries:  # a map with fewer cells than queries: the best repeat
             top = top.repeat(1, -(-self.num_queries // top.shape[1]))[:, :self.num_queries]
