@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from visiontrain.engine.metrics_file import METRICS_FILE, read_metrics
 
 PAPER = ["task.class_loss=ce", "task.cost_class=1", "task.box_refine=false", "task.two_stage=false",
          "task.query_groups=1", "task.dn_groups=0", "task.deformable_levels=0"]
@@ -55,8 +56,7 @@ def fit(args: list[str], run_dir: Path) -> subprocess.CompletedProcess:
 
 
 def evaluations(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["kind"] == "eval"]
+    return read_metrics(run_dir).evals
 
 
 def main() -> None:
@@ -100,7 +100,7 @@ def main() -> None:
             list(pool.map(run, rows.items()))
 
     table = {name: {e["step"]: e for e in evaluations(run_dir(name))} for name in rows
-             if (run_dir(name) / "metrics.jsonl").exists()}
+             if (run_dir(name) / METRICS_FILE).exists()}
     measured = {step for name, evals in table.items() if name != SHIPPED for step in evals}
     steps = sorted(measured or {step for evals in table.values() for step in evals})  # the ablation's steps
     print("| configuration | " + " | ".join(f"AP50 @ {s} steps" for s in steps) + f" | AP / AP75 @ {steps[-1]} |")

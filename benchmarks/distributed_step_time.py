@@ -18,10 +18,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from visiontrain.engine.metrics_file import read_metrics
+
 
 def step_time(run_dir: Path, global_batch: int) -> float:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rates = [r["samples_per_s"] for r in rows if r["kind"] == "train"][1:]
+    rates = [r["samples_per_s"] for r in read_metrics(run_dir).train][1:]
     return global_batch / statistics.median(rates)
 
 

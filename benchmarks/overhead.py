@@ -38,9 +38,10 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 from visiontrain._tv_compat import ensure_torchvision  # noqa: E402
 from visiontrain import config as C  # noqa: E402
 from visiontrain.config import TaskConfig, doc  # noqa: E402
+from visiontrain.engine.eval_loop import EvalData  # noqa: E402
 from visiontrain.engine.hooks import Hook  # noqa: E402
 from visiontrain.engine.trainer import Trainer  # noqa: E402
-from visiontrain.tasks.base import Task, TaskData  # noqa: E402
+from visiontrain.engine.task import Task, TaskData  # noqa: E402
 
 BATCH, IN, HIDDEN, OUT, SAMPLES, LR = 32, 64, 128, 10, 3200, 1e-3
 
@@ -102,7 +103,7 @@ class MlpTask(Task):
         x, y = batch
         return {"ce": F.cross_entropy(model(x), y)}
 
-    def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, float]:
         return {}
 
 
@@ -169,42 +170,41 @@ def engine_parts(steps: int) -> dict[str, float]:
     trainer around a step that does nothing; TrainStep called straight from a bare loop."""
     from visiontrain.engine.step import TrainStep
 
-    def trainer(steps: int, hooks: list[Hook] = ()) -> Trainer:
+    class NoopStep(TrainStep):
+        def __call__(self, batches: Any, weights: Any) -> None:
+            self.recorder.record(["total"], [self._one])
+
+    def trainer(steps: int, hooks: list[Hook] = (), step_type: type[TrainStep] = TrainStep) -> Trainer:
         cfg = C.config_from_dict({
             "task": {"name": "bench-mlp"}, "data": {"batch_size": BATCH},
             "optim": {"name": "adamw", "lr": LR, "no_decay_bias_norm": False},
             "trainer": {"epochs": 10**6, "max_steps": steps, "log_every": 50, "progress": "plain"},
             "eval": {"every": 0}, "checkpoint": {"every": 0}})
         torch.manual_seed(0)
-        return Trainer(cfg, MlpTask(cfg), None, hooks=list(hooks))
+        return Trainer(cfg, MlpTask(cfg), None, hooks=list(hooks), step_type=step_type)
 
     tr, t0, n = trainer(steps), time.perf_counter(), 0
     while n < steps:
-        for _ in tr.train_loader:
+        for _ in tr.run.train_loader:
             n += 1
             if n == steps:
                 break
     parts = {"loader_only": (time.perf_counter() - t0) / steps}
 
-    call = TrainStep.__call__
-    TrainStep.__call__ = lambda self, batches, weights: self.recorder.record(["total"], [self._one])
-    try:
-        timer = LoopTimer()
-        trainer(steps, [timer]).fit()
-    finally:
-        TrainStep.__call__ = call
+    timer = LoopTimer()
+    trainer(steps, [timer], NoopStep).fit()
     parts["trainer_with_noop_step"] = (timer.t1 - timer.t0) / steps
 
     tr = trainer(steps)
     t0, n, epoch = time.perf_counter(), 0, 0
     while n < steps:
-        tr.sampler.set_epoch(epoch)
+        tr.run.sampler.set_epoch(epoch)
         epoch += 1
-        for batch in tr.train_loader:
+        for batch in tr.run.train_loader:
             tr.step_fn([batch], tr.loss_weights)
             n += 1
             if n % 50 == 0:
-                tr.recorder.read()
+                tr.step_fn.recorder.read()
             if n == steps:
                 break
     parts["bare_loop_calling_trainstep"] = (time.perf_counter() - t0) / steps

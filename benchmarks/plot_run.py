@@ -1,17 +1,26 @@
 """Loss and evaluation curves of a run dir's metrics.jsonl, as one PNG (matplotlib, Agg).
 
     python benchmarks/plot_run.py RUN_DIR [--out RUN_DIR/curves.png] [--terms total loss_ce ...]
+
+Two panels, the training terms on one and the evaluation metrics on the other, for a figure in
+BENCHMARKS.md. The rows are read and the curves drawn by the engine's own code
+(``metrics_file.read_metrics``, ``plots.draw_panel``), so this figure and RUN_DIR/plots/ agree.
 """
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-import matplotlib
+from visiontrain.engine.metrics_file import Row, is_ema, numeric_keys, read_metrics
+from visiontrain.engine.plots import draw_panel, save_figure
+from visiontrain.evaluation.panels import panel_grid
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+
+def default_terms(train: list[Row]) -> list[str]:
+    """Each loss term (not its weighted copy ``_w``, not a decoder layer's ``_0``) and the total."""
+    terms = [k for k in numeric_keys(train[:1]) if k.startswith("loss") and not k.endswith("_w")
+             and not k[-1].isdigit()]
+    return terms + ["total"]
 
 
 def main() -> None:
@@ -20,26 +29,14 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     p.add_argument("--terms", nargs="*", help="train scalars to plot (default: every loss term and total)")
     args = p.parse_args()
-    rows = [json.loads(line) for line in (args.run_dir / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in rows if r["kind"] == "train"]
-    evals = [r for r in rows if r["kind"] == "eval"]
-    terms = args.terms or [k for k in train[0] if k.startswith("loss") and not k.endswith("_w")
-                           and not k[-1].isdigit()] + ["total"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for term in terms:
-        ax1.plot([r["step"] for r in train], [r[term] for r in train], label=term)
-    ax1.set(xlabel="step", ylabel="train scalars", title=f"{args.run_dir.name}: training")
-    ax1.legend()
-    metrics = [k for k in (evals[0] if evals else {}) if k not in ("kind", "step", "epoch", "time")]
-    metrics = [k for k in metrics if not k.startswith("ema/")] or metrics  # EMA-only runs (DINO's teacher)
-    for m in metrics:
-        ax2.plot([r["step"] for r in evals], [r[m] for r in evals], marker="o", label=m)
-    ax2.set(xlabel="step", ylabel="metric", title="evaluation")
-    if metrics:
-        ax2.legend()
+    train, evals = read_metrics(args.run_dir)
+    terms = args.terms or default_terms(train)
+    metrics = [k for k in numeric_keys(evals) if not is_ema(k)] or numeric_keys(evals)  # EMA-only: DINO's teacher
+    fig, (ax1, ax2) = panel_grid(2, title=args.run_dir.name, width=6.0, height=4.5)
+    draw_panel(ax1, train, terms, title="training", legend=True)
+    draw_panel(ax2, evals, metrics, marker="o", title="evaluation", legend=bool(metrics))
     out = args.out or args.run_dir / "curves.png"
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    save_figure(fig, out)
     print(out)
 
 

@@ -23,7 +23,7 @@ trainer.fit()
 weights = {}
 for name, module in (("model", trainer.raw_model), ("ema", trainer.ema and trainer.ema.module)):
     if module is not None:  # under FSDP every rank takes part in the gather
-        weights[name] = full_state_dict(module) if trainer.sharded else module.state_dict()
+        weights[name] = full_state_dict(module) if trainer.run.sharded else module.state_dict()
 if trainer.dist.is_main:
     torch.save(weights, out)
 del trainer  # DDP must not outlive the process group

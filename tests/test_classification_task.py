@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from visiontrain import config as C
+from visiontrain.engine.eval_loop import EvalData
 from visiontrain.tasks import build_task
 from visiontrain.tasks.classification import MixSwitchOff, mix_batch
 
@@ -85,7 +86,7 @@ def test_evaluate_top1_top5_and_loss():
                            [9.0, 8, 7, 6, 5, 4, 0, 0, 0, 0]])  # label 9: miss
     labels = torch.tensor([0, 4, 9])
     loader = [(logits[:2], labels[:2]), (logits[2:], labels[2:])]
-    m = task.evaluate(Fixed(), loader, torch.device("cpu"))
+    m = task.evaluate(Fixed(), EvalData.local(loader))
     assert m["top1"] == pytest.approx(100 / 3) and m["top5"] == pytest.approx(200 / 3)
     assert m["loss"] == pytest.approx(F.cross_entropy(logits, labels).item(), rel=1e-6)
 

@@ -10,7 +10,7 @@ import yaml
 import visiontrain.tasks  # noqa: F401  (registers the task config sections)
 from visiontrain import config as C
 from visiontrain.config import ConfigError, load_config
-from visiontrain.engine.schedules import ScheduleConfig
+from visiontrain.config import ScheduleConfig
 from visiontrain.typed_config import all_keys
 from visiontrain.tasks.classification import ClassificationConfig
 

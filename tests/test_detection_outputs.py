@@ -124,20 +124,19 @@ def test_output_names_are_unique_and_keep_the_inputs_tree(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_yolo():
-    """An untrained tiny YOLOv3 and a checkpoint-like state (what predict reads from a checkpoint)."""
+    """An untrained tiny YOLOv3 (what predict gets from a restored checkpoint)."""
     task = build_task(C.load_config("detect-yolov3", TINY_YOLO + ["task.conf_threshold=0"]))
-    model = task.build_model(INFO)
-    return task, {"data_info": INFO, "model": model.state_dict()}
+    return task, task.build_model(INFO)
 
 
 def test_predict_writes_one_drawing_per_input_and_names_inputs_in_the_json(tiny_yolo, tmp_path):
-    task, state = tiny_yolo
+    task, model = tiny_yolo
     images = [tmp_path / "a" / "img.png", tmp_path / "b" / "img.png"]
     for path, size in zip(images, [(40, 30), (50, 20)]):
         path.parent.mkdir()
         Image.new("RGB", size, (90, 120, 30)).save(path)
     out = tmp_path / "out"
-    count = predict_images(task, state, [str(p) for p in images], out, score_threshold=0.0)
+    count = predict_images(task, model, INFO, [str(p) for p in images], out, score_threshold=0.0)
     assert Image.open(out / "a" / "img.png").size == (40, 30)
     assert Image.open(out / "b" / "img.png").size == (50, 20)
     dets = json.loads((out / "detections.json").read_text())
@@ -148,10 +147,10 @@ def test_predict_writes_one_drawing_per_input_and_names_inputs_in_the_json(tiny_
 
 
 def test_predict_with_nothing_detected_warns_nothing(tiny_yolo, tmp_path):
-    task, state = tiny_yolo
+    task, model = tiny_yolo
     Image.new("RGB", (40, 30), (10, 20, 30)).save(tmp_path / "empty.png")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        count = predict_images(task, state, [str(tmp_path / "empty.png")], tmp_path / "out", score_threshold=1.1)
+        count = predict_images(task, model, INFO, [str(tmp_path / "empty.png")], tmp_path / "out", score_threshold=1.1)
     assert count == 0 and (tmp_path / "out" / "empty.png").exists()
     assert not caught, [str(w.message) for w in caught]

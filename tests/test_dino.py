@@ -109,7 +109,7 @@ def test_recipe_schedules_reach_the_teacher_the_temperature_and_the_decayed_grou
     assert ema_mid == pytest.approx(0.998, abs=2e-5) and wd_mid[0] == pytest.approx(0.22, abs=2e-3)
     assert at(total) == (pytest.approx(1.0), pytest.approx(0.07), [pytest.approx(0.4)], [0.0])
     lr0 = cfg.optim.lr * cfg.data.batch_size / 256  # lr = base x global batch / 256
-    assert trainer.base_lr == pytest.approx(lr0)
+    assert trainer.run.base_lr == pytest.approx(lr0)
 
 
 def dino_cosine_scheduler(base: float, final: float, epochs: int, niter: int, warmup_epochs: float = 0,
@@ -287,7 +287,8 @@ def test_cli_smoke_fit_evaluates_at_init_and_saves_the_centre(fitted):
     assert ckpt["task"]["center"].shape == (1, 64) and ckpt["task"]["center"].abs().sum() > 0
     assert json.loads((run / "summary.json").read_text())["best"]["ema"] > 0
     # the plots show the teacher's entropy among the training curves and its k-NN accuracy
-    from visiontrain.engine.plots import curve_figures, read_metrics
+    from visiontrain.engine.metrics_file import read_metrics
+    from visiontrain.engine.plots import curve_figures
 
     figures = curve_figures(*read_metrics(run / "metrics.jsonl"))
     titles = {name: [ax.get_title() for ax in fig.axes if ax.get_visible()] for name, fig in figures.items()}
@@ -321,7 +322,7 @@ def test_image_folder_rgb_path_of_the_imagenet_recipe(tmp_path):
         "trainer.precision=fp32", "trainer.sync_bn=false", "trainer.max_steps=2", "trainer.progress=plain",
         "eval.every=0", *NO_WARMUP])
     trainer = Trainer(cfg, build_task(cfg), None)
-    crops, _ = trainer.train_loader.dataset.dataset[0]
+    crops, _ = trainer.run.train_loader.dataset.dataset[0]
     assert [tuple(c.shape) for c in crops] == [(3, 32, 32)] * 2 + [(3, 16, 16)] * 2
     trainer.fit()
-    assert 0 <= trainer.last_eval["ema/knn_top1"] <= 100
+    assert 0 <= trainer.evaluator.last["ema/knn_top1"] <= 100

@@ -89,6 +89,7 @@ def test_sharded_evaluation_counts_every_sample_once(world):
     from visiontrain.config import load_config
     from visiontrain.engine import build
     from visiontrain.engine.distributed import DistInfo, real_samples
+    from visiontrain.engine.eval_loop import EvalData
     from visiontrain.tasks import build_task
 
     cfg = load_config("classify-fashion", ["data.name=digits", "data.limit_val=101", "data.eval_batch_size=16"])
@@ -101,8 +102,8 @@ def test_sharded_evaluation_counts_every_sample_once(world):
     def evaluate(info: DistInfo) -> tuple[torch.Tensor, int | None]:
         loader = build.eval_loader(data.val, 16, collate=data.eval_collate, num_workers=0, pin_memory=False,
                                    dist_info=info)
-        with torch.no_grad():
-            task.evaluate(model, loader, torch.device("cpu"))
+        with torch.no_grad():  # one shard at a time in one process: no all-reduce (EvalData.local)
+            task.evaluate(model, EvalData.local(loader))
         return task.confusion.clone(), real_samples(loader)
 
     whole, real = evaluate(DistInfo())

@@ -489,7 +489,7 @@ def _is_mapping(tp: typing.Any) -> bool:
 
 def key_exists(key: str) -> bool:
     from visiontrain import config as C
-    from visiontrain.engine.schedules import ScheduleConfig
+    from visiontrain.config import ScheduleConfig
     import visiontrain.tasks  # noqa: F401
 
     parts = key.split(".")

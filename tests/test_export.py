@@ -13,7 +13,7 @@ from toy_task import ToyTask, toy_config
 from visiontrain import config as C
 from visiontrain.export import export_model
 from visiontrain.tasks import build_task
-from visiontrain.tasks.base import ExportUnsupported
+from visiontrain.engine.task import ExportUnsupported
 
 TOL = 1e-4
 

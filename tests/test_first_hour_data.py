@@ -87,7 +87,7 @@ def test_loaders_say_once_how_many_images_each_epoch_leaves_out(caplog) -> None:
     from visiontrain.config import load_config
     from visiontrain.engine import build
     from visiontrain.engine.distributed import DistInfo
-    from visiontrain.tasks.base import TaskData
+    from visiontrain.engine.task import TaskData
 
     cfg = load_config("classify-fashion", ["data.batch_size=4"])  # ships in-process (num_workers 0)
     ds = TensorDataset(torch.zeros(21, 1), torch.zeros(21, dtype=torch.int64))

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from toy_task import ToyTask, toy_config
+from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.trainer import Trainer
 
 STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
@@ -42,8 +43,8 @@ def test_dumps_json_writes_null_for_every_non_finite_float():
 class UndefinedAPTask(ToyTask):
     """The toy task with COCO's undefined APs (no small objects in the set): NaN in evaluation."""
 
-    def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
-        return {**super().evaluate(model, loader, device), "APs": math.nan}
+    def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, float]:
+        return {**super().evaluate(model, data), "APs": math.nan}
 
 
 def test_a_run_writes_metrics_and_summary_that_strict_parsers_read(run_dir):
@@ -71,7 +72,8 @@ def _null_run(path: Path) -> Path:
 
 def test_readers_take_null_as_a_missing_value(tmp_path):
     from visiontrain.compare import read_run, table_rows
-    from visiontrain.engine.plots import curve_figures, read_metrics
+    from visiontrain.engine.metrics_file import read_metrics
+    from visiontrain.engine.plots import curve_figures
     from visiontrain.report import build_report
 
     run = _null_run(tmp_path / "run")
@@ -105,7 +107,7 @@ def test_training_acc_is_in_percent_like_the_evaluation_top1():
     assert out["acc"].item() == pytest.approx(100.0)
     out = task.losses(nn.Identity(), (x, (y + 1) % 10))  # every sample wrong
     assert out["acc"].item() == pytest.approx(0.0)
-    m = task.evaluate(nn.Identity(), [(x, y)], torch.device("cpu"))
+    m = task.evaluate(nn.Identity(), EvalData.local([(x, y)]))
     assert m["top1"] == pytest.approx(100.0) and m["top5"] == pytest.approx(100.0)
 
 
@@ -113,7 +115,7 @@ def test_top5_is_reported_from_six_classes_up():
     for classes, has_top5 in ((2, False), (5, False), (6, True)):
         task = _classification_task(classes)
         logits = torch.eye(classes)[[0, 1, 1]]
-        m = task.evaluate(nn.Identity(), [(logits, torch.tensor([0, 1, 0]))], torch.device("cpu"))
+        m = task.evaluate(nn.Identity(), EvalData.local([(logits, torch.tensor([0, 1, 0]))]))
         assert ("top5" in m) is has_top5, (classes, m)
         assert m["top1"] == pytest.approx(200 / 3)
 

@@ -1,4 +1,5 @@
-"""visiontrain.engine.param_groups: no-decay rules, lr multipliers, freezing, coverage, optimizers."""
+"""visiontrain.engine.param_groups: no-decay rules, lr multipliers, coverage, optimizers; and freezing
+(visiontrain.models.freezing)."""
 from __future__ import annotations
 
 import pytest
@@ -7,14 +8,15 @@ from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
 
 from visiontrain.engine.param_groups import (
+    NormGroups,
     ParamGroupError,
     build_optimizer,
     build_param_groups,
     check_coverage,
-    freeze_parameters,
     is_fused,
     no_decay_names,
 )
+from visiontrain.models.freezing import freeze_parameters
 
 
 class Net(nn.Module):
@@ -82,6 +84,25 @@ def test_build_param_groups_rule_off_and_zero_decay() -> None:
     assert names_of(only) == ALL and only["decay"] and only["weight_decay"] == 0.05
     (none,) = build_param_groups(net, 0.0)
     assert names_of(none) == ALL and not none["decay"] and none["weight_decay"] == 0.0
+
+
+def test_norm_groups_split_norms_and_apply_the_other_rules_on_top() -> None:
+    """A task's NormGroups (seamseg's R-CNN): norm layers in ``norm`` groups, the rest in ``other``;
+    lr_mult regexes and the no-decay rule still apply, except that frozen norms are at lr 0."""
+    net = make_net()
+    norms = {"stem.1.weight", "stem.1.bias", "ln.weight", "ln.bias"}
+    groups = build_param_groups(net, 0.05, no_decay_bias_norm=False, lr_mult={r"^fc": 0.5}, norms=NormGroups())
+    by_name = {g["name"]: (names_of(g), g["weight_decay"], g["lr_mult"]) for g in groups}
+    assert by_name == {"other_x1": ({"stem.0.weight", "gain"}, 0.05, 1.0),
+                       "other_x0.5": ({"fc.weight", "fc.bias"}, 0.05, 0.5),
+                       "norm_no_decay_x1": (norms, 0.0, 1.0)}
+    frozen = build_param_groups(net, 0.05, lr_mult={r"^s": 3.0}, norms=NormGroups(frozen=True, weight_decay=True))
+    assert {g["name"]: names_of(g) for g in frozen} == {
+        "other_x3": {"stem.0.weight"}, "norm_no_decay_x0": norms, "other_x1": {"fc.weight"},
+        "other_no_decay_x1": {"fc.bias", "gain"}}  # no_decay_bias_norm still spares norms and 1-D params
+    decayed = build_param_groups(net, 0.05, no_decay_bias_norm=False, norms=NormGroups(frozen=True, weight_decay=True))
+    assert [(g["name"], g["weight_decay"]) for g in decayed] == [("other_x1", 0.05), ("norm_x0", 0.05)]
+    check_coverage(net, decayed)
 
 
 # --- lr multipliers ----------------------------------------------------------------------

@@ -70,6 +70,21 @@ def test_a_line_cut_short_by_a_kill_is_passed_over(tmp_path):
     assert sorted(p.name for p in written) == ["eval.png", "losses.png", "schedules.png", "throughput.png"]
 
 
+def test_the_benchmark_figure_is_drawn_from_the_same_rows(tmp_path):
+    import subprocess
+    import sys
+
+    train_rows, evals = _records()
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train_rows + evals))
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "plot_run.py"
+    out = tmp_path / "curves.png"
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path), "--out", str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == str(out)
+    _not_blank(out)
+
+
 def test_evaluations_close_together_are_drawn_once_and_the_last_always(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(P, "write_curves", lambda run_dir: calls.append(run_dir) or [])

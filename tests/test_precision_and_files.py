@@ -16,7 +16,7 @@ def test_bf16_trains_and_logs_fp32_values(run_dir):
     t.fit()
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if '"train"' in l]
     assert rows and all(isinstance(r["mse"], float) for r in rows)
-    assert t.scaler is None
+    assert t.run.scaler is None
 
 
 def test_periodic_and_k_best_checkpoints(run_dir):

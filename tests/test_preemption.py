@@ -68,7 +68,8 @@ def uninterrupted(tmp_path_factory) -> Path:
 def test_every_stop_signal_sets_the_flag_the_loop_reads():
     """SIGTERM and SIGUSR1 go through one handler into one flag; the run below shows what the loop
     does with it (one full run: the signal that reaches the flag makes no difference after it)."""
-    from visiontrain.engine.preemption import STOP_SIGNALS, StopFlag
+    from visiontrain.engine.preemption import StopFlag
+    from visiontrain.stop_signals import STOP_SIGNALS
 
     assert set(STOP_SIGNALS) == {signal.SIGTERM, signal.SIGUSR1, signal.SIGINT}
     for sig in STOP_SIGNALS:
@@ -139,18 +140,18 @@ def test_two_ranks_agree_to_stop_at_a_log_point_and_resume_exactly(tmp_path):
     next log point, each rank writes its shards of last.pt, and the resumed run equals an
     uninterrupted one. Under FSDP: the agreement does not depend on the strategy, and a replicated
     last.pt at a stop is the single-process test's (DDP writes it the same way, from rank 0)."""
-    SIX = ("trainer.epochs=6", "distributed.strategy=fsdp")
+    FOUR = ("trainer.epochs=4", "distributed.strategy=fsdp")
     full = tmp_path / "full"
-    proc = start(full, "--nproc", "2", overrides=SIX)
+    proc = start(full, "--nproc", "2", overrides=FOUR)
     _, err = finish(proc, 240)
     assert proc.returncode == 0, err[-3000:]
 
     run = tmp_path / "run"
-    proc, out, err = signalled(run, 30, signal.SIGTERM, "--nproc", "2", overrides=SIX)
+    proc, out, err = signalled(run, 30, signal.SIGTERM, "--nproc", "2", overrides=FOUR)
     assert proc.returncode != 0 and "stopped by SIGTERM" in out + err, err[-3000:]
     stopped_at = load_checkpoint(run / "checkpoints" / "last.pt")["progress"]["step"]
-    assert stopped_at % 5 == 0 and 30 <= stopped_at < 6 * (1437 // 32)  # a log point (log_every=5)
-    proc = start(run, "--nproc", "2", "--resume", "auto", overrides=SIX)
+    assert stopped_at % 5 == 0 and 30 <= stopped_at < 4 * (1437 // 32)  # a log point (log_every=5)
+    proc = start(run, "--nproc", "2", "--resume", "auto", overrides=FOUR)
     out, err = finish(proc, 240)
     assert proc.returncode == 0, err[-3000:]
     a, b = load_file(str(full / "model.safetensors")), load_file(str(run / "model.safetensors"))

@@ -52,3 +52,30 @@ def test_the_cpu_gets_the_loader_iterator_itself():
     source = Counted(batches(2))
     assert device_batches(source, torch.device("cpu"), prefetch=True) is source
     assert device_batches(source, torch.device("cuda"), prefetch=False) is source
+
+
+def test_a_prefetched_batch_is_not_moved_again_by_the_step(monkeypatch):
+    """On CUDA the prefetcher has already placed the batch (device, channels_last): the step must
+    not walk it a second time. Shown on the CPU by counting the step's calls to ``to_device``."""
+    from visiontrain.engine import step as step_module
+    from visiontrain.engine.metrics import StepRecorder
+    from visiontrain.engine.prefetch import prefetches
+
+    assert prefetches(torch.device("cuda"), True) and not prefetches(torch.device("cpu"), True)
+    assert not prefetches(torch.device("cuda"), False)
+    calls = []
+    real = step_module.to_device
+    monkeypatch.setattr(step_module, "to_device", lambda *a: calls.append(1) or real(*a))
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def losses(m, batch):
+        return {"mse": (m(batch[0]) - batch[1]).pow(2).mean()}
+
+    for placed, moved in ((False, True), (True, False)):
+        calls.clear()
+        step = step_module.TrainStep(model, losses, opt, device=torch.device("cpu"), precision="fp32", scaler=None,
+                                     clip_grad=None, clip_mode="norm", channels_last=True, after_backward=[],
+                                     recorder=StepRecorder(4, torch.device("cpu")), placed=placed)
+        step([(torch.randn(2, 3), torch.randn(2, 1))], {"mse": 1.0})
+        assert bool(calls) == moved  # (the walk recurses: any call means the batch was walked)

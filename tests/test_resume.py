@@ -76,7 +76,7 @@ def test_mid_epoch_resume_is_bit_exact(tmp_path, workers):
     for a, b in zip(full.optimizer.state.values(), resumed.optimizer.state.values()):
         for key in a:
             assert torch.equal(torch.as_tensor(a[key]), torch.as_tensor(b[key]))
-    assert full.best.best == resumed.best.best
+    assert full.checkpointer.best.best == resumed.checkpointer.best.best
 
 
 def test_resume_at_epoch_boundary_and_with_accumulation(tmp_path):

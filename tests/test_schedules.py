@@ -8,9 +8,9 @@ import random
 
 import pytest
 
+from visiontrain.config import ScheduleConfig
 from visiontrain.engine.schedules import (
     Schedule,
-    ScheduleConfig,
     StepClock,
     build_schedule,
     scale_lr_by_batch,

@@ -72,7 +72,7 @@ def test_the_forkserver_and_its_workers_leave_stop_signals_to_the_training_proce
     import signal
     from multiprocessing import forkserver
 
-    from visiontrain.engine.preemption import STOP_SIGNALS, ignore_stop_signals
+    from visiontrain.stop_signals import STOP_SIGNALS, ignore_stop_signals
 
     loader = DataLoader(TakesTheLock(), batch_size=2, num_workers=1, worker_init_fn=ignore_stop_signals,
                         multiprocessing_context=build.worker_context("forkserver"), persistent_workers=True)

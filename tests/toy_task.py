@@ -15,9 +15,10 @@ from torch.utils.data import Dataset
 
 from visiontrain import config as C
 from visiontrain.config import TaskConfig, doc
+from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.trainer import Trainer
 from visiontrain.tasks import TASKS
-from visiontrain.tasks.base import Task, TaskData
+from visiontrain.engine.task import Task, TaskData
 
 
 @dataclass
@@ -83,10 +84,10 @@ class ToyTask(Task):
         self.calls += 1
         return {"mse": mse, "l1": F.l1_loss(out, y), "mean_out": out.detach().mean()}
 
-    def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
-        total, n = torch.zeros((), device=device), 0
-        for x, y, _ in loader:
-            total += F.mse_loss(model(x.to(device)).float(), y.to(device), reduction="sum")
+    def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, float]:
+        total, n = torch.zeros((), device=data.device), 0
+        for (x, y, _), _real in data:  # this rank's batches as they come, padding repeats included
+            total += F.mse_loss(model(x).float(), y, reduction="sum")
             n += len(x)
         return {"mse": total.item() / n}  # host sync (end of evaluation)
 

@@ -18,8 +18,8 @@ import torch
 
 from visiontrain.config import Config
 from visiontrain.engine.hooks import Hook
-from visiontrain.engine.trainer import Trainer
-from visiontrain.tasks.base import Task
+from visiontrain.engine.task import Task
+from visiontrain.engine.trainer import Trainer, next_micro_batches
 
 
 class _Done(Exception):
@@ -57,22 +57,20 @@ def run_benchmark(cfg: Config, task: Task, *, steps: int, warmup: int, synthetic
     cfg.trainer.log_every = max(cfg.trainer.log_every, warmup + steps)  # no log point inside the window
     cfg.eval.every = cfg.checkpoint.every = 0
     cfg.eval.at_start = cfg.trainer.profile = False
-    timer = _StepTimer(warmup, steps)
-    trainer = Trainer(cfg, task, None, hooks=[timer])
-    fetch, first = trainer._next_batches, []
+    timer, first = _StepTimer(warmup, steps), []
 
     def timed_fetch(batches: Any, accum: int) -> list[Any]:
         if synthetic and first:
             return first[0]  # the first batch again: no loading
         t = time.perf_counter()
-        micro = fetch(batches, accum)
+        micro = next_micro_batches(batches, accum)
         if timer.timing:
             timer.data_s += time.perf_counter() - t
         if synthetic:
             first.append(micro)
         return micro
 
-    trainer._next_batches = timed_fetch
+    trainer = Trainer(cfg, task, None, hooks=[timer], fetch=timed_fetch)
     with contextlib.suppress(_Done):  # the window's last step ends the run: no final evaluation
         trainer.fit()
         raise ValueError(f"the recipe ran out of steps before {warmup + steps} (trainer.max_steps)")

@@ -126,58 +126,38 @@ def _final_report(run_dir: Path) -> str | None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
-    from visiontrain.engine.run_dir import checkpoint_in
-    from visiontrain.engine.trainer import Trainer
-    from visiontrain.tasks import build_task
+    from visiontrain.engine.evaluator import evaluate_models
+    from visiontrain.engine.run import build_evaluation
+    from visiontrain.trained import load_trained
 
-    path = checkpoint_in(args.target)
-    state = load_checkpoint(path)
-    if "config" not in state:
-        raise CheckpointError(f"{path}: not a visiontrain training checkpoint (no 'config')")
-    tree = state["config"]
-    for key, value in C.parse_overrides(args.overrides):
-        C._set_dotted(tree, key, value)
-    cfg = C.config_from_dict(tree, source=str(path))
-    cfg.ema.enabled = state.get("ema") is not None
-    trainer = Trainer(cfg, build_task(cfg), None)
-    trainer.raw_model.load_state_dict(state["model"])
-    if trainer.ema is not None:
-        trainer.ema.load_state_dict(state["ema"])
-    metrics = trainer.evaluate()
-    print(dumps_json({"checkpoint": str(path), "step": state["progress"]["step"], **metrics}))
+    trained = load_trained(args.target, args.overrides)
+    ema = trained.model(ema=True) if trained.has_ema else None
+    run = build_evaluation(trained.cfg, trained.task, trained.model(), ema, trained.info)
+    metrics = evaluate_models(run, trained.cfg.eval.models)
+    print(dumps_json({"checkpoint": trained.path, "step": trained.state["progress"]["step"], **metrics}))
     return 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
-    from visiontrain.engine.run_dir import checkpoint_in
     from visiontrain.predict import predict_images
-    from visiontrain.tasks import build_task
+    from visiontrain.trained import load_trained
 
-    path = str(checkpoint_in(args.checkpoint))
-    state = load_checkpoint(path)
-    if "config" not in state or "data_info" not in state:
-        raise CheckpointError(f"{path}: not a visiontrain training checkpoint (no config/data_info)")
-    cfg = C.config_from_dict(state["config"], source=path)
-    task = build_task(cfg)
-    if not hasattr(task, "predict"):
-        raise C.ConfigError(f"{path}: task {cfg.task.name!r} has no box predictions; "
+    trained = load_trained(args.checkpoint)
+    if not hasattr(trained.task, "predict"):
+        raise C.ConfigError(f"{trained.path}: task {trained.cfg.task.name!r} has no box predictions; "
                             f"predict works for detection recipes")
-    written = predict_images(task, state, args.images, Path(args.out), score_threshold=args.threshold,
-                             use_ema=args.ema)
+    written = predict_images(trained.task, trained.model(ema=args.ema), trained.info, args.images, Path(args.out),
+                             score_threshold=args.threshold)
     print(json.dumps({"out": args.out, "images": len(args.images), "detections": written}))
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from visiontrain.engine.run_dir import checkpoint_in
+    from visiontrain.engine.task import ExportUnsupported
     from visiontrain.export import export_checkpoint
-    from visiontrain.tasks.base import ExportUnsupported
 
-    path = str(checkpoint_in(args.checkpoint))  # a run dir: the file it reads is printed with the result
     try:
-        result = {"checkpoint": path, **export_checkpoint(path, args.format, args.out, use_ema=args.ema)}
+        result = export_checkpoint(args.checkpoint, args.format, args.out, use_ema=args.ema)
     except ExportUnsupported as err:
         print(f"visiontrain: error: {err}", file=sys.stderr)
         return EXIT_USAGE

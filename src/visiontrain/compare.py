@@ -2,7 +2,8 @@
 
 The table holds, per run, the steps trained, the last evaluation's metrics, the best value of the
 checkpoint metric, the wall time and the training throughput, read from ``summary.json`` when the
-run finished and from ``metrics.jsonl`` alone when it did not (a run still training, or stopped).
+run finished and from ``metrics.jsonl`` alone when it did not (a run still training, or stopped);
+the rows come from ``engine.metrics_file.read_metrics``, the one reader of that file.
 The figure puts every run on shared axes: the training total loss, then each evaluation metric
 the runs have in common, one panel each, against the optimizer step.
 """
@@ -14,40 +15,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from visiontrain.engine.logging import nan_for_null
-
-SKIP = ("kind", "step", "epoch", "time")
+from visiontrain.engine.metrics_file import Metrics, Row, is_ema, nan_for_null, read_metrics, series
 
 
 @dataclass
 class RunRecord:
+    """One run as compare and report see it: its logged rows, and summary.json when it finished."""
+
     name: str
-    train: list[dict[str, Any]]
-    evals: list[dict[str, Any]]
+    metrics: Metrics
     summary: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def train(self) -> list[Row]:
+        return self.metrics.train
+
+    @property
+    def evals(self) -> list[Row]:
+        return self.metrics.evals
+
+    @property
     def eval_keys(self) -> list[str]:
-        return [k for k in (self.evals[-1] if self.evals else {}) if k not in SKIP]
+        return self.metrics.eval_keys
 
 
 def read_run(run_dir: str | Path) -> RunRecord:
-    """A run dir's logged rows; a missing or unreadable ``metrics.jsonl`` is an error naming it."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: {run_dir} is not a visiontrain run dir "
-                                f"(expected the --run-dir of a `visiontrain fit`)")
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = nan_for_null(json.loads(line))  # null is how a NaN is written: a missing value
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}, line {n}: not a JSON object ({err.msg})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}, line {n}: not a JSON object (a {type(row).__name__})")
-        rows.append(row)
+    """A run dir's logged rows and summary; a missing or unreadable ``metrics.jsonl`` or
+    ``summary.json`` is an error naming the file, as the user asked about this run."""
+    metrics = read_metrics(run_dir, strict=True)
     summary_path = Path(run_dir) / "summary.json"
     try:
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
@@ -56,8 +51,7 @@ def read_run(run_dir: str | Path) -> RunRecord:
     for key in ("final", "best"):  # metric values: null back to NaN, as in the rows
         if isinstance(summary.get(key), dict):
             summary[key] = nan_for_null(summary[key])
-    return RunRecord(Path(run_dir).resolve().name, [r for r in rows if r.get("kind") == "train"],
-                     [r for r in rows if r.get("kind") == "eval"], summary)
+    return RunRecord(Path(run_dir).resolve().name, metrics, summary)
 
 
 def _unique_names(runs: list[RunRecord], dirs: list[str]) -> None:
@@ -81,7 +75,7 @@ def table_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
     rows = []
     for r in runs:
         last = r.evals[-1] if r.evals else {}
-        steps = r.summary.get("steps", max([row["step"] for row in r.train + r.evals], default=0))
+        steps = r.summary.get("steps", r.metrics.last_step)
         best = r.summary.get("best") or {}
         metric = r.summary.get("metric") or ""
         best_text = ", ".join(f"{k} {_fmt(v)}" for k, v in best.items()) if best else "-"  # model / ema
@@ -112,7 +106,7 @@ def plot_runs(runs: list[RunRecord], out: Path, metrics: list[str] | None = None
 
     if metrics is None:  # the evaluation metrics every run has, EMA twins after the model's own
         common = [k for k in runs[0].eval_keys if all(k in r.eval_keys for r in runs[1:])]
-        metrics = [k for k in common if not k.startswith("ema/")] + [k for k in common if k.startswith("ema/")]
+        metrics = [k for k in common if not is_ema(k)] + [k for k in common if is_ema(k)]
     panels = (["total"] if any(r.train for r in runs) else []) + list(metrics)
     if not panels:
         raise ValueError("nothing to plot: the runs logged no training rows and share no evaluation metric")
@@ -122,9 +116,9 @@ def plot_runs(runs: list[RunRecord], out: Path, metrics: list[str] | None = None
     for ax, panel in zip(axes.flat, panels):
         for r in runs:
             source = r.train if panel == "total" else r.evals
-            points = [(row["step"], row[panel]) for row in source if panel in row]
-            if points:
-                ax.plot(*zip(*points), label=r.name, marker="" if panel == "total" else "o", markersize=3)
+            steps, values = series(source, panel)
+            if steps:
+                ax.plot(steps, values, label=r.name, marker="" if panel == "total" else "o", markersize=3)
         ax.set(xlabel="step", title=f"train {panel}" if panel == "total" else panel)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:

@@ -17,7 +17,6 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from visiontrain.engine.schedules import ScheduleConfig
 from visiontrain.typed_config import ConfigError, build_typed, type_name
 
 __all__ = ["Config", "ConfigError", "TaskConfig", "config_from_dict", "config_to_dict", "describe_keys", "doc",
@@ -34,6 +33,37 @@ def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasse
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+ScheduleShape = Literal["constant", "cosine", "linear", "step", "multistep", "poly"]
+ScheduleUnit = Literal["steps", "epochs"]
+#: What ``schedules.<name>`` may name besides ``loss.<term>`` and ``task.<scalar>``: the engine's own scalars.
+SCHEDULED_SCALARS: tuple[str, ...] = ("lr", "weight_decay", "momentum", "ema_decay", "bn_momentum")
+
+
+@dataclass
+class ScheduleConfig:
+    """One named scalar's schedule, as written in YAML.
+
+    ``schedules.<name>: {shape: cosine, end: 2e-4, warmup: 20000, warmup_start: 2e-4,
+    unit: steps}``. Fields a shape does not use are ignored.
+    """
+
+    shape: ScheduleShape = doc("constant | cosine | linear | step | multistep | poly", "constant")
+    end: float | None = doc("final value of cosine/linear/poly (default 0)", None)
+    milestones: list[float] = doc("multistep: where value *= gamma, in `unit`", factory=list)
+    step_size: float = doc("step: value *= gamma every step_size units", 0.0)
+    gamma: float = doc("decay factor of step / multistep", 0.1)
+    power: float = doc("exponent of poly", 0.9)
+    warmup: float = doc("linear warmup length in `unit` (0 = none)", 0.0)
+    warmup_start: float | None = doc("value at step 0 of the warmup (default 0)", None)
+    warmup_factor: float | None = doc("warmup starts at this fraction of the value it ramps to (instead of "
+                                      "warmup_start)", None)
+    unit: ScheduleUnit = doc("steps | epochs: unit of warmup, milestones, step_size", "steps")
+    base: float | None = doc("start value of the main schedule (default: the configured value, e.g. optim.lr)", None)
+    warmup_inclusive: bool = doc("warmup = np.linspace(start, base, W): base at its last step W-1 (DINO), not at "
+                                 "step W", False)
+    per_epoch: bool = doc("one value per epoch, the formulas taken at the epoch index (needs unit: epochs)", False)
 
 
 @dataclass
@@ -58,6 +88,11 @@ class DataConfig:
         "dataset need not be picklable", "forkserver")
     image_size: int | None = doc("model input side; None = the dataset's native size", None, minimum=1)
     augment: str = doc("train augmentation: none | basic | imagenet", "none")
+
+    def eval_batch(self) -> int:
+        """The evaluation batch per process: ``eval_batch_size``, else twice the training batch
+        (no gradients or optimizer state to hold, so twice fits where one trains)."""
+        return self.eval_batch_size or 2 * self.batch_size
     download: bool = doc("allow torchvision to download the dataset if it is not found", False)
     limit_train: int | None = doc("use only the first N training samples (quick runs)", None, minimum=1)
     limit_val: int | None = doc("use only the first N validation samples", None, minimum=1)
@@ -174,8 +209,7 @@ class Config:
     data: DataConfig = doc("data section", factory=DataConfig)
     optim: OptimConfig = doc("optimizer section", factory=OptimConfig)
     schedules: dict[str, ScheduleConfig] = doc(
-        "per-step schedules: lr, weight_decay, momentum, ema_decay, bn_momentum, loss.<term>, "
-        "task.<scalar>", factory=dict)
+        f"per-step schedules: {', '.join(SCHEDULED_SCALARS)}, loss.<term>, task.<scalar>", factory=dict)
     trainer: TrainerConfig = doc("trainer section", factory=TrainerConfig)
     ema: EmaConfig = doc("EMA section", factory=EmaConfig)
     eval: EvalConfig = doc("evaluation section", factory=EvalConfig)

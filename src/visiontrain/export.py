@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from visiontrain.tasks.base import ExportSpec, ExportUnsupported, Task
+from visiontrain.engine.task import ExportSpec, ExportUnsupported, Task
 
 FORMATS: dict[str, str] = {"onnx": ".onnx", "exported-program": ".pt2", "torchscript": ".torchscript.pt"}
 ONNX_OPSET = 17
@@ -119,35 +119,13 @@ def export_model(task: Task, model: nn.Module, info: dict[str, Any], fmt: str, o
 def export_checkpoint(checkpoint: str | Path, fmt: str, out: str | Path | None = None, *,
                       use_ema: bool = False) -> dict[str, Any]:
     """Rebuild a training checkpoint's task and model (config + data_info + weights) and export it;
-    ``out`` defaults to the checkpoint's path with the format's suffix."""
-    from visiontrain import config as C
-    from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
-    from visiontrain.tasks import build_task
+    ``checkpoint`` may be a run dir; ``out`` defaults to the checkpoint's path with the format's suffix.
+    The result names the checkpoint file it read."""
+    from visiontrain.trained import load_trained
 
     if fmt not in FORMATS:
         raise ExportUnsupported(f"--format: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    state = load_checkpoint(checkpoint)
-    if "config" not in state or "data_info" not in state:
-        raise CheckpointError(f"{checkpoint}: not a visiontrain training checkpoint (no config/data_info)")
-    if use_ema and state.get("ema") is None:
-        raise CheckpointError(f"{checkpoint}: --ema given but the checkpoint holds no EMA weights")
-    cfg = C.config_from_dict(state["config"], source=str(checkpoint))
-    task = build_task(cfg)
-    info = state["data_info"]
-    model = task.build_model(info)
-    model.load_state_dict(state["ema"]["module"] if use_ema else state["model"])
-    path = Path(out) if out else Path(checkpoint).with_suffix(FORMATS[fmt])
-    return export_model(task, model, info, fmt, path)
-
-
-class DictOutputs(nn.Module):
-    """``module(*inputs)`` returning a dict -> the tuple of ``keys``: the form every exporter accepts
-    (e.g. DETR's pred_logits and pred_boxes without its aux_outputs)."""
-
-    def __init__(self, module: nn.Module, keys: Sequence[str]) -> None:
-        super().__init__()
-        self.module, self.keys = module, tuple(keys)
-
-    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.module(*inputs)
-        return tuple(out[k] for k in self.keys)
+    trained = load_trained(checkpoint)
+    path = Path(out) if out else Path(trained.path).with_suffix(FORMATS[fmt])
+    return {"checkpoint": trained.path,
+            **export_model(trained.task, trained.model(ema=use_ema), trained.info, fmt, path)}

@@ -36,8 +36,8 @@ def output_names(images: list[str]) -> list[Path]:
     return names
 
 
-def predict_images(task: Any, state: dict[str, Any], images: list[str], out: Path, *,
-                   score_threshold: float | None = None, use_ema: bool = False) -> int:
+def predict_images(task: Any, model: Any, info: dict[str, Any], images: list[str], out: Path, *,
+                   score_threshold: float | None = None) -> int:
     """Writes one drawing per input (boxes, class names, scores; named by :func:`output_names`) and
     OUT/detections.json (COCO results format; image_id = position in the argument list, 1-based;
     each result also names its input, ``file_name`` as given, and its drawing, ``drawn``, relative to
@@ -51,11 +51,7 @@ def predict_images(task: Any, state: dict[str, Any], images: list[str], out: Pat
     from visiontrain.data.detection.images import read_rgb
     from visiontrain.evaluation.coco import to_coco_results
 
-    info = state["data_info"]
     score_threshold = task.predict_threshold if score_threshold is None else score_threshold
-    model = task.build_model(info)
-    weights = state["ema"]["module"] if use_ema and state.get("ema") else state["model"]
-    model.load_state_dict(weights)
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
     results: list[dict] = []

@@ -3,10 +3,10 @@
 The page is meant to be mailed, attached to a ticket or archived next to the checkpoints, so it
 holds everything itself: inline CSS, no scripts, and every figure of ``RUN_DIR/plots/`` embedded as
 a base64 ``data:`` URI. Nothing is fetched when it is opened, so it renders the same offline and
-years later. The rows are read by ``compare.read_run`` (the one reader of ``metrics.jsonl`` and
-``summary.json``), so a run still training or stopped early (no ``summary.json``) gets a report
-from its logged rows alone, and a missing or corrupt ``metrics.jsonl`` is the same one-line error
-as in ``visiontrain compare``.
+years later. The run is read by ``compare.read_run`` (``summary.json``, and ``metrics.jsonl``
+through ``engine.metrics_file``, the one reader of that file), so a run still training or stopped
+early (no ``summary.json``) gets a report from its logged rows alone, and a missing or corrupt
+``metrics.jsonl`` is the same one-line error as in ``visiontrain compare``.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from visiontrain.compare import SKIP, RunRecord, read_run
+from visiontrain.compare import RunRecord, read_run
+from visiontrain.engine.metrics_file import ROW_KEYS, ema_key, is_number
 from visiontrain.engine.plots import write_curves
 
 CSS = """
@@ -130,7 +131,7 @@ def _checkpoint_metric(run: RunRecord, config: dict[str, Any]) -> tuple[str | No
 
 def _best(run: RunRecord, key: str, mode: str) -> tuple[float, int] | None:
     """(best value, step of its first occurrence) of one evaluation metric, NaN never best."""
-    points = [(row[key], row["step"]) for row in run.evals if _is_number(row.get(key)) and not math.isnan(row[key])]
+    points = [(row[key], row["step"]) for row in run.evals if is_number(row.get(key)) and not math.isnan(row[key])]
     if not points:
         return None
     value = (max if mode == "max" else min)(v for v, _ in points)
@@ -140,7 +141,7 @@ def _best(run: RunRecord, key: str, mode: str) -> tuple[float, int] | None:
 def _metrics_html(run: RunRecord, metric: str | None, mode: str) -> str:
     """The last evaluation (every metric it logged) and the best of the checkpoint metric."""
     last = run.evals[-1] if run.evals else {}
-    values = {k: v for k, v in last.items() if k not in SKIP} or run.summary.get("final", {})
+    values = {k: v for k, v in last.items() if k not in ROW_KEYS} or run.summary.get("final", {})
     if not values:
         return '<p class="muted">no evaluation logged yet</p>'
     where = f"step {last['step']}, epoch {last.get('epoch', '?')}" if last else "summary.json"
@@ -148,7 +149,7 @@ def _metrics_html(run: RunRecord, metric: str | None, mode: str) -> str:
             _table([(k, _fmt(v)) for k, v in values.items()])]
     if metric:
         rows = []
-        for label, key in (("model", metric), ("EMA", f"ema/{metric}")):
+        for label, key in (("model", metric), ("EMA", ema_key(metric))):
             best = _best(run, key, mode)
             if best is not None:
                 rows.append((f"{key} ({label})", f"{_fmt(best[0])} at step {best[1]}"))
@@ -163,23 +164,23 @@ def _throughput(run: RunRecord) -> list[tuple[str, str]]:
     seconds at ``samples_per_s``, so the mean rate is weighted by window length (not a mean of
     rates), and the data-wait share is the time the step waited for the loader."""
     s = run.summary
-    steps = s.get("steps", max((r["step"] for r in run.train + run.evals if "step" in r), default=0))
+    steps = s.get("steps", run.metrics.last_step)
     rows: list[tuple[str, str]] = [("steps", str(steps))]
     if "epochs" in s:
         rows.append(("epochs", str(s["epochs"])))
-    if _is_number(s.get("wall_s")):
+    if is_number(s.get("wall_s")):
         rows.append(("wall time", _duration(s["wall_s"])))
     else:
-        times = [r["time"] for r in run.train + run.evals if _is_number(r.get("time"))]
+        times = [r["time"] for r in run.train + run.evals if is_number(r.get("time"))]
         if len(times) > 1:
             rows.append(("wall time", f"{_duration(max(times) - min(times))} (between first and last row)"))
     windows = [(r["samples_per_s"], r["data_s"], r["compute_s"]) for r in run.train
-               if all(_is_number(r.get(k)) for k in ("samples_per_s", "data_s", "compute_s"))]
+               if all(is_number(r.get(k)) for k in ("samples_per_s", "data_s", "compute_s"))]
     total_s = sum(d + c for _, d, c in windows)
     if windows and total_s > 0:
         rows.append(("mean samples/s (training)", f"{sum(r * (d + c) for r, d, c in windows) / total_s:,.1f}"))
         rows.append(("data-wait share", f"{100 * sum(d for _, d, _ in windows) / total_s:.1f} %"))
-    if _is_number(s.get("samples_per_s")):
+    if is_number(s.get("samples_per_s")):
         rows.append(("samples/s over wall time", f"{s['samples_per_s']:,.1f}"))
     for key in ("skipped_steps", "fp16_overflow_skips"):
         value = s.get(key, run.train[-1].get(key) if run.train else None)
@@ -198,10 +199,6 @@ def _figure(path: Path, root: Path) -> str:
 def _table(rows: list[tuple[str, str]]) -> str:
     body = "".join(f'<tr><th>{escape(k)}</th><td class="num">{escape(v)}</td></tr>' for k, v in rows)
     return f"<table>{body}</table>"
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _fmt(value: Any) -> str:

@@ -46,8 +46,8 @@ elif phase == "eval":
             yield batch
             die()
 
-    toy_task.ToyTask.evaluate = lambda self, model, loader, device: evaluate(
-        self, model, first_batch_then_die(loader) if due() else loader, device)
+    toy_task.ToyTask.evaluate = lambda self, model, data: evaluate(
+        self, model, data.over(first_batch_then_die(data.loader)) if due() else data)
 elif phase == "save-write":
     real_save = torch.save
 

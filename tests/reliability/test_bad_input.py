@@ -493,10 +493,10 @@ def test_resume_other_world_size_refused(digits_run: Path) -> None:
     state = load_checkpoint(path)
     cfg = C.config_from_dict(state["config"])
     trainer = Trainer(cfg, build_task(cfg), None)
-    check_resume_compatible(state, trainer, str(path))  # as written: accepted
+    check_resume_compatible(state, trainer.run, str(path))  # as written: accepted
     state["progress"]["world_size"] = 2
     with pytest.raises(CheckpointError) as info:
-        check_resume_compatible(state, trainer, str(path))
+        check_resume_compatible(state, trainer.run, str(path))
     assert (f"--resume {path}: it was written with data.batch_size=16 on 2 process(es); this run has "
             f"data.batch_size=16 on 1") in str(info.value)
     assert "use --init" in str(info.value)

@@ -20,7 +20,7 @@ import torch
 from toy_task import ToyTask, toy_config, train
 from visiontrain import cli
 from visiontrain import config as C
-from visiontrain.engine import checkpoint as ckpt_module
+from visiontrain.engine import files as files_module
 from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
 from visiontrain.engine.guards import NonFiniteLossError
 from visiontrain.engine.hooks import Hook
@@ -53,7 +53,7 @@ def test_a_full_disk_during_a_save_is_a_clear_error_and_keeps_the_previous_check
         f.write(buf.getvalue()[:1000])  # part of the file, then the disk is full
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(ckpt_module.torch, "save", save_until_the_disk_fills)
+    monkeypatch.setattr(files_module.torch, "save", save_until_the_disk_fills)
     with pytest.raises(CheckpointError, match=r"last\.pt: No space left on device.*previous file.*intact"):
         train(toy_config(**EVERY_5), run_dir)
     # last.pt at step 5 and best.pt at 8 (the epoch's evaluation) are whole; last.pt at 10 failed
@@ -91,7 +91,7 @@ def test_an_unwritable_run_dir_is_refused_before_training_and_during_a_save(tmp_
         Trainer(toy_config(), ToyTask(toy_config()), blocker / "run")
 
     run_dir = tmp_path / "run"
-    real_mkstemp, calls = ckpt_module.tempfile.mkstemp, []
+    real_mkstemp, calls = files_module.tempfile.mkstemp, []
 
     def mkstemp_denied_from_the_third(*args, **kwargs):
         calls.append(1)
@@ -99,7 +99,7 @@ def test_an_unwritable_run_dir_is_refused_before_training_and_during_a_save(tmp_
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), kwargs.get("dir"))
         return real_mkstemp(*args, **kwargs)
 
-    monkeypatch.setattr(ckpt_module.tempfile, "mkstemp", mkstemp_denied_from_the_third)
+    monkeypatch.setattr(files_module.tempfile, "mkstemp", mkstemp_denied_from_the_third)
     recipe = tmp_path / "toy.yaml"
     recipe.write_text(C.dump_config(toy_config(**EVERY_5)))
     assert cli.main(["fit", str(recipe), "--run-dir", str(run_dir)]) == cli.EXIT_USAGE
@@ -113,8 +113,8 @@ def sample_of_step(step: int, **overrides) -> int:
     sampler's own order: poisoning it poisons that step."""
     cfg = toy_config(**overrides)
     probe = Trainer(cfg, ToyTask(cfg), None)
-    probe.sampler.set_epoch(0)
-    return list(probe.sampler)[step - 1][0]
+    probe.run.sampler.set_epoch(0)
+    return list(probe.run.sampler)[step - 1][0]
 
 
 class WeightsAround(Hook):
@@ -216,7 +216,7 @@ def test_fp16_overflow_is_skipped_and_counted_not_raised(run_dir):
     summary = t.fit()  # trainer.nonfinite=raise: an overflow is not a failure
     n = summary["fp16_overflow_skips"]
     assert 1 <= n < 15 and summary["skipped_steps"] == 0
-    assert t.scaler.get_scale() == 65536.0 / 2**n  # halved once per overflow
+    assert t.run.scaler.get_scale() == 65536.0 / 2**n  # halved once per overflow
     same = [all(torch.equal(a[k], b[k]) for k in a) for a, b in zip(snaps, snaps[1:])]
     assert same[:n] == [True] * n and not any(same[n:])  # the first n steps were skipped, no others
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")

@@ -37,7 +37,7 @@ import torchvision.transforms.v2  # noqa: E402,F401
 import visiontrain.data.datasets  # noqa: E402,F401
 import visiontrain.data.detection  # noqa: E402,F401
 import visiontrain.data.samplers  # noqa: E402,F401
-from visiontrain.engine.preemption import ignore_stop_signals  # noqa: E402  (the workers' init function)
+from visiontrain.stop_signals import ignore_stop_signals  # noqa: E402  (the workers' init function)
 
 if _in_forkserver():
     ignore_stop_signals()

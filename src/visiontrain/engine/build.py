@@ -1,10 +1,9 @@
-"""Set-up pieces the trainer composes: device, loaders, optimizer, and the scheduled scalars."""
+"""Set-up pieces a run is built from (engine.run): device, seeds, loaders, wrapping, the step clock."""
 from __future__ import annotations
 
 import logging
 import multiprocessing
 import random
-import re
 from typing import Any, Callable
 
 import numpy as np
@@ -12,12 +11,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from visiontrain.config import Config, ConfigError
+from visiontrain.config import Config, ConfigError, TrainerConfig
 from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler, SeededDataset
 from visiontrain.engine.distributed import DistInfo, wrap_ddp
 from visiontrain.engine.fsdp import ShardedCheckpoints, shard_model
-from visiontrain.engine.preemption import ignore_stop_signals
-from visiontrain.engine.schedules import Schedule, ScheduleConfig, StepClock, build_schedule
+from visiontrain.stop_signals import ignore_stop_signals
+from visiontrain.engine.schedules import StepClock
 from visiontrain.engine.worker_check import check_sendable_to_workers
 
 log = logging.getLogger("visiontrain")
@@ -68,7 +67,6 @@ def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device
     """The resumable batch sampler (grouped by aspect ratio when the task gives groups), and the
     training and evaluation loaders of a task's ``TaskData``."""
     d = cfg.data
-    pin = d.pin_memory and device.type == "cuda"
     shard = {"rank": dist_info.rank, "world_size": dist_info.world_size}
     sampler = GroupedBatchSampler(data.group_ids, d.batch_size, seed=cfg.seed, **shard) \
         if data.group_ids is not None else ResumableBatchSampler(len(data.train), d.batch_size, seed=cfg.seed, **shard)
@@ -76,17 +74,34 @@ def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device
         log.info("%s", left_out)  # said once: grouping drops each orientation's leftovers
     context = worker_context(d.worker_start) if d.num_workers > 0 else None
     train = train_loader(data.train, sampler, random_transforms=data.random_transforms, collate=data.train_collate,
-                         num_workers=d.num_workers, pin_memory=pin, persistent_workers=d.persistent_workers,
-                         context=context)
-    val = eval_loader(data.val, d.eval_batch_size or 2 * d.batch_size, collate=data.eval_collate,
-                      num_workers=d.num_workers, pin_memory=pin, dist_info=dist_info, context=context)
-    if d.num_workers > 0:  # what each worker will be sent, exactly as the loaders hold it
+                         num_workers=d.num_workers, pin_memory=pins(cfg, device),
+                         persistent_workers=d.persistent_workers, context=context)
+    val = val_loader(data, cfg, dist_info, device, context=context)
+    if d.num_workers > 0:  # what each worker will be sent, exactly as the loader holds it
         check_sendable_to_workers(d.worker_start, {
             "training dataset": train.dataset, "training collate function": train.collate_fn,
-            "validation dataset": val.dataset, "validation collate function": val.collate_fn,
-            "worker init function": train.worker_init_fn,
-            **{f"task's {name}": ds for name, ds in data.worker_datasets.items()}})
+            "worker init function": train.worker_init_fn})
     return sampler, train, val
+
+
+def val_loader(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device, *, context: Any = None
+               ) -> DataLoader:
+    """The evaluation loader of a task's ``TaskData`` (all that ``validate`` builds of the data)."""
+    d = cfg.data
+    if d.num_workers > 0 and context is None:
+        context = worker_context(d.worker_start)
+    val = eval_loader(data.val, d.eval_batch(), collate=data.eval_collate, num_workers=d.num_workers,
+                      pin_memory=pins(cfg, device), dist_info=dist_info, context=context)
+    if d.num_workers > 0:
+        check_sendable_to_workers(d.worker_start, {
+            "validation dataset": val.dataset, "validation collate function": val.collate_fn,
+            **{f"task's {name}": ds for name, ds in data.worker_datasets.items()}})
+    return val
+
+
+def pins(cfg: Config, device: torch.device) -> bool:
+    """Pinned host memory: only where a copy to a GPU follows."""
+    return cfg.data.pin_memory and device.type == "cuda"
 
 
 #: What the forkserver imports once, before it forks any worker: then a worker starts in
@@ -151,11 +166,17 @@ def eval_loader(ds: Dataset, batch_size: int, *, collate: Callable | None, num_w
                       multiprocessing_context=context, generator=torch.Generator().manual_seed(0))
 
 
+def accum_steps_at(t: TrainerConfig, epoch: int) -> int:
+    """Micro-batches per optimizer step in ``epoch``: ``trainer.accum_steps`` from
+    ``trainer.accum_after_epoch`` on (0: from the start), one before."""
+    return t.accum_steps if epoch >= t.accum_after_epoch else 1
+
+
 def make_clock(cfg: Config, batches_per_epoch: int) -> StepClock:
     """Optimizer steps per epoch (before / after accumulation switches on) and the run's total."""
     t = cfg.trainer
     accum_from = t.accum_after_epoch if t.accum_steps > 1 and t.accum_after_epoch > 0 else 0
-    first = batches_per_epoch if accum_from else batches_per_epoch // t.accum_steps
+    first = batches_per_epoch // accum_steps_at(t, 0)
     after = batches_per_epoch // t.accum_steps
     if after == 0:
         raise ValueError(f"trainer.accum_steps={t.accum_steps} exceeds the {batches_per_epoch} "
@@ -167,67 +188,3 @@ def make_clock(cfg: Config, batches_per_epoch: int) -> StepClock:
     if accum_from and accum_from < t.epochs:
         return StepClock(first, total, change_epoch=accum_from, steps_per_epoch_after=after)
     return StepClock(first, total)
-
-
-class ScheduledScalars:
-    """Applies every configured schedule for step s: pure functions of s, set on the host.
-
-    Targets: ``lr`` (x each group's lr_mult), ``weight_decay`` (decayed groups only),
-    ``momentum`` (SGD momentum / Adam beta1), ``ema_decay``, ``bn_momentum``, ``loss.<term>``
-    and ``task.<scalar>``.
-    """
-
-    def __init__(self, specs: dict[str, ScheduleConfig], bases: dict[str, float], clock: StepClock,
-                 optimizer: torch.optim.Optimizer, model: nn.Module, task: Any, ema: Any = None) -> None:
-        self.optimizer, self.task, self.ema = optimizer, task, ema
-        self.schedules: dict[str, Schedule] = {}
-        for name, spec in specs.items():
-            if name not in bases and not re.match(r"^(loss|task)\.\w+$", name):
-                raise ValueError(f"schedules.{name}: unknown scalar; expected one of "
-                                 f"{', '.join(sorted(bases))}, loss.<term> or task.<scalar>")
-            base = bases.get(name)
-            if name.startswith("task."):
-                base = float(getattr(task, name[5:], 0.0))
-            sched = self.schedules[name] = build_schedule(spec, 0.0 if base is None else base, clock, name=name)
-            if sched.warmup_outlasts_run:  # a smoke run or a step budget: said once, then trained as asked
-                length = f"{spec.warmup:g} {spec.unit}" + \
-                    (f" = {clock.to_steps(spec.warmup, 'epochs'):g} steps" if spec.unit == "epochs" else "")
-                log.warning("visiontrain: warning: schedules.%s.warmup (%s) is longer than the run (%d steps): "
-                            "%s stays in its warmup to the end", name, length, clock.total_steps, name)
-        self.bn_layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)] \
-            if "bn_momentum" in self.schedules else []
-        self.values: dict[str, float] = {}
-
-    def logged(self, optimizer: torch.optim.Optimizer) -> dict[str, float]:
-        """What a log point records of them: each group's lr (``lr/<name>``), the first group's as
-        ``lr``, and every other scheduled value as it was last set."""
-        groups = optimizer.param_groups
-        values = {f"lr/{g.get('name', i)}": g["lr"] for i, g in enumerate(groups)}
-        return {**values, "lr": groups[0]["lr"], **{k: v for k, v in self.values.items() if k != "lr"}}
-
-    def apply(self, step: int, loss_weights: dict[str, float]) -> None:
-        for name, sched in self.schedules.items():
-            value = self.values[name] = sched(step)
-            if name == "lr":
-                for g in self.optimizer.param_groups:
-                    g["lr"] = value * g.get("lr_mult", 1.0)
-            elif name == "weight_decay":
-                for g in self.optimizer.param_groups:
-                    if g.get("decay", True):
-                        g["weight_decay"] = value
-            elif name == "momentum":
-                for g in self.optimizer.param_groups:
-                    if "betas" in g:
-                        g["betas"] = (value, g["betas"][1])
-                    else:
-                        g["momentum"] = value
-            elif name == "ema_decay":
-                if self.ema is not None:
-                    self.ema.decay = value
-            elif name == "bn_momentum":
-                for m in self.bn_layers:
-                    m.momentum = value
-            elif name.startswith("loss."):
-                loss_weights[name[5:]] = value
-            elif name.startswith("task."):
-                self.task.set_scalar(name[5:], value)

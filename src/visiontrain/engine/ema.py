@@ -35,7 +35,8 @@ class ModelEma:
             decay = min(decay, 1.0 - (1.0 + self.updates) ** (-2.0 / 3.0))
         return decay
 
-    def _pairs(self, model: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    def _pairs(self, model: nn.Module) -> tuple[list[torch.Tensor], ...]:
+        """(lerp targets, lerp sources, copy targets, copy sources): floats average, the rest copy."""
         src = unwrap(model).state_dict(keep_vars=True)
         dst = self.module.state_dict(keep_vars=True)
         lerp_dst, lerp_src, copy_dst, copy_src = [], [], [], []

@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from visiontrain.config import DistributedConfig
-from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
+from visiontrain.engine.files import CheckpointError, read_checkpoint_file
 from visiontrain.engine.distributed import DistInfo, broadcast_object
 
 DCP_DIR = re.compile(r"^step-\d+(-\d+)?\.dcp$")
@@ -191,7 +191,7 @@ class ShardedCheckpoints:
         named = set()
         for pt in self.dir.glob("*.pt"):
             try:
-                record = load_checkpoint(pt, resolve_sharded=False, mmap=True).get("sharded")
+                record = read_checkpoint_file(pt, mmap=True).get("sharded")
             except CheckpointError:
                 continue  # unreadable (or not a checkpoint): nothing it names could be used
             if isinstance(record, dict):

@@ -93,7 +93,7 @@ def out_of_memory_message(err: BaseException, *, phase: str, cfg: Any, device: t
     d, t = cfg.data, cfg.trainer
     first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
     if phase == "evaluation":
-        size = d.eval_batch_size or 2 * d.batch_size
+        size = d.eval_batch()
         todo = f"lower data.eval_batch_size (now {size} per process)"
     else:
         todo = (f"lower data.batch_size (now {d.batch_size} per process) and raise trainer.accum_steps "

@@ -2,7 +2,8 @@
 
 In the spirit of detectron2's HookBase: extension by composition, not by flags on the trainer.
 Each hook gets the trainer (``self.trainer``) and reads what it needs from it: ``step`` (optimizer
-steps done), ``epoch``, ``model``, ``optimizer``, ``task``, ``cfg``, ``ema``.
+steps done), ``epoch``, ``model``, ``optimizer``, ``task``, ``cfg``, ``ema``, and ``run`` (everything
+the build phase made: loaders, sampler, scaler, clock; engine.run.TrainingRun).
 
 Hooks run on the host between device work. A hook that reads a tensor value forces a host-device
 sync: do that only in ``after_epoch`` / ``after_eval`` / ``after_train``, never per step.

@@ -2,6 +2,7 @@
 
 On a terminal the console is a rich progress bar (epoch, step, loss, lr, samples/s, ETA); when
 stdout is not a terminal (CI, a log file) it is one plain line per log point. Only rank 0 writes.
+What a metrics.jsonl row holds, and the one reader of the file, are in ``metrics_file``.
 
 Plain lines start with the local wall-clock time (``2026-11-24 22:15:03``), not the time since
 start: a job that is preempted and resumed writes one log across several processes, and wall-clock
@@ -23,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from visiontrain.engine.hooks import Hook
+from visiontrain.engine.metrics_file import METRICS_FILE, make_row, model_key, rewind
+from visiontrain.engine.metrics_file import nan_for_null  # noqa: F401  (public here before metrics_file)
 
 #: Plain lines wrap at this many columns; continuation lines are indented under the text.
 WIDTH = 100
-#: Accuracies and error rates, in percent (0-100) everywhere; an ``ema/`` twin is one too.
+#: Accuracies and error rates, in percent (0-100) everywhere; an EMA twin (``EMA_PREFIX``) is one too.
 PERCENT = frozenset({"top1", "top5", "acc", "class_error", "knn_top1"})
 #: Shown as whole numbers, also as an epoch's mean: throughput and counts.
 WHOLE = frozenset({"samples_per_s", "skipped_steps", "fp16_overflow_skips"})
@@ -52,25 +55,13 @@ def dumps_json(value: Any, **kwargs: Any) -> str:
     return json.dumps(json_safe(value), allow_nan=False, **kwargs)
 
 
-def nan_for_null(value: Any) -> Any:
-    """The reader's side of ``dumps_json``: null back to NaN (at any depth), the missing value
-    the plots and tables already handle."""
-    if value is None:
-        return math.nan
-    if isinstance(value, dict):
-        return {k: nan_for_null(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [nan_for_null(v) for v in value]
-    return value
-
-
 def format_value(key: str, value: Any) -> str:
     """One number format per quantity, chosen by its name (never by the value's size), so a column
     reads the same all run: lr and weight decay ``3.000e-03``, percentages ``91.75``, samples/s and
     step counts whole, seconds ``1.23``, any other int as is, everything else (losses, AP) ``0.1234``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
-    name = key[4:] if key.startswith("ema/") else key
+    name = model_key(key)
     if not math.isfinite(value):
         return str(float(value))  # nan, inf, -inf
     if name in SCIENTIFIC or name.startswith("lr/"):
@@ -131,7 +122,7 @@ class RunLogger:
                  enabled: bool = True) -> None:
         self.enabled = enabled and run_dir is not None
         self.total_steps = total_steps
-        self._jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1) if self.enabled else None
+        self._jsonl = open(run_dir / METRICS_FILE, "a", buffering=1) if self.enabled else None
         # TensorBoard's writer opens an events file as it is made: made at the first event, so a
         # run that logs nothing (a resume of a finished run) leaves tb/ as it was
         self._tb_dir = str(run_dir / "tb") if self.enabled else None
@@ -152,11 +143,11 @@ class RunLogger:
         self._width = WIDTH if self._bar is not None else WIDTH - len(timestamp()) - 1
 
     def log(self, kind: str, step: int, epoch: int, values: dict[str, Any]) -> None:
-        """One event: a JSON line, TensorBoard scalars, and a console line or bar update."""
+        """One event: a JSON line (``metrics_file.make_row``), TensorBoard scalars, and a console
+        line or bar update."""
         if not self.enabled:
             return
-        record = {"kind": kind, "step": step, "epoch": epoch, "time": round(time.time(), 3), **values}
-        self._jsonl.write(dumps_json(record) + "\n")
+        self._jsonl.write(dumps_json(make_row(kind, step, epoch, values)) + "\n")
         for key, value in values.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.tb().add_scalar(f"{kind}/{key}", value, step)
@@ -174,22 +165,12 @@ class RunLogger:
     def rewind(self, step: int) -> None:
         """A resumed run continues from ``step``: what was logged after it (before the crash or kill)
         is dropped, with a line cut short by a kill, so metrics.jsonl and TensorBoard hold each
-        step once. The rewrite is atomic: a kill during it leaves the old file."""
+        step once (``metrics_file.rewind``: atomic, a kill during it leaves the old file)."""
         if not self.enabled:
             return
         self._jsonl.close()
         path = Path(self._jsonl.name)
-        kept = []
-        for line in path.read_text().splitlines(keepends=True):
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a kill
-            if line.endswith("\n") and record.get("step", 0) <= step:
-                kept.append(line)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(kept))
-        tmp.replace(path)
+        rewind(path, step)
         self._jsonl = open(path, "a", buffering=1)
         if self._tb is not None:
             self._tb.close()

@@ -4,54 +4,30 @@ Rules (GluonCV --no-wd, DINO, cvnets no_decay_bn_filter_bias, DETR's backbone lr
 - biases, norm-layer weights and every parameter with fewer than 2 dims get no weight decay;
 - ``lr_mult``: the first regex that matches a parameter's name sets its lr multiplier;
 - ``freeze``: regexes whose parameters get requires_grad=False; a BatchNorm whose parameters are
-  all frozen becomes a FrozenBatchNorm2d, so its statistics freeze too.
+  all frozen becomes a FrozenBatchNorm2d, so its statistics freeze too (``models.freezing``, which
+  model builders use as well);
+- ``NormGroups`` (a task's option, seamseg's R-CNN): norm-layer parameters in groups of their own,
+  at lr 0 when batch norm is frozen and spared weight decay unless asked.
 Every trainable parameter must land in exactly one group; ``check_coverage`` names any that don't.
 """
 from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+
+__all__ = ["NORM_TYPES", "NormGroups", "ParamGroupError", "build_optimizer", "build_param_groups", "check_coverage",
+           "is_fused", "no_decay_names", "norm_param_names"]
 
 NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
 
 
 class ParamGroupError(ValueError):
     """Trainable parameters missing from the optimizer's groups, or present in two of them."""
-
-
-def freeze_parameters(model: nn.Module, patterns: list[str], frozen_bn: bool = True) -> list[str]:
-    """Freeze parameters whose name matches any regex; return their names."""
-    if not patterns:
-        return []
-    regexes = [re.compile(p) for p in patterns]
-    frozen = [n for n, p in model.named_parameters() if any(r.search(n) for r in regexes)]
-    for name, param in model.named_parameters():
-        if name in frozen:
-            param.requires_grad_(False)
-    if frozen_bn:
-        _freeze_batchnorms(model)
-    return frozen
-
-
-def _freeze_batchnorms(module: nn.Module) -> None:
-    from visiontrain._tv_compat import ensure_torchvision
-
-    ensure_torchvision()
-    from torchvision.ops import FrozenBatchNorm2d
-
-    for name, child in list(module.named_children()):
-        params = list(child.parameters(recurse=False))
-        if isinstance(child, nn.BatchNorm2d) and params and not any(p.requires_grad for p in params):
-            frozen = FrozenBatchNorm2d(child.num_features, eps=child.eps).to(child.weight.device)
-            for key in ("weight", "bias", "running_mean", "running_var"):
-                getattr(frozen, key).copy_(getattr(child, key).detach())
-            setattr(module, name, frozen)
-        else:
-            _freeze_batchnorms(child)
 
 
 def no_decay_names(model: nn.Module) -> set[str]:
@@ -65,25 +41,57 @@ def no_decay_names(model: nn.Module) -> set[str]:
     return names
 
 
+@dataclass(frozen=True)
+class NormGroups:
+    """Norm-layer parameters kept in groups of their own (seamseg's detectors), named ``norm...``
+    beside the ``other...`` groups. A task that freezes batch norm statistics stops their affine
+    parameters too (``frozen``: lr multiplier 0, whatever ``lr_mult`` says), and norm parameters
+    get weight decay only with ``weight_decay`` (the no-decay rule still applies on top)."""
+    frozen: bool = False
+    weight_decay: bool = False
+
+
+def norm_param_names(model: nn.Module) -> set[str]:
+    """Names of the parameters that norm layers own directly."""
+    return {f"{m_name}.{p_name}" if m_name else p_name
+            for m_name, mod in model.named_modules() if isinstance(mod, NORM_TYPES)
+            for p_name, _ in mod.named_parameters(recurse=False)}
+
+
 def build_param_groups(model: nn.Module, weight_decay: float, *, no_decay_bias_norm: bool = True,
-                       lr_mult: dict[str, float] | None = None) -> list[dict[str, Any]]:
-    """Groups keyed by (decay?, lr multiplier); each has ``name``, ``lr_mult`` and ``decay`` keys."""
+                       lr_mult: dict[str, float] | None = None, norms: NormGroups | None = None
+                       ) -> list[dict[str, Any]]:
+    """Groups keyed by (decay?, lr multiplier), and by norm or not with ``norms``; each has
+    ``name``, ``lr_mult`` and ``decay`` keys. Tasks with their own group rules pass them here rather
+    than building groups themselves, so that every ``optim.*`` key keeps its meaning for them."""
     rules = [(re.compile(k), v) for k, v in (lr_mult or {}).items()]
     skip = no_decay_names(model) if no_decay_bias_norm else set()
-    groups: "OrderedDict[tuple[bool, float], dict[str, Any]]" = OrderedDict()
+    norm_names = norm_param_names(model) if norms is not None else set()
+    frozen_norms = norms is not None and norms.frozen
+    spared_norms = norms is not None and not norms.weight_decay
+    groups: "OrderedDict[tuple[str, bool, float], dict[str, Any]]" = OrderedDict()
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        mult = next((m for r, m in rules if r.search(name)), 1.0)
-        decay = weight_decay > 0 and name not in skip
-        key = (decay, mult)
+        is_norm = name in norm_names
+        mult = 0.0 if is_norm and frozen_norms else next((m for r, m in rules if r.search(name)), 1.0)
+        decay = weight_decay > 0 and name not in skip and not (is_norm and spared_norms)
+        kind = "" if norms is None else "norm" if is_norm else "other"
+        key = (kind, decay, mult)
         if key not in groups:
             groups[key] = {"params": [], "param_names": [], "decay": decay, "lr_mult": mult,
-                           "weight_decay": weight_decay if decay else 0.0,
-                           "name": f"{'decay' if decay else 'no_decay'}_x{mult:g}"}
+                           "weight_decay": weight_decay if decay else 0.0, "name": _group_name(kind, decay, mult)}
         groups[key]["params"].append(param)
         groups[key]["param_names"].append(name)
     return list(groups.values())
+
+
+def _group_name(kind: str, decay: bool, mult: float) -> str:
+    """``decay_x1`` / ``no_decay_x0.1``; with norm groups ``other_x1`` / ``norm_no_decay_x0`` (the
+    names the logged ``lr/<group>`` columns carry)."""
+    if not kind:
+        return f"{'decay' if decay else 'no_decay'}_x{mult:g}"
+    return f"{kind}{'' if decay else '_no_decay'}_x{mult:g}"
 
 
 def check_coverage(model: nn.Module, groups: list[dict[str, Any]]) -> None:

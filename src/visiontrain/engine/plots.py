@@ -11,13 +11,14 @@
   matrix, detections against ground truth), also sent to TensorBoard as images under
   ``figures/``. The scalars themselves are already in TensorBoard, logged as they happen.
 
-The curves are read back from ``metrics.jsonl``, so a resumed run's plots hold its whole history.
+The curves are read back from ``metrics.jsonl`` (``metrics_file.read_metrics``), so a resumed run's
+plots hold its whole history. ``draw_panel`` is public so that other views of a run
+(``benchmarks/plot_run.py``) draw their curves the same way.
 Figures are built with ``matplotlib.figure.Figure`` (no pyplot, no global backend state); this
 runs on rank 0, on the host, after evaluations only: nothing here touches the step loop.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -25,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from visiontrain.engine.hooks import Hook
-from visiontrain.engine.logging import nan_for_null
+from visiontrain.engine.metrics_file import (Row, ema_key, is_ema, model_key, numeric_keys, read_metrics,
+                                             series)
+from visiontrain.evaluation.panels import panel_grid
 
 log = logging.getLogger("visiontrain")
 
-SKIP = {"kind", "step", "epoch", "time"}
 THROUGHPUT = {"samples_per_s", "data_s", "compute_s", "eta_s", "gpu_peak_mem_gb", "skipped_steps",
               "fp16_overflow_skips"}
 SCHEDULED = {"lr", "weight_decay", "momentum", "ema_decay", "bn_momentum"}
@@ -53,54 +55,6 @@ def is_scheduled(key: str) -> bool:
     return key in SCHEDULED or key.startswith(("lr/", "loss.", "task."))
 
 
-def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(train, eval) records of a metrics.jsonl; a line cut short by a kill is passed over. A null
-    (how a NaN is written) is read back as NaN: a missing value, shown as a gap."""
-    train, evals = [], []
-    for line in path.read_text().splitlines():
-        try:
-            record = nan_for_null(json.loads(line))
-        except ValueError:
-            continue
-        if not isinstance(record, dict):
-            continue
-        (train if record.get("kind") == "train" else evals if record.get("kind") == "eval" else []).append(record)
-    return train, evals
-
-
-def _keys(records: list[dict[str, Any]]) -> list[str]:
-    """Every numeric key of the records, in first-seen order."""
-    seen: dict[str, None] = {}
-    for r in records:
-        for k, v in r.items():
-            if k not in SKIP and isinstance(v, (int, float)) and not isinstance(v, bool):
-                seen.setdefault(k, None)
-    return list(seen)
-
-
-def panel_grid(n: int, *, title: str, width: float = 3.6, height: float = 2.6) -> tuple[Any, list[Any]]:
-    """A Figure with ``n`` small panels (up to 4 a row); returns it and the used axes."""
-    from matplotlib.figure import Figure
-
-    cols = min(4, max(n, 1))
-    rows = -(-max(n, 1) // cols)
-    w, h = width * cols, height * rows + 0.5
-    fig = Figure(figsize=(w, h))
-    # fixed margins, in inches: a layout engine would double the drawing time
-    fig.subplots_adjust(left=0.55 / w, right=1 - 0.15 / w, bottom=0.45 / h, top=1 - 0.55 / h,
-                        hspace=0.55, wspace=0.3)
-    fig.suptitle(title)
-    axes = fig.subplots(rows, cols, squeeze=False).ravel().tolist()
-    for ax in axes[n:]:
-        ax.set_visible(False)
-    return fig, axes[:n]
-
-
-def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    pts = [(r["step"], float(r[key])) for r in records if isinstance(r.get(key), (int, float))]
-    return [p[0] for p in pts], [p[1] for p in pts]
-
-
 def group_terms(keys: list[str]) -> list[list[str]]:
     """One group per term; numbered variants share their base term's panel (DETR's auxiliary
     decoder losses ``loss_ce_0`` ... next to ``loss_ce``)."""
@@ -111,35 +65,46 @@ def group_terms(keys: list[str]) -> list[list[str]]:
     return [sorted(g, key=lambda k: (k[-1].isdigit(), k)) for g in groups.values()]
 
 
-def _curves(records: list[dict[str, Any]], groups: list[list[str]], title: str, *, marker: str = "") -> Any:
+def draw_panel(ax: Any, rows: list[Row], keys: list[str], *, marker: str = "", title: str | None = None,
+               legend: bool | None = None) -> None:
+    """The keys' curves against the step on one panel. A training series (``train/...``) in an
+    evaluation panel is a thin line, as it is a point per log window; a curve falling over decades
+    gets a log axis; a panel without one finite value says so rather than looking empty."""
+    any_finite = False
+    for key in keys:
+        steps, values = series(rows, key)
+        finite = [v for v in values if math.isfinite(v)]
+        any_finite = any_finite or len(finite) > 0
+        train_key = key.startswith(TRAIN_PREFIX)
+        ax.plot(steps, values, marker="" if train_key else marker, markersize=3,
+                linewidth=0.8 if train_key else 1.2, alpha=0.7 if train_key else 1.0, label=key)
+        if len(finite) > 1 and min(finite) > 0 and max(finite) / min(finite) > 100:
+            ax.set_yscale("log")  # a loss falling over decades reads better on a log axis
+    if title is None:
+        title = keys[0] if len(keys) <= 2 else f"{keys[0]} (+{len(keys) - 1})"
+    ax.set_title(title, fontsize=9)
+    if not any_finite:
+        ax.text(0.5, 0.5, "no finite value", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+    ax.set_xlabel("step", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+    if legend or (legend is None and len(keys) > 1):  # one curve: the title names it
+        ax.legend(fontsize=7)
+
+
+def _curves(records: list[Row], groups: list[list[str]], title: str, *, marker: str = "") -> Any:
     """One panel per group of keys; keys of a group share the panel (e.g. ``top1`` and ``ema/top1``)."""
     fig, axes = panel_grid(len(groups), title=title)
     for ax, group in zip(axes, groups):
-        for key in group:
-            steps, values = _series(records, key)
-            finite = [v for v in values if math.isfinite(v)]
-            # a training series in an evaluation panel: a thin line (a point per log window)
-            train_key = key.startswith(TRAIN_PREFIX)
-            ax.plot(steps, values, marker="" if train_key else marker, markersize=3,
-                    linewidth=0.8 if train_key else 1.2, alpha=0.7 if train_key else 1.0, label=key)
-            if len(finite) > 1 and min(finite) > 0 and max(finite) / min(finite) > 100:
-                ax.set_yscale("log")  # a loss falling over decades reads better on a log axis
-        ax.set_title(group[0] if len(group) <= 2 else f"{group[0]} (+{len(group) - 1})", fontsize=9)
-        if not any(math.isfinite(v) for k in group for v in _series(records, k)[1]):
-            ax.text(0.5, 0.5, "no finite value", ha="center", va="center", transform=ax.transAxes, fontsize=8)
-        ax.set_xlabel("step", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-        if len(group) > 1:
-            ax.legend(fontsize=7)
+        draw_panel(ax, records, group, marker=marker)
     return fig
 
 
-def curve_figures(train: list[dict[str, Any]], evals: list[dict[str, Any]], run_name: str = "") -> dict[str, Any]:
+def curve_figures(train: list[Row], evals: list[Row], run_name: str = "") -> dict[str, Any]:
     """The run's curves as named Figures (see the module docstring); empty kinds are left out."""
     figures: dict[str, Any] = {}
     prefix = f"{run_name}: " if run_name else ""
-    keys = _keys(train)
+    keys = numeric_keys(train)
     losses = group_terms([k for k in keys if k not in THROUGHPUT and not is_scheduled(k) and not k.endswith("_w")])
     if losses:
         figures["losses"] = _curves(train, losses, f"{prefix}training (means over each log window)")
@@ -154,12 +119,13 @@ def curve_figures(train: list[dict[str, Any]], evals: list[dict[str, Any]], run_
                 if "data_s" in r and "compute_s" in r else r for r in train]
         groups = [["samples_per_s"]] + ([["data_wait_share"]] if any("data_wait_share" in r for r in rows) else [])
         figures["throughput"] = _curves(rows, groups, f"{prefix}throughput")
-    metrics = [k for k in _keys(evals) if not k.startswith("ema/")]
-    groups = [[k] + ([f"ema/{k}"] if any(f"ema/{k}" in r for r in evals) else []) for k in metrics]
-    groups += [[k] for k in _keys(evals) if k.startswith("ema/") and k[4:] not in metrics]  # EMA-only runs
+    eval_keys = numeric_keys(evals)
+    metrics = [k for k in eval_keys if not is_ema(k)]
+    groups = [[k] + ([ema_key(k)] if any(ema_key(k) in r for r in evals) else []) for k in metrics]
+    groups += [[k] for k in eval_keys if is_ema(k) and model_key(k) not in metrics]  # EMA-only runs
     if groups:
         # the training value of the same quantity on the same axis (training acc under top1)
-        pairs = {g[0]: train_twin(g[0].removeprefix("ema/"), keys) for g in groups}
+        pairs = {g[0]: train_twin(model_key(g[0]), keys) for g in groups}
         twins = {t for t in pairs.values() if t}
         twin_rows = [{"step": r["step"], **{f"{TRAIN_PREFIX}{t}": r[t] for t in twins if t in r}}
                      for r in train] if twins else []
@@ -195,7 +161,7 @@ def save_figure(fig: Any, path: Path) -> Any:
 def write_curves(run_dir: Path) -> list[Path]:
     """Draw a run dir's curves from its metrics.jsonl into RUN_DIR/plots/ (also for a finished
     or stopped run: ``visiontrain report`` calls it)."""
-    train, evals = read_metrics(run_dir / "metrics.jsonl")
+    train, evals = read_metrics(run_dir, strict=False)  # a view of the run: a damaged line is passed over
     out = run_dir / "plots"
     out.mkdir(exist_ok=True)
     written = []

@@ -20,11 +20,12 @@ import multiprocessing
 import multiprocessing.util  # noqa: F401  (registers its exit handler before ours: ours runs first)
 import signal
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+from visiontrain.stop_signals import STOP_SIGNALS
+
 EXIT_PREEMPTED = 4
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
@@ -39,13 +40,6 @@ class Preempted(Exception):
     @property
     def exit_code(self) -> int:
         return EXIT_INTERRUPTED if self.signum == signal.SIGINT else EXIT_PREEMPTED
-
-
-def ignore_stop_signals(_worker_id: int = 0) -> None:
-    """DataLoader ``worker_init_fn``: leave stopping to the main process. (A worker still exits when
-    its loader shuts it down, or within seconds of its parent's death: torch's worker watchdog.)"""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
 
 
 @atexit.register
@@ -91,3 +85,34 @@ class StopFlag:
     @property
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum is not None else "a stop signal"
+
+
+class StopCheck:
+    """The loop's part that acts on a stop signal: after the step it arrived in (one process), or
+    at the next log point, where the ranks agree with one all-reduce (a log point already syncs).
+    It writes ``last.pt`` through ``save`` and raises :class:`Preempted`. At an epoch's end it runs
+    after that epoch's checkpoint; within an epoch not at its last step (the epoch's end comes next)."""
+
+    def __init__(self, flag: StopFlag, progress: Any, *, log_every: int, distributed: bool, device: torch.device,
+                 save: Callable[[], None], where: Callable[[], str], close: Callable[[], None]) -> None:
+        self.flag, self.progress, self.log_every, self.distributed = flag, progress, log_every, distributed
+        self.device, self.save, self.where, self.close = device, save, where, close
+
+    def due(self, step: int, epoch_end: bool) -> bool:
+        p = self.progress
+        if epoch_end:
+            return step < p.total and self._agreed(True)
+        at_log_point = step % self.log_every == 0 or step == p.total
+        return (self.flag.requested or at_log_point) and not p.epoch_steps_done() and self._agreed(at_log_point)
+
+    def _agreed(self, at_log_point: bool) -> bool:
+        if self.distributed:
+            return at_log_point and self.flag.any_rank(self.device)  # host sync (log point)
+        return self.flag.requested
+
+    def run(self, epoch_end: bool = False) -> None:
+        self.save()  # every rank: it reads the metric rows (a collective); rank 0 writes
+        p = self.progress
+        self.close()  # the CLI prints the one line that says where the run stopped
+        raise Preempted(f"stopped by {self.flag.name} at step {p.step} (epoch {p.epoch}); {self.where()}",
+                        self.flag.signum)

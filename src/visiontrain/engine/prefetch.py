@@ -69,10 +69,16 @@ class DevicePrefetcher:
         return batch
 
 
+def prefetches(device: torch.device, prefetch: bool) -> bool:
+    """Whether :func:`device_batches` hands over batches already on ``device`` (and channels_last):
+    then the step moves nothing again."""
+    return prefetch and device.type != "cpu"
+
+
 def device_batches(batches: Iterator[Any], device: torch.device, *, prefetch: bool,
                    channels_last: bool = False) -> Iterator[Any]:
     """The loader's batches, prefetched to the accelerator where there is one (CUDA: a side
     stream); on the CPU, as they come (they are already where the step needs them)."""
-    if not prefetch or device.type == "cpu":
+    if not prefetches(device, prefetch):
         return batches
     return DevicePrefetcher(batches, device, channels_last)

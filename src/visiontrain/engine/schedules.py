@@ -43,37 +43,13 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Callable, get_args
 
-SHAPES: tuple[str, ...] = ("constant", "cosine", "linear", "step", "multistep", "poly")
-UNITS: tuple[str, ...] = ("steps", "epochs")
+from visiontrain.config import ScheduleConfig, ScheduleShape, ScheduleUnit
 
-
-@dataclass
-class ScheduleConfig:
-    """One named scalar's schedule, as written in YAML.
-
-    ``schedules.<name>: {shape: cosine, end: 2e-4, warmup: 20000, warmup_start: 2e-4,
-    unit: steps}``. Fields a shape does not use are ignored.
-    """
-
-    shape: str = field(default="constant", metadata={"doc": "constant | cosine | linear | step | multistep | poly"})
-    end: float | None = field(default=None, metadata={"doc": "final value of cosine/linear/poly (default 0)"})
-    milestones: list[float] = field(default_factory=list, metadata={"doc": "multistep: where value *= gamma, in `unit`"})
-    step_size: float = field(default=0.0, metadata={"doc": "step: value *= gamma every step_size units"})
-    gamma: float = field(default=0.1, metadata={"doc": "decay factor of step / multistep"})
-    power: float = field(default=0.9, metadata={"doc": "exponent of poly"})
-    warmup: float = field(default=0.0, metadata={"doc": "linear warmup length in `unit` (0 = none)"})
-    warmup_start: float | None = field(default=None, metadata={"doc": "value at step 0 of the warmup (default 0)"})
-    warmup_factor: float | None = field(default=None, metadata={"doc": "warmup starts at this fraction of the "
-                                                                       "value it ramps to (instead of warmup_start)"})
-    unit: str = field(default="steps", metadata={"doc": "steps | epochs: unit of warmup, milestones, step_size"})
-    base: float | None = field(default=None, metadata={"doc": "start value of the main schedule (default: the "
-                                                              "configured value, e.g. optim.lr)"})
-    warmup_inclusive: bool = field(default=False, metadata={"doc": "warmup = np.linspace(start, base, W): base "
-                                                                   "at its last step W-1 (DINO), not at step W"})
-    per_epoch: bool = field(default=False, metadata={"doc": "one value per epoch, the formulas taken at the epoch "
-                                                            "index (needs unit: epochs)"})
+SHAPES: tuple[str, ...] = get_args(ScheduleShape)
+UNITS: tuple[str, ...] = get_args(ScheduleUnit)
 
 
 class StepClock:
@@ -229,6 +205,31 @@ def _finite(name: str, fld: str, value: float, *, min_value: float | None = None
     return float(value)
 
 
+def _decay_points(cfg: ScheduleConfig, name: str, step_size: float, warmup: float, total: float,
+                  clock: StepClock, position: Callable[[float], float]) -> tuple[float, tuple[float, ...]]:
+    """``step`` / ``multistep``: the step size in steps (0: none), or the milestones in steps."""
+    step_size_steps = 0.0
+    milestones: tuple[float, ...] = ()
+    if cfg.shape == "step" and step_size <= 0:
+        raise ValueError(f"schedule {name!r}: shape 'step' needs step_size > 0, got {step_size}")
+    if cfg.shape == "step" and (cfg.unit == "steps" or cfg.per_epoch):
+        step_size_steps = step_size
+    elif cfg.shape == "step":
+        # Decay at epochs warmup + k * step_size, each mapped through the clock, so
+        # "every 30 epochs" stays epoch-aligned when steps per epoch change mid-run.
+        k, pos = 1, clock.to_steps(warmup + step_size, "epochs")
+        while pos <= total:
+            milestones += (pos,)
+            k += 1
+            pos = clock.to_steps(warmup + k * step_size, "epochs")
+    if cfg.shape == "multistep":
+        if not cfg.milestones:
+            raise ValueError(f"schedule {name!r}: shape 'multistep' needs non-empty milestones")
+        milestones = tuple(sorted(position(m) for m in cfg.milestones))
+
+    return step_size_steps, milestones
+
+
 def build_schedule(
     cfg: ScheduleConfig, base: float, clock: StepClock, *, name: str = "value"
 ) -> Schedule:
@@ -277,25 +278,7 @@ def build_schedule(
             return clock.to_steps(value, cfg.unit)
     warmup_steps = position(warmup)
 
-    step_size_steps = 0.0
-    milestones: tuple[float, ...] = ()
-    if cfg.shape == "step" and step_size <= 0:
-        raise ValueError(f"schedule {name!r}: shape 'step' needs step_size > 0, got {step_size}")
-    if cfg.shape == "step" and (cfg.unit == "steps" or cfg.per_epoch):
-        step_size_steps = step_size
-    elif cfg.shape == "step":
-        # Decay at epochs warmup + k * step_size, each mapped through the clock, so
-        # "every 30 epochs" stays epoch-aligned when steps per epoch change mid-run.
-        k, pos = 1, clock.to_steps(warmup + step_size, "epochs")
-        while pos <= total:
-            milestones += (pos,)
-            k += 1
-            pos = clock.to_steps(warmup + k * step_size, "epochs")
-    if cfg.shape == "multistep":
-        if not cfg.milestones:
-            raise ValueError(f"schedule {name!r}: shape 'multistep' needs non-empty milestones")
-        milestones = tuple(sorted(position(m) for m in cfg.milestones))
-
+    step_size_steps, milestones = _decay_points(cfg, name, step_size, warmup, total, clock, position)
     return Schedule(
         shape=cfg.shape, base=start, end=end, total_steps=total,
         warmup_steps=warmup_steps, warmup_start=warmup_start, step_size=step_size_steps,

@@ -67,7 +67,7 @@ class TrainStep:
                  scaler: torch.amp.GradScaler | None, clip_grad: float | None, clip_mode: str,
                  channels_last: bool, after_backward: list[Callable[[], None]], recorder: StepRecorder,
                  mask_nonfinite: bool = True, on_device: Callable[[Any], Any] | None = None,
-                 fixed_weights: bool = False) -> None:
+                 fixed_weights: bool = False, placed: bool = False) -> None:
         self.model, self.losses_fn, self.optimizer = model, losses_fn, optimizer
         self.on_device = on_device  # the task's batch transform on the device (Task.device_transform)
         self.device, self.precision, self.scaler = device, precision, scaler
@@ -81,8 +81,9 @@ class TrainStep:
         self.mask_nonfinite = mask_nonfinite or scaler is not None
         self.needs_norm = clip_grad is not None or scaler is not None  # clipping, or fp16's overflow check
         self._one = torch.ones((), device=device)
-        # On the CPU with the default memory format the batch is already where it must be.
-        self.needs_copy = device.type != "cpu" or channels_last
+        # On the CPU with the default memory format the batch is already where it must be; so is
+        # a batch the prefetcher placed (``placed``: on the device, channels_last): moved once.
+        self.needs_copy = not placed and (device.type != "cpu" or channels_last)
         self._no_sync = grad_sync_paused(model)  # DDP/FSDP: no reduction on non-final micro-steps
         self._keys: tuple[str, ...] | None = None
         self._weighted: list[str] = []

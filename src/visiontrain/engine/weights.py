@@ -45,7 +45,8 @@ def _adapt_input_conv(weight: torch.Tensor, channels: int) -> torch.Tensor:
 def load_init_weights(model: nn.Module, path: str | Path, *, what: str = "--init") -> str:
     """Load weights only; tensors whose shape differs (a new class count) or that the model lacks
     are skipped and reported. An input conv of 1 channel loaded into 3 (or back) is adapted, so a
-    model trained on grey images can start an RGB one. ``what`` names the option in messages. Returns the report line."""
+    model trained on grey images can start an RGB one. ``what`` names the option in messages.
+    Returns the report line."""
     source = _state_from_file(path)
     own = model.state_dict()
     loaded, mismatched, unexpected, adapted = {}, [], [], []
@@ -95,8 +96,9 @@ def _model_text(config: Any, info: Any) -> str:
             + (f", {classes} classes" if classes is not None else ""))
 
 
-def check_resume_compatible(state: dict[str, Any], trainer: Any, source: str) -> None:
-    """Refuse a resume that cannot continue exactly, naming what differs."""
+def check_resume_compatible(state: dict[str, Any], run: Any, source: str) -> None:
+    """Refuse a resume that cannot continue exactly, naming what differs. ``run``: the run being
+    resumed into (engine.run.TrainingRun: its config, model, process count, sharding)."""
     sharded = isinstance(state.get("sharded"), dict)
     for key in ("sharded" if sharded else "model", "optimizer", "progress", "rng"):
         if key not in state and not (sharded and key == "optimizer"):
@@ -104,9 +106,9 @@ def check_resume_compatible(state: dict[str, Any], trainer: Any, source: str) ->
                                   f"(no {key!r}); use --init to load its weights only")
     strategy = state["progress"].get("strategy", "replicated")
     same = "resume it with the same distributed.strategy on the same number of processes"
-    if sharded and trainer.sharded is None:
+    if sharded and run.sharded is None:
         why = f"it is sharded (written under distributed.strategy=fsdp) and this run is not; {same}"
-    elif not sharded and trainer.sharded is not None:
+    elif not sharded and run.sharded is not None:
         why = "an FSDP run resumes only from the sharded checkpoints it writes, and this file is a single one"
     elif strategy == "fsdp" and not sharded:
         why = "it was consolidated from an FSDP run (its optimizer state is keyed by parameter name); " + same
@@ -118,7 +120,7 @@ def check_resume_compatible(state: dict[str, Any], trainer: Any, source: str) ->
 
     theirs = sharded_shapes(Path(source).parent, state["sharded"]) if sharded else \
         {k: tuple(v.shape) for k, v in state["model"].items()}
-    own = trainer.raw_model.state_dict()
+    own = run.raw_model.state_dict()
     bad = [f"{k} {theirs[k]} vs {tuple(v.shape)}" for k, v in own.items()
            if k in theirs and theirs[k] != tuple(v.shape)]
     missing = [k for k in own if k not in theirs]
@@ -129,16 +131,16 @@ def check_resume_compatible(state: dict[str, Any], trainer: Any, source: str) ->
         from visiontrain.config import config_to_dict
 
         theirs_text = _model_text(state.get("config"), state.get("data_info"))
-        own_text = _model_text(config_to_dict(trainer.cfg), getattr(trainer, "data_info", None))
+        own_text = _model_text(config_to_dict(run.cfg), run.data_info)
         models = f"checkpoint: {theirs_text}; this run: {own_text}"
         raise CheckpointError(f"--resume {source}: the checkpoint is of another model or class count "
                               f"({models}; {detail}); use --init {source} to start from its weights instead")
     p = state["progress"]
-    cfg = trainer.cfg
+    cfg = run.cfg
     if int(p.get("batch_size", cfg.data.batch_size)) != cfg.data.batch_size or \
-            int(p.get("world_size", 1)) != trainer.dist.world_size:
+            int(p.get("world_size", 1)) != run.dist.world_size:
         raise CheckpointError(
             f"--resume {source}: it was written with data.batch_size={p.get('batch_size')} on "
             f"{p.get('world_size')} process(es); this run has data.batch_size={cfg.data.batch_size} on "
-            f"{trainer.dist.world_size}. An exact resume needs both unchanged (the position inside the "
+            f"{run.dist.world_size}. An exact resume needs both unchanged (the position inside the "
             f"epoch is counted in batches); use --init to start a new run from its weights")

@@ -52,8 +52,8 @@ class _Probe(ForkingPickler):
         if isinstance(obj, np.ndarray):
             return np.empty, (0,)
         if isinstance(obj, (type, types.FunctionType)) and obj.__module__ == "__main__" and not self.main_ok:
-            raise _NotImportable(f"{obj.__qualname__} is defined in the main module "
-                                 f"({getattr(sys.modules.get('__main__'), '__file__', None) or 'an interactive session'}),"
+            main = getattr(sys.modules.get("__main__"), "__file__", None) or "an interactive session"
+            raise _NotImportable(f"{obj.__qualname__} is defined in the main module ({main}),"
                                  f" which a {self.start} worker cannot import")
         return NotImplemented
 

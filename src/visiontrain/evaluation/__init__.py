@@ -2,11 +2,27 @@
 
 Kept apart from the tasks so a metric can be checked against its reference implementation on its
 own, and so the COCO path (which needs pycocotools) is imported only when it is used.
+
+The names below are loaded on first use: the submodules need torch, and the engine's plots import
+``evaluation.panels`` from commands (``visiontrain report``, ``compare``) that must start without it.
 """
 from __future__ import annotations
 
-from .coco import COCO_METRICS, coco_evaluate, gather_detections, to_coco_results
-from .voc import average_precision, box_iou_np, voc_map
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .coco import COCO_METRICS, coco_evaluate, gather_detections, to_coco_results
+    from .voc import average_precision, box_iou_np, voc_map
+
+_HOMES = {"COCO_METRICS": "coco", "coco_evaluate": "coco", "gather_detections": "coco",
+          "to_coco_results": "coco", "average_precision": "voc", "box_iou_np": "voc", "voc_map": "voc"}
 
 __all__ = ["COCO_METRICS", "coco_evaluate", "gather_detections", "to_coco_results",
            "average_precision", "box_iou_np", "voc_map"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from visiontrain.engine.plots import panel_grid
+from visiontrain.evaluation.panels import panel_grid
 
 MAX_TICK_LABELS = 40  # above this many classes the axes are left unlabelled (ImageNet's 1000)
 

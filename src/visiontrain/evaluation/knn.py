@@ -6,10 +6,9 @@ function of the features, so it can be checked on a toy case by hand.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 
@@ -31,31 +30,15 @@ def knn_predict(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feat
 
 
 @torch.no_grad()
-def extract_features(encode: Callable[[torch.Tensor], torch.Tensor], loader: Any, device: torch.device,
-                     channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """L2-normalised float32 features and labels of every batch the loader yields (this rank's)."""
+def extract_features(encode: Callable[[torch.Tensor], torch.Tensor], batches: Iterable[tuple[Any, slice]],
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """L2-normalised float32 features and labels of ``(images, labels), real`` batches on ``device``
+    (the engine's EvalData yields them), each cut to its ``real`` rows: every batch is encoded,
+    padding repeats too, since under FSDP each forward is a collective."""
     feats, labels = [], []
-    for images, y in loader:
-        images = images.to(device, non_blocking=True)
-        if channels_last and images.ndim == 4:
-            images = images.contiguous(memory_format=torch.channels_last)
-        feats.append(F.normalize(encode(images).float(), dim=1))
-        labels.append(torch.as_tensor(y).to(device, non_blocking=True))
+    for (images, y), real in batches:
+        feats.append(F.normalize(encode(images).float(), dim=1)[real])
+        labels.append(torch.as_tensor(y, device=device)[real])
     if not feats:
         return torch.zeros(0, 0, device=device), torch.zeros(0, dtype=torch.long, device=device)
     return torch.cat(feats), torch.cat(labels)
-
-
-def all_gather_rows(t: torch.Tensor) -> torch.Tensor:
-    """Concatenate every rank's rows in rank order (ranks may hold different counts)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return t
-    n = torch.tensor([t.shape[0]], device=t.device)
-    counts = [torch.zeros_like(n) for _ in range(dist.get_world_size())]
-    dist.all_gather(counts, n)
-    sizes = [int(c) for c in counts]  # host sync (evaluation only)
-    padded = torch.zeros((max(sizes), *t.shape[1:]), dtype=t.dtype, device=t.device)
-    padded[: t.shape[0]] = t
-    out = [torch.zeros_like(padded) for _ in sizes]
-    dist.all_gather(out, padded)
-    return torch.cat([o[:s] for o, s in zip(out, sizes)])

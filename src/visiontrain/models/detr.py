@@ -188,7 +188,8 @@ class DETR(nn.Module):
         if hidden_dim % nheads or hidden_dim % 2:
             raise ValueError(f"hidden_dim ({hidden_dim}) must be even and divisible by nheads ({nheads})")
         if queries.reference_boxes and hidden_dim % 4:
-            raise ValueError(f"reference boxes need hidden_dim divisible by 4 (a sine pair per coordinate), got {hidden_dim}")
+            raise ValueError(f"reference boxes need hidden_dim divisible by 4 (a sine pair per coordinate), "
+                             f"got {hidden_dim}")
         self.num_classes, self.num_queries, self.hidden_dim = num_classes, num_queries, hidden_dim
         self.sigmoid_class, self.options = sigmoid_class, queries
         two_levels = queries.deformable_levels == 2

@@ -55,7 +55,8 @@ class QueryOptions:
             raise ValueError(f"deformable attention takes 0 (off), 1 or 2 levels and >= 1 points, got "
                              f"{self.deformable_levels}, {self.deformable_points}")
         if self.groups < 1 or self.dn_groups < 0:
-            raise ValueError(f"query groups must be >= 1 and denoising groups >= 0, got {self.groups}, {self.dn_groups}")
+            raise ValueError(f"query groups must be >= 1 and denoising groups >= 0, "
+                             f"got {self.groups}, {self.dn_groups}")
         if not (0.0 <= self.dn_label_noise <= 1.0 and 0.0 <= self.dn_box_noise <= 1.0):
             raise ValueError(f"dn_label_noise and dn_box_noise must be in [0, 1], got "
                              f"{self.dn_label_noise}, {self.dn_box_noise}")

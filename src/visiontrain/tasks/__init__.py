@@ -4,7 +4,7 @@ from __future__ import annotations
 import difflib
 
 from visiontrain.config import Config
-from visiontrain.tasks.base import Task, TaskData
+from visiontrain.engine.task import Task, TaskData
 from visiontrain.tasks.classification import ClassificationTask
 from visiontrain.tasks.detr import DetrTask
 from visiontrain.tasks.dino import DinoTask

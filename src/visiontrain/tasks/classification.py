@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from visiontrain.config import TaskConfig, doc, register_task_config
-from visiontrain.engine.distributed import real_samples
+from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.hooks import Hook
-from visiontrain.tasks.base import ExportSpec, Task, TaskData
+from visiontrain.engine.task import ExportSpec, Task, TaskData
 
 
 #: The detection-only ``data.*`` keys, which no classifier reads (DINO's neither).
@@ -139,30 +139,21 @@ class ClassificationTask(Task):
         acc = (logits.detach().argmax(-1) == labels).sum(dtype=torch.float32) * (100.0 / labels.numel())
         return {"ce": ce, "acc": acc}  # acc has no weight: logged, not optimised
 
-    def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, float]:
+        device = data.device
         sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, count
         c = self.num_classes
         confusion = torch.zeros(c * c, dtype=torch.int64, device=device)  # [true, predicted], flattened
         k = min(5, c)
-        real, seen = real_samples(loader), 0  # the sharded set's padding repeats are not counted
-        for images, labels in loader:
-            images = images.to(device, non_blocking=True)
-            labels = labels.to(device, non_blocking=True)
-            if self.cfg.trainer.channels_last and images.ndim == 4:
-                images = images.contiguous(memory_format=torch.channels_last)
-            logits = model(images).float()
-            if real is not None:  # (sizes are host metadata: no device read)
-                keep, seen = max(0, min(labels.shape[0], real - seen)), seen + labels.shape[0]
-                logits, labels = logits[:keep], labels[:keep]
+        for (images, labels), real in data:
+            logits, labels = model(images).float()[real], labels[real]  # the sampler's padding is not counted
             topk = logits.topk(k, dim=-1).indices
             hit = topk == labels[:, None]
             confusion += torch.bincount(labels * c + topk[:, 0], minlength=c * c)
             sums += torch.stack([F.cross_entropy(logits, labels, reduction="sum"),
                                  hit[:, 0].sum(), hit.any(-1).sum(),
                                  torch.tensor(float(labels.numel()), device=device)]).double()
-        if torch.distributed.is_initialized():  # evaluation is sharded across ranks: sum the shards
-            torch.distributed.all_reduce(sums)
-            torch.distributed.all_reduce(confusion)
+        data.sum_(sums, confusion)  # evaluation is sharded across ranks: sum the shards
         loss, top1, top5, n = sums.tolist()  # host sync (end of evaluation)
         self.confusion = confusion.view(c, c).cpu()  # host sync (end of evaluation), for eval_figures
         n = max(n, 1.0)

@@ -1,15 +1,19 @@
-"""What every detection task shares: data (readers, transforms, grouped batches, padded collate),
-COCO evaluation with detections gathered from every rank, and prediction on image files."""
+"""What every detection task shares: the ``task.*`` keys every detector reads (DetectionConfig),
+data (readers, transforms, grouped batches, padded collate), COCO evaluation with detections
+gathered from every rank, and prediction on image files."""
 from __future__ import annotations
 
 import abc
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from visiontrain.tasks.base import Task, TaskData
+from visiontrain.config import TaskConfig, doc
+from visiontrain.engine.eval_loop import EvalData
+from visiontrain.engine.task import Task, TaskData
 
 log = logging.getLogger("visiontrain")
 
@@ -21,6 +25,17 @@ def unread_data_keys(sizes: str, augmentation: str) -> dict[str, str]:
     """The classification ``data.*`` keys a detector ignores, each with what this detector reads."""
     return {"image_size": f"its input sizes are {sizes}", "augment": f"its augmentation is {augmentation}",
             "download": "detection datasets are read from data.root (or built in: fashion-mosaic, neon-trees)"}
+
+
+@dataclass
+class DetectionConfig(TaskConfig):
+    """The ``task.*`` keys every detector reads, declared once so that DetectionTask reads them typed;
+    a detector's config overrides a key where its default or its documentation differ (the backbones
+    it builds, YOLO's square ``val_size``)."""
+    backbone: str = doc("backbone network by name (each detector's own key lists those it builds)", "resnet50")
+    pretrained_backbone: bool = doc("ImageNet weights for the backbone (must be cached locally)", False)
+    val_size: int = doc("evaluation: shorter side", 800)
+    group_aspect: bool = doc("batch images of like aspect ratio together", True)
 
 
 class DetectionTask(Task):
@@ -54,8 +69,7 @@ class DetectionTask(Task):
         self.val_set = val.with_transform(val_tf)
         self.info = {"num_classes": train.num_classes, "class_names": list(train.class_names),
                      "category_ids": list(train.category_ids)}
-        groups = [int(r >= 1.0) for r in train.aspect_ratios()] if getattr(self.cfg.task, "group_aspect", True) \
-            else None
+        groups = [int(r >= 1.0) for r in train.aspect_ratios()] if self.cfg.task.group_aspect else None
         return TaskData(train.with_transform(train_tf), self.val_set, self.info, random_transforms=True,
                         train_collate=collate_detection, eval_collate=collate_detection, group_ids=groups)
 
@@ -67,30 +81,30 @@ class DetectionTask(Task):
         normalize = NormalizeOnDevice()
         return lambda batch: (normalize(batch[0], batch[1]), *batch[1:])
 
-    def collect_detections(self, model: nn.Module, loader: Any, device: torch.device) -> list[dict] | None:
+    def collect_detections(self, model: nn.Module, data: EvalData) -> list[dict] | None:
         """COCO-format detections of the whole validation set, gathered to rank 0; None on the
         other ranks (they have nothing to score)."""
-        from visiontrain.evaluation.coco import gather_detections, to_coco_results
+        from visiontrain.evaluation.coco import to_coco_results
 
         detections: list[dict] = []
-        for images, mask, targets in loader:
-            orig = torch.stack([t["orig_size"] for t in targets]).to(device)
-            preds = self.predict_batch(model, images.to(device), mask.to(device), orig)
-            for pred, target in zip(preds, targets):  # host transfer per batch: evaluation only
+        for (images, mask, targets), real in data:
+            orig = torch.stack([t["orig_size"] for t in targets])
+            preds = self.predict_batch(model, images, mask, orig)
+            for pred, target in zip(preds[real], targets[real]):  # host transfer per batch: evaluation only
                 detections += to_coco_results(pred["boxes"].cpu(), pred["scores"].cpu(),  # host sync
                                               pred["labels"].cpu(), target["image_id"],  # host sync
                                               self.info["category_ids"])
-        detections = gather_detections(detections, dst=0)
-        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        gathered = data.gather(detections, dst=0)
+        if gathered is None:
             return None
         shown = {r.image_id for r in self.val_set.records[:SHOWN_IMAGES]}
-        self.shown_detections = [d for d in detections if d["image_id"] in shown]  # for eval_figures
-        return detections
+        self.shown_detections = [d for d in gathered if d["image_id"] in shown]  # for eval_figures
+        return gathered
 
-    def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, float]:
         from visiontrain.evaluation.coco import coco_evaluate
 
-        detections = self.collect_detections(model, loader, device)
+        detections = self.collect_detections(model, data)
         if detections is None:  # not rank 0
             return {}
         return coco_evaluate(self.val_set.coco_ground_truth(), detections)

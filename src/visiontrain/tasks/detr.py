@@ -13,19 +13,18 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from visiontrain.config import TaskConfig, doc, register_task_config
-from visiontrain.tasks.base import ExportSpec
-from visiontrain.tasks.detection import DetectionTask, unread_data_keys
+from visiontrain.config import doc, register_task_config
+from visiontrain.engine.task import ExportSpec
+from visiontrain.tasks.detection import DetectionConfig, DetectionTask, unread_data_keys
 
 
 @dataclass
-class DetrConfig(TaskConfig):
+class DetrConfig(DetectionConfig):
     unread_data_keys: ClassVar[dict[str, str]] = unread_data_keys(
         "task.train_scales, task.max_size and task.val_size",
         "DETR's own (flip, multi-scale, crop): task.train_scales, task.crop_resize, task.crop_min, task.crop_max")
     name: str = doc("task name", "detr")
     backbone: str = doc("torchvision ResNet: resnet18 | resnet34 | resnet50 | resnet101", "resnet50")
-    pretrained_backbone: bool = doc("ImageNet weights for the backbone (must be cached locally)", False)
     backbone_weights: str = doc("file (.safetensors or checkpoint) with ResNet weights for the backbone, e.g. "
                                 "the model.safetensors of a classification run with task.model=resnet18; "
                                 "'' = none", "")
@@ -58,9 +57,9 @@ class DetrConfig(TaskConfig):
                          0, minimum=0)
     dn_label_noise: float = doc("denoising: probability a copy's label is replaced by a random class", 0.2)
     dn_box_noise: float = doc("denoising: box jitter, as a fraction of the box's size", 0.4)
-    deformable_levels: Literal[0, 1, 2] = doc("decoder cross-attention: 0 = the paper's (all cells); 1 = deformable, sampling "
-                                 "around each query's box (Deformable DETR); 2 = also from the finer backbone map",
-                                 0)
+    deformable_levels: Literal[0, 1, 2] = doc(
+        "decoder cross-attention: 0 = the paper's (all cells); 1 = deformable, sampling around each query's box "
+        "(Deformable DETR); 2 = also from the finer backbone map", 0)
     deformable_points: int = doc("deformable attention: sampling points per head and level", 4, minimum=1)
     cost_class: float = doc("matching cost weight: class probability (focal: class focal cost)", 1.0)
     cost_bbox: float = doc("matching cost weight: L1 box distance", 5.0)
@@ -71,8 +70,6 @@ class DetrConfig(TaskConfig):
     crop_resize: list[int] = doc("crop branch: shorter-side sizes before the crop", factory=lambda: [400, 500, 600])
     crop_min: int = doc("crop branch: smallest crop side", 384)
     crop_max: int = doc("crop branch: largest crop side", 600)
-    val_size: int = doc("evaluation: shorter side", 800)
-    group_aspect: bool = doc("batch images of like aspect ratio together", True)
 
 
 register_task_config("detr", DetrConfig)
@@ -176,7 +173,7 @@ class DetrTask(DetectionTask):
         class loss; pred_boxes [B,Q,4] normalised cxcywh) from images
         [B,3,H,W] prepared as for evaluation and their padding mask [B,H,W] (True = padding): the
         Hungarian-free post-processing is a softmax and a box scale, left to the caller."""
-        from visiontrain.export import DictOutputs
+        from visiontrain.engine.task import DictOutputs
 
         side = -(-self.cfg.task.val_size // 32) * 32
         images = torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(0))

@@ -20,10 +20,11 @@ from torch.utils.data import Subset
 
 from visiontrain.config import ConfigError, TaskConfig, doc, register_task_config
 from visiontrain.engine.build import eval_loader, worker_context
-from visiontrain.engine.distributed import DistInfo, real_samples
+from visiontrain.engine.distributed import DistInfo
 from visiontrain.engine.ema import unwrap
+from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.hooks import Hook
-from visiontrain.tasks.base import ExportSpec, Task, TaskData
+from visiontrain.engine.task import ExportSpec, Task, TaskData
 from visiontrain.tasks.classification import CLASSIFICATION_UNREAD
 
 
@@ -163,43 +164,39 @@ class DinoTask(Task):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         center = state.get("center")
         if center is None or tuple(center.shape) != tuple(self.center.shape):
-            raise ValueError(f"the checkpoint's DINO centre has shape {None if center is None else list(center.shape)}, "
+            shape = None if center is None else list(center.shape)
+            raise ValueError(f"the checkpoint's DINO centre has shape {shape}, "
                              f"this run's head has out_dim {self.cfg.task.out_dim}")
         self.center = center.to(self.center.device).clone()
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, float]:
         """k-NN top-1 of the backbone's features: the bank (train images, no augmentation) sharded
         over ranks and gathered, each rank's share of the test set voted against it, counts summed."""
-        from visiontrain.evaluation.knn import all_gather_rows, extract_features, knn_predict
+        from visiontrain.evaluation.knn import extract_features, knn_predict
 
         t, d = self.cfg.task, self.cfg.data
-        wrapper, cl = unwrap(model), self.cfg.trainer.channels_last
+        wrapper = unwrap(model)
 
         def encode(images: torch.Tensor) -> torch.Tensor:
             return wrapper(images, features_only=True)
-        rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
-            if torch.distributed.is_initialized() else (0, 1)
+        rank, world = data.dist.rank, data.dist.world_size
         # Equal shards (the last padded with repeats, dropped after extraction): under FSDP every
         # forward is a collective, so every rank must run the same number of batches.
         n = len(self.bank)
         per = -(-n // world)
         start, valid = rank * per, max(0, min(per, n - rank * per))
         shard = Subset(self.bank, [min(start + i, n - 1) for i in range(per)])
-        bank_loader = eval_loader(shard, d.eval_batch_size or 2 * d.batch_size, collate=None,
+        bank_loader = eval_loader(shard, d.eval_batch(), collate=None,
                                   num_workers=d.num_workers, pin_memory=False, dist_info=DistInfo(),
                                   context=worker_context(d.worker_start) if d.num_workers else None)
-        bank_x, bank_y = extract_features(encode, bank_loader, device, cl)
-        bank_x, bank_y = all_gather_rows(bank_x[:valid]), all_gather_rows(bank_y[:valid])
-        test_x, test_y = extract_features(encode, loader, device, cl)
-        real = real_samples(loader)  # this rank's share without the sampler's padding repeats
-        if real is not None:
-            test_x, test_y = test_x[:real], test_y[:real]
+        bank_x, bank_y = extract_features(encode, data.over(bank_loader), data.device)
+        bank_x, bank_y = data.gather_rows(bank_x[:valid]), data.gather_rows(bank_y[:valid])
+        test_x, test_y = extract_features(encode, data, data.device)  # this rank's share, padding left out
         pred = knn_predict(bank_x, bank_y, test_x, num_classes=self.num_classes, k=t.knn_k,
                            temperature=t.knn_temperature)
-        counts = torch.stack([(pred == test_y).sum(), torch.tensor(test_y.numel(), device=device)]).double()
-        if torch.distributed.is_initialized():
-            torch.distributed.all_reduce(counts)
+        counts = torch.stack([(pred == test_y).sum(), torch.tensor(test_y.numel(), device=data.device)]).double()
+        data.sum_(counts)
         correct, total = counts.tolist()  # host sync (end of evaluation)
         return {"knn_top1": 100.0 * correct / max(total, 1.0)}
 

@@ -10,29 +10,27 @@ data, aspect-ratio grouped batches, COCO evaluation and prediction.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from visiontrain.config import TaskConfig, doc, register_task_config
-from visiontrain.engine.param_groups import NORM_TYPES, no_decay_names
-from visiontrain.tasks.base import ExportSpec, TaskData
-from visiontrain.tasks.detection import DetectionTask, unread_data_keys
+from visiontrain.config import doc, register_task_config
+from visiontrain.engine.param_groups import NormGroups, build_param_groups
+from visiontrain.engine.task import ExportSpec, TaskData
+from visiontrain.tasks.detection import DetectionConfig, DetectionTask, unread_data_keys
 
 LOSSES = ("loss_objectness", "loss_rpn_box_reg", "loss_classifier", "loss_box_reg")
 
 
 @dataclass
-class RcnnConfig(TaskConfig):
+class RcnnConfig(DetectionConfig):
     unread_data_keys: ClassVar[dict[str, str]] = unread_data_keys(
         "task.train_scales, task.max_size and task.val_size",
         "flips and multi-scale training: task.vertical_flip, task.train_scales")
     name: str = doc("task name", "rcnn")
     backbone: str = doc("resnet18 | resnet34 | resnet50 | resnet101 | mobilenet_v3_large", "resnet50")
-    pretrained_backbone: bool = doc("ImageNet weights for the backbone (must be cached locally)", False)
     trainable_layers: int = doc("backbone stages trained, from the top (resnet 0-5, 5 = all; mobilenet 0-6); "
                                 "the rest frozen, their batch norm too", 3)
     frozen_bn: bool = doc("FrozenBatchNorm2d in the whole backbone, and lr 0 for any trainable norm layer left "
@@ -56,9 +54,7 @@ class RcnnConfig(TaskConfig):
     detections_per_img: int = doc("evaluation: detections kept per image", 100)
     train_scales: list[int] = doc("shorter-side sizes drawn for training", factory=lambda: [800])
     max_size: int = doc("cap on the longer side", 1333)
-    val_size: int = doc("evaluation: shorter side", 800)
     vertical_flip: bool = doc("also flip training images vertically (aerial photos)", False)
-    group_aspect: bool = doc("batch images of like aspect ratio together", True)
 
 
 register_task_config("rcnn", RcnnConfig)
@@ -125,28 +121,11 @@ class RcnnTask(DetectionTask):
 
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
         """seamseg's groups: norm-layer parameters (lr 0 under frozen_bn, no weight decay unless
-        weight_decay_norm) and the rest. ``optim.lr_mult`` regexes and ``optim.no_decay_bias_norm``
-        still apply on top, so every optim key keeps its meaning."""
+        weight_decay_norm) and the rest. The engine's rules build them, so ``optim.lr_mult`` and
+        ``optim.no_decay_bias_norm`` still apply on top and every optim key keeps its meaning."""
         o, t = self.cfg.optim, self.cfg.task
-        rules = [(re.compile(k), v) for k, v in o.lr_mult.items()]
-        skip = no_decay_names(model) if o.no_decay_bias_norm else set()
-        groups: dict[tuple[bool, bool, float], dict[str, Any]] = {}
-        for mod_name, module in model.named_modules():
-            is_norm = isinstance(module, NORM_TYPES)
-            for p_name, param in module.named_parameters(recurse=False):
-                if not param.requires_grad:
-                    continue
-                name = f"{mod_name}.{p_name}" if mod_name else p_name
-                mult = 0.0 if is_norm and t.frozen_bn else next((m for r, m in rules if r.search(name)), 1.0)
-                decay = o.weight_decay > 0 and name not in skip and (t.weight_decay_norm or not is_norm)
-                key = (is_norm, decay, mult)
-                if key not in groups:
-                    groups[key] = {"params": [], "param_names": [], "decay": decay, "lr_mult": mult,
-                                   "weight_decay": o.weight_decay if decay else 0.0,
-                                   "name": f"{'norm' if is_norm else 'other'}{'' if decay else '_no_decay'}_x{mult:g}"}
-                groups[key]["params"].append(param)
-                groups[key]["param_names"].append(name)
-        return list(groups.values())
+        return build_param_groups(model, o.weight_decay, no_decay_bias_norm=o.no_decay_bias_norm, lr_mult=o.lr_mult,
+                                  norms=NormGroups(frozen=t.frozen_bn, weight_decay=t.weight_decay_norm))
 
     def losses(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         images, _, targets = batch

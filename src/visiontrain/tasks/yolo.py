@@ -14,15 +14,16 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from visiontrain.config import TaskConfig, doc, register_task_config
+from visiontrain.config import doc, register_task_config
+from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.hooks import Hook
 from visiontrain.models.yolo import COCO_ANCHORS
-from visiontrain.tasks.base import ExportSpec
-from visiontrain.tasks.detection import DetectionTask, unread_data_keys
+from visiontrain.engine.task import ExportSpec
+from visiontrain.tasks.detection import DetectionConfig, DetectionTask, unread_data_keys
 
 
 @dataclass
-class YoloConfig(TaskConfig):
+class YoloConfig(DetectionConfig):
     unread_data_keys: ClassVar[dict[str, str]] = unread_data_keys(
         "task.size, task.val_size and task.multiscale_sizes",
         "GluonCV's: task.flip, task.photometric, task.zoom_out, task.iou_crop, task.mixup")
@@ -31,7 +32,6 @@ class YoloConfig(TaskConfig):
                         "cs3darknet_focus_s, resnet18, ...", "darknet53")
     backbone_width: float = doc("channel multiplier for timm's Darknet / CSP-Darknet backbones (0.25: a "
                                 "CPU-sized Darknet); 1.0 = as published", 1.0)
-    pretrained_backbone: bool = doc("timm's pretrained backbone weights (must be cached locally)", False)
     neck_channels: list[int] = doc("widths of the detection blocks at stride 32, 16, 8",
                                    factory=lambda: [512, 256, 128])
     anchors: list[list[float]] = doc("anchor (w, h) in input pixels, 3 x k pairs: k for stride 8, then 16, 32",
@@ -173,12 +173,12 @@ class YoloTask(DetectionTask):
                            conf_threshold=t.conf_threshold, nms_iou=t.nms_iou, pre_nms_topk=t.pre_nms_topk,
                            max_detections=t.max_detections)
 
-    def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, float]:
         """COCO AP (pycocotools) and the VOC07 11-point mAP at IoU 0.5 (``voc07_mAP``, GluonCV's
         validation metric, difficult boxes ignored) from one pass over the validation set."""
         from visiontrain.evaluation.coco import coco_evaluate
 
-        detections = self.collect_detections(model, loader, device)
+        detections = self.collect_detections(model, data)
         if detections is None:  # not rank 0
             return {}
         metrics = coco_evaluate(self.val_set.coco_ground_truth(), detections)

@@ -26,11 +26,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from visiontrain.data.detection.images import BadAnnotationError
+
+__all__ = ["BAD_POLICIES", "BadAnnotationError", "DetectionDataset", "ImageRecord"]
+
 BAD_POLICIES = ("error", "skip")
-
-
-class BadAnnotationError(ValueError):
-    """An annotation or image that cannot be used; the message names the file and annotation id."""
 
 
 @dataclass

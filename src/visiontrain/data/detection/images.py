@@ -6,8 +6,11 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from visiontrain.data.detection.base import BadAnnotationError
 from visiontrain.data.images import UnreadableImageError, open_rgb
+
+
+class BadAnnotationError(ValueError):
+    """An annotation or image that cannot be used; the message names the file and annotation id."""
 
 
 def image_size(path: str) -> tuple[int, int]:

@@ -1,4 +1,5 @@
-"""The Task protocol: the only code that knows a model family.
+"""The Task protocol: what the engine asks of a model family. The engine defines it; each file in
+``visiontrain.tasks`` implements it, so the engine never imports a task.
 
 A task builds its data and model, turns a batch into a dict of named, unweighted losses, and
 evaluates. The engine weights the losses (``loss_weights``, overridable by ``task.loss_weights``
@@ -9,13 +10,14 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
 from visiontrain.config import Config
+from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.hooks import Hook
 
 
@@ -80,8 +82,15 @@ class Task(abc.ABC):
         not be a buffer the task later changes in place (return ``buf.clone()`` for such a one)."""
 
     @abc.abstractmethod
-    def evaluate(self, model: nn.Module, loader: Any, device: torch.device) -> dict[str, float]:
-        """Metrics over the validation loader (model already in eval mode, under no_grad)."""
+    def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, float]:
+        """Metrics over the validation set (model already in eval mode, under no_grad).
+
+        ``data`` is the engine's side of the loop, so a task never handles devices or ranks itself:
+        ``for batch, real in data`` gives this rank's batches on ``data.device`` (channels_last when
+        configured) and the slice of each that is not the distributed sampler's padding (run the
+        model on the whole batch, count ``outputs[real]``); ``data.sum_``, ``data.gather`` and
+        ``data.gather_rows`` combine the ranks' counts or predictions. Every rank returns its
+        metrics; a rank that holds no result (detections gathered to rank 0) may return ``{}``."""
 
     def eval_figures(self) -> dict[str, Any]:
         """Named matplotlib Figures drawn from what the last ``evaluate`` kept (a confusion matrix,
@@ -124,3 +133,16 @@ class Task(abc.ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned; a task without training state has nothing to do."""
+
+
+class DictOutputs(nn.Module):
+    """``module(*inputs)`` returning a dict -> the tuple of ``keys``: the form every exporter accepts
+    (e.g. DETR's pred_logits and pred_boxes without its aux_outputs)."""
+
+    def __init__(self, module: nn.Module, keys: Sequence[str]) -> None:
+        super().__init__()
+        self.module, self.keys = module, tuple(keys)
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.module(*inputs)
+        return tuple(out[k] for k in self.keys)

@@ -1,0 +1,19 @@
+"""The signals that stop a run, and the DataLoader workers' deafness to them.
+
+Below every room on purpose: the data room starts the workers (``data.worker_preload`` hands the
+function to a forkserver) and the engine acts on the signals (``engine.preemption``); both reach it.
+"""
+from __future__ import annotations
+
+import signal
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+def ignore_stop_signals(_worker_id: int = 0) -> None:
+    """DataLoader ``worker_init_fn``: leave stopping to the main process. A scheduler signals every
+    process of the job, and a worker killed by it would take the run down before the checkpoint is
+    written. (A worker still exits when its loader shuts it down, or within seconds of its parent's
+    death: torch's worker watchdog.)"""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)

@@ -1,0 +1,60 @@
+"""A trained model rebuilt from its checkpoint: the one path ``validate``, ``predict`` and
+``export`` take, so that they agree on what a checkpoint is and on what ``--ema`` means.
+
+A training checkpoint holds the config (which rebuilds the task), ``data_info`` (which sizes the
+model: class count, names) and the weights of the model and of its EMA. The task's pretrained
+parts are not loaded (``Task.init_weights``): the checkpoint holds every weight.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from torch import nn
+
+from visiontrain import config as C
+from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
+from visiontrain.engine.run_dir import checkpoint_in
+from visiontrain.engine.task import Task
+
+
+@dataclass
+class Trained:
+    path: str                   # the checkpoint file (a run dir given names its last.pt or best.pt)
+    state: dict[str, Any]
+    cfg: C.Config
+    task: Task
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.state["data_info"]
+
+    @property
+    def has_ema(self) -> bool:
+        return self.state.get("ema") is not None
+
+    def model(self, ema: bool = False) -> nn.Module:
+        """The model with the checkpoint's weights (``ema``: the EMA's), in eval mode."""
+        if ema and not self.has_ema:
+            raise CheckpointError(f"{self.path}: --ema given but the checkpoint holds no EMA weights "
+                                  f"(trained with ema.enabled=false)")
+        model = self.task.build_model(self.info)
+        model.load_state_dict(self.state["ema"]["module"] if ema else self.state["model"])
+        return model.eval()
+
+
+def load_trained(target: str | Path, overrides: Sequence[str] = ()) -> Trained:
+    """``target``: a checkpoint file or a run dir. ``overrides``: ``key=value`` over the saved config
+    (e.g. ``data.root=...`` to evaluate on data that has moved)."""
+    from visiontrain.tasks import build_task
+
+    path = str(checkpoint_in(target))
+    state = load_checkpoint(path)
+    if "config" not in state or "data_info" not in state:
+        raise CheckpointError(f"{path}: not a visiontrain training checkpoint (no config/data_info)")
+    tree = state["config"]
+    for key, value in C.parse_overrides(list(overrides)):
+        C._set_dotted(tree, key, value)
+    cfg = C.config_from_dict(tree, source=path)
+    return Trained(path, state, cfg, build_task(cfg))
