@@ -25,7 +25,6 @@ from typing import Any
 
 from visiontrain.engine.hooks import Hook
 from visiontrain.engine.metrics_file import METRICS_FILE, make_row, model_key, rewind
-from visiontrain.engine.metrics_file import nan_for_null  # noqa: F401  (public here before metrics_file)
 
 #: Plain lines wrap at this many columns; continuation lines are indented under the text.
 WIDTH = 100

@@ -163,9 +163,6 @@ class Trainer:
         ckpt = self.run.ckpt_dir
         return f"{ckpt / 'last.pt'} written; continue with --resume auto" if ckpt else "no run dir, nothing written"
 
-    def evaluate(self) -> dict[str, float]:
-        return self.evaluator.run()
-
     def _finish(self, wall_s: float) -> dict[str, Any]:
         if self.evaluator.due_at_end():
             self.evaluator.run()
