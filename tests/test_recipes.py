@@ -136,6 +136,31 @@ def test_recipe_runs_as_shipped(recipe_runs, recipe):
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["progress"]["step"] == STEPS
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == STEPS
 
+    # The first look: the first batch drawn (and a detector's labels), the model's size counted.
+    kind = C.load_config(recipe, []).task.name
+    for name in ("train_batch", "labels") if kind in ("detr", "rcnn", "yolo") else ("train_batch",):
+        assert (run_dir / "plots" / f"{name}.png").stat().st_size > 10_000, name
+    size = json.loads((run_dir / "model_summary.json").read_text())
+    assert size["total"]["total"] == sum(m["total"] for m in size["modules"]) > 0
+    assert size["flops_per_sample"] > 0, size["flops_note"]
+    assert f"{size['total']['total']:,}" in proc.stdout  # the table is in the log
+
+
+def test_validate_on_the_test_split(recipe_runs):
+    """A split training never touched: fashion-mosaic's test images, evaluated on request only."""
+    proc, run_dir = recipe_runs.result("detect-faster-rcnn")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli("validate", str(run_dir), "--split", "test")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["split"] == "test" and result["data_split"] == "test" and 0 <= result["AP50"] <= 1
+    from visiontrain.trained import load_trained
+
+    with pytest.raises(C.ConfigError, match="data.test_split=val is data.val_split, which training used"):
+        load_trained(run_dir, ["data.test_split=val"], split="test")
+    with pytest.raises(C.ConfigError, match="--split test: no test split for this run: .* fixed splits"):
+        load_trained(recipe_runs.result("classify-fashion")[1], split="test")
+
 
 def test_a_pretrained_backbone_that_is_not_cached_is_refused_in_one_line(tmp_path):
     """detect-detr-r50-coco as shipped on a machine without the ImageNet weights: one line naming the

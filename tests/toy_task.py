@@ -31,6 +31,8 @@ class ToyConfig(TaskConfig):
     dropout: float = doc("dropout in the MLP", 0.0)
     poison_step: int = doc("step index whose loss becomes NaN (-1 = never)", -1)
     poison_sample: int = doc("training sample whose input is NaN: a poisoned batch (-1 = none)", -1)
+    scripted: list[float] = doc("evaluation: also report these values as `scripted`, one per evaluation "
+                                "(the last repeats); a metric whose course a test chooses", factory=list)
 
 
 C.register_task_config("toy", ToyConfig)
@@ -63,6 +65,7 @@ class ToyTask(Task):
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         self.calls = 0
+        self.evaluations = 0  # task state: a resumed run goes on with the script where it was
 
     def build_data(self) -> TaskData:
         t = self.cfg.task
@@ -89,7 +92,18 @@ class ToyTask(Task):
         for (x, y, _), _real in data:  # this rank's batches as they come, padding repeats included
             total += F.mse_loss(model(x).float(), y, reduction="sum")
             n += len(x)
-        return {"mse": total.item() / n}  # host sync (end of evaluation)
+        metrics = {"mse": total.item() / n}  # host sync (end of evaluation)
+        script = self.cfg.task.scripted
+        if script:
+            metrics["scripted"] = script[min(self.evaluations, len(script) - 1)]
+        self.evaluations += 1
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"evaluations": self.evaluations}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.evaluations = state["evaluations"]
 
 
 TASKS["toy"] = ToyTask

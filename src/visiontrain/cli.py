@@ -2,8 +2,9 @@
 
     visiontrain recipes
     visiontrain fit RECIPE|FILE [k=v ...] [--run-dir DIR] [--resume auto|PATH] [--init PATH] [--nproc N]
-    visiontrain validate RUN_DIR|CHECKPOINT [k=v ...]
+    visiontrain validate RUN_DIR|CHECKPOINT [k=v ...] [--split val|test]
     visiontrain show-config RECIPE|FILE [k=v ...] [--docs]
+    visiontrain preview RECIPE|FILE [k=v ...] [--out DIR]
     visiontrain predict CHECKPOINT IMAGE... --out DIR [--threshold T] [--ema]
     visiontrain export CHECKPOINT --format onnx|exported-program|torchscript [--out FILE] [--ema]
     visiontrain consolidate CHECKPOINT [--out FILE]
@@ -84,7 +85,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     try:
         with removed_if_set_up_fails(run_dir):
             trainer = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=init)
-        done = resume is not None and trainer.step >= trainer.clock.total_steps
+        done = resume is not None and trainer.done()
         summary = _finished(trainer, resume, run_dir) if done else trainer.fit()
         del trainer
     except Preempted as err:
@@ -106,8 +107,12 @@ def _finished(trainer: Any, resume: str, run_dir: Path) -> dict[str, Any]:
     """A resumed checkpoint already at the run's last step: nothing to train, and nothing in the
     run dir is rewritten (evaluating again would append a second final row). Every rank takes this
     branch: they loaded the same step."""
-    trainer.log.print(f"{resume} is at step {trainer.step}, this run's last: nothing to train (raise "
-                      f"trainer.epochs or trainer.max_steps to train further)")
+    if trainer.early_stop.fired():
+        trainer.log.print(f"{resume} stopped at step {trainer.step}: {trainer.early_stop.reason()}; nothing to "
+                          f"train (raise eval.patience, or set it to 0, to train further)")
+    else:
+        trainer.log.print(f"{resume} is at step {trainer.step}, this run's last: nothing to train (raise "
+                          f"trainer.epochs or trainer.max_steps to train further)")
     trainer.log.close()
     summary = run_dir / "summary.json"
     return json.loads(summary.read_text()) if trainer.dist.is_main and summary.is_file() else {}
@@ -125,16 +130,28 @@ def _final_report(run_dir: Path) -> str | None:
         return None
 
 
+def cmd_preview(args: argparse.Namespace) -> int:
+    from visiontrain.engine.first_look import preview
+    from visiontrain.tasks import build_task
+
+    cfg = C.load_config(args.recipe, args.overrides)
+    out = Path(args.out) if args.out else Path("runs") / f"{Path(args.recipe).stem}-preview"
+    written = preview(cfg, build_task(cfg), out)
+    print(json.dumps({"recipe": args.recipe, "out": str(out), "plots": [str(p) for p in written]}))
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from visiontrain.engine.evaluator import evaluate_models
     from visiontrain.engine.run import build_evaluation
     from visiontrain.trained import load_trained
 
-    trained = load_trained(args.target, args.overrides)
+    trained = load_trained(args.target, args.overrides, split=args.split)
     ema = trained.model(ema=True) if trained.has_ema else None
     run = build_evaluation(trained.cfg, trained.task, trained.model(), ema, trained.info)
     metrics = evaluate_models(run, trained.cfg.eval.models)
-    print(dumps_json({"checkpoint": trained.path, "step": trained.state["progress"]["step"], **metrics}))
+    split = {"split": args.split, "data_split": trained.cfg.data.val_split} if args.split == "test" else {}
+    print(dumps_json({"checkpoint": trained.path, "step": trained.state["progress"]["step"], **split, **metrics}))
     return 0
 
 
@@ -267,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="evaluate a run dir's best (else last) checkpoint or a file")
     val.add_argument("target", help="RUN_DIR or CHECKPOINT")
     val.add_argument("overrides", nargs="*", help="key=value overrides (e.g. data.root=...)")
+    val.add_argument("--split", choices=["val", "test"], default="val",
+                     help="val: the split validated during training; test: data.test_split, which training never "
+                          "touched (detection datasets)")
     val.set_defaults(fn=cmd_validate)
 
     pred = sub.add_parser("predict", help="draw a detection checkpoint's boxes on images, with a COCO JSON")
@@ -314,6 +334,13 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", help="the HTML file to write (default RUN_DIR/report.html)")
     rep.set_defaults(fn=cmd_report)
 
+    prev = sub.add_parser("preview", help="draw a recipe's first training batch (train_batch.png) and its "
+                                          "training labels (labels.png, detection) without training")
+    prev.add_argument("recipe", help="built-in recipe name or path to a YAML file")
+    prev.add_argument("overrides", nargs="*", help="key=value overrides")
+    prev.add_argument("--out", help="output directory (default runs/<recipe>-preview)")
+    prev.set_defaults(fn=cmd_preview)
+
     show = sub.add_parser("show-config", help="print the resolved config")
     show.add_argument("recipe", help="built-in recipe name or path to a YAML file")
     show.add_argument("overrides", nargs="*", help="key=value overrides")
@@ -324,7 +351,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides += extra  # key=value after an option: `validate RUN --split test data.root=...`
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from visiontrain.engine.checkpoint import CheckpointError
     from visiontrain.engine.preemption import EXIT_INTERRUPTED, Preempted
     from visiontrain.engine.guards import NonFiniteLossError, OutOfMemory

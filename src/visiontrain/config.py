@@ -98,6 +98,8 @@ class DataConfig:
     limit_val: int | None = doc("use only the first N validation samples", None, minimum=1)
     train_split: str = doc("detection: split name of the training set (coco: train2017, voc: trainval)", "train")
     val_split: str = doc("detection: split name of the validation set", "val")
+    test_split: str = doc("detection: split name of the test set, evaluated only by `visiontrain validate --split "
+                          "test`, never during training", "test")
     on_bad_annotation: Literal["error", "skip"] = doc(
         "detection: a bad box, category, or image file is an error naming it, or is skipped and counted",
         "error")
@@ -142,7 +144,10 @@ class TrainerConfig:
                         False)
     progress: Literal["auto", "bar", "plain"] = doc("rich bar on a terminal, plain lines otherwise", "auto")
     plots: bool = doc("after each evaluation and at the end, draw the curves and the task's figures into "
-                      "RUN_DIR/plots/*.png (figures also to TensorBoard)", True)
+                      "RUN_DIR/plots/*.png (figures also to TensorBoard); at the start of a run, the first "
+                      "training batch (train_batch.png) and the training labels (labels.png, detection)", True)
+    summary: bool = doc("at the start of a run, log the parameters per top-level module and the FLOPs per sample "
+                        "(also RUN_DIR/model_summary.json)", True)
     profile: bool = doc("write a torch.profiler trace of a few steps to RUN_DIR/profile (trace.json, summary.txt)",
                         False)
     profile_start: int = doc("profile: steps done before the window opens (warm-up)", 5, minimum=0)
@@ -166,6 +171,10 @@ class EvalConfig:
     models: Literal["both", "model", "ema"] = doc(
         "which weights to evaluate when an EMA is kept (ema: only the EMA, e.g. DINO's teacher)", "both")
     at_start: bool = doc("also evaluate before the first step (the metric at initialisation)", False)
+    patience: int = doc("stop after this many evaluations in a row without an improvement of the checkpoint "
+                        "metric (0 = never stop early)", 0, minimum=0)
+    min_delta: float = doc("patience: an improvement must beat the best value by more than this, in the "
+                           "metric's own units", 0.0, minimum=0)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import math
 from html import escape
 from pathlib import Path
@@ -63,6 +64,9 @@ def build_report(run_dir: str | Path) -> str:
     badge = ('<span class="badge done">finished</span>' if finished else
              '<span class="badge open">unfinished: no summary.json</span>')
     sub = " · ".join(f"{k} <b>{escape(str(v))}</b>" for k, v in facts if v is not None)
+    ended = (run.summary.get("ended") or {}).get("message")
+    if ended:
+        sub += f" · ended: {escape(ended)}"
     parts = [
         f"<h1>{escape(run.name)} {badge}</h1>",
         f'<p class="sub">{sub}</p>',
@@ -70,6 +74,7 @@ def build_report(run_dir: str | Path) -> str:
         f"{escape(dt.datetime.now().strftime('%Y-%m-%d %H:%M'))}</p>",
         '<div class="grid"><section>', "<h2>Metrics</h2>", _metrics_html(run, metric, mode),
         "</section><section>", "<h2>Throughput</h2>", _table(_throughput(run)), "</section></div>",
+        _model_html(run_dir),
         f"<h2>Plots ({len(plots)})</h2>",
         f'<div class="plots">{"".join(_figure(p, run_dir / "plots") for p in plots)}</div>' if plots
         else '<p class="muted">no plots</p>',
@@ -187,6 +192,23 @@ def _throughput(run: RunRecord) -> list[tuple[str, str]]:
         if value:
             rows.append((key.replace("_", " "), str(value)))
     return rows
+
+
+def _model_html(run_dir: Path) -> str:
+    """The model's size from RUN_DIR/model_summary.json (written at the start of a fresh run)."""
+    path = run_dir / "model_summary.json"
+    if not path.is_file():
+        return ""
+    size = json.loads(path.read_text())
+    head = "<tr><th>module</th><th>class</th><th>params</th><th>trainable</th><th>frozen</th></tr>"
+    rows = "".join(f'<tr><td>{escape(m["name"])}</td><td>{escape(m["kind"])}</td>'
+                   + "".join(f'<td class="num">{m[k]:,}</td>' for k in ("total", "trainable", "frozen")) + "</tr>"
+                   for m in [*size["modules"], size["total"]])
+    flops = size.get("flops_per_sample")
+    note = (f"{flops / 1e9:.4g} GFLOPs per sample ({escape(size['flops_note'])})" if flops
+            else f"FLOPs: {escape(size['flops_note'])}")
+    return (f"<h2>Model</h2><p class=\"sub\">{escape(size['model'])}: {note}</p>"
+            f"<table>{head}{rows}</table>")
 
 
 def _figure(path: Path, root: Path) -> str:

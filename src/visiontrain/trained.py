@@ -44,9 +44,10 @@ class Trained:
         return model.eval()
 
 
-def load_trained(target: str | Path, overrides: Sequence[str] = ()) -> Trained:
+def load_trained(target: str | Path, overrides: Sequence[str] = (), split: str = "val") -> Trained:
     """``target``: a checkpoint file or a run dir. ``overrides``: ``key=value`` over the saved config
-    (e.g. ``data.root=...`` to evaluate on data that has moved)."""
+    (e.g. ``data.root=...`` to evaluate on data that has moved). ``split="test"``: the task evaluates
+    on ``data.test_split`` instead of the validation split."""
     from visiontrain.tasks import build_task
 
     path = str(checkpoint_in(target))
@@ -56,5 +57,29 @@ def load_trained(target: str | Path, overrides: Sequence[str] = ()) -> Trained:
     tree = state["config"]
     for key, value in C.parse_overrides(list(overrides)):
         C._set_dotted(tree, key, value)
+    if split == "test":
+        return Trained(path, state, *_on_test_split(tree, path))
     cfg = C.config_from_dict(tree, source=path)
     return Trained(path, state, cfg, build_task(cfg))
+
+
+def _on_test_split(tree: dict, path: str) -> tuple[C.Config, Task]:
+    """The config (and task) of a run with ``data.test_split`` in the validation split's place. The test
+    split must be one training never touched: neither the training split nor the one validated (and
+    chosen best.pt by) during training."""
+    from visiontrain.tasks import build_task
+
+    data = tree.setdefault("data", {})
+    test = data.get("test_split", C.DataConfig.test_split)  # a checkpoint from before the key: its default
+    used = {"data.train_split": data.get("train_split", C.DataConfig.train_split),
+            "data.val_split": data.get("val_split", C.DataConfig.val_split)}
+    for key, name in used.items():
+        if test == name:
+            raise C.ConfigError(f"--split test: data.test_split={test} is {key}, which training used; "
+                                f"name a split training never touched (data.test_split=...)")
+    data["val_split"] = test
+    try:
+        cfg = C.config_from_dict(tree, source=path)
+    except C.ConfigError as err:
+        raise C.ConfigError(f"--split test: no test split for this run: {err}") from None
+    return cfg, build_task(cfg)

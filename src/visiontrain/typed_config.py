@@ -116,5 +116,7 @@ def build_typed(cls: type, values: dict, prefix: str = "", *, root: type) -> Any
     for f in dataclasses.fields(cls):
         low, value = f.metadata.get("min"), kwargs.get(f.name)
         if low is not None and value is not None and value < low:
-            raise ConfigError(f"{prefix}{f.name}: expected an integer >= {low}, got {value!r}")
+            floats = hints[f.name] is float or float in typing.get_args(hints[f.name])
+            kind = "a number" if floats else "an integer"
+            raise ConfigError(f"{prefix}{f.name}: expected {kind} >= {low}, got {value!r}")
     return cls(**kwargs)

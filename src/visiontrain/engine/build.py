@@ -67,9 +67,7 @@ def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device
     """The resumable batch sampler (grouped by aspect ratio when the task gives groups), and the
     training and evaluation loaders of a task's ``TaskData``."""
     d = cfg.data
-    shard = {"rank": dist_info.rank, "world_size": dist_info.world_size}
-    sampler = GroupedBatchSampler(data.group_ids, d.batch_size, seed=cfg.seed, **shard) \
-        if data.group_ids is not None else ResumableBatchSampler(len(data.train), d.batch_size, seed=cfg.seed, **shard)
+    sampler = train_sampler(data, cfg, dist_info)
     if isinstance(sampler, GroupedBatchSampler) and dist_info.is_main and (left_out := sampler.left_out_message()):
         log.info("%s", left_out)  # said once: grouping drops each orientation's leftovers
     context = worker_context(d.worker_start) if d.num_workers > 0 else None
@@ -82,6 +80,14 @@ def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device
             "training dataset": train.dataset, "training collate function": train.collate_fn,
             "worker init function": train.worker_init_fn})
     return sampler, train, val
+
+
+def train_sampler(data: Any, cfg: Config, dist_info: DistInfo) -> ResumableBatchSampler:
+    """This rank's batches of the training set: grouped by aspect ratio when the task gives groups."""
+    shard = {"rank": dist_info.rank, "world_size": dist_info.world_size}
+    if data.group_ids is not None:
+        return GroupedBatchSampler(data.group_ids, cfg.data.batch_size, seed=cfg.seed, **shard)
+    return ResumableBatchSampler(len(data.train), cfg.data.batch_size, seed=cfg.seed, **shard)
 
 
 def val_loader(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device, *, context: Any = None

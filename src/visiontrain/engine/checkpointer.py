@@ -15,6 +15,7 @@ from visiontrain.config import config_to_dict
 from visiontrain.engine.checkpoint import BestTracker, ReplicatedWeights, atomic_save, capture_rng, restore_rng, \
     write_run_file
 from visiontrain.engine.distributed import broadcast_object
+from visiontrain.engine.early_stop import EarlyStopping
 from visiontrain.engine.fsdp import full_state_dict
 from visiontrain.engine.guards import check_weights
 from visiontrain.engine.log_point import LogPoint
@@ -30,8 +31,9 @@ CHECKPOINT_FORMAT = 1
 
 class Checkpointer:
     def __init__(self, run: TrainingRun, progress: Progress, log_point: LogPoint, log: RunLogger,
-                 metric: str, mode: str) -> None:
+                 early_stop: EarlyStopping, metric: str, mode: str) -> None:
         self.built, self.progress, self.log_point, self.log = run, progress, log_point, log
+        self.early_stop = early_stop
         self.cfg, self.metric, self.mode = run.cfg, metric, mode
         self.dir = run.ckpt_dir
         self.weights = run.sharded or ReplicatedWeights()
@@ -64,6 +66,7 @@ class Checkpointer:
             "sampler_seed": r.sampler.seed,
             "rng": capture_rng(),
             "best": self.best.state_dict() if self.best is not None else None,
+            "early_stop": self.early_stop.state_dict(),
             "metrics": self.log_point.state_dict(),
             "task": r.task.state_dict(),
             "data_info": r.data_info,
@@ -84,6 +87,7 @@ class Checkpointer:
         if self.best is not None and state["best"] is not None:
             self.best.load_state_dict(state["best"])
         self.log_point.load_state_dict(state["metrics"])
+        self.early_stop.load_state_dict(state.get("early_stop"))
         r.task.load_state_dict(state["task"])
         restore_rng(state["rng"])
         p = self.progress
@@ -124,8 +128,9 @@ class Checkpointer:
         if wants and r.sharded is not None and r.dist.is_main:
             r.sharded.prune()
 
-    def finish(self, last_eval: dict[str, float], wall_s: float) -> dict[str, Any]:
-        """The last checkpoint, the final weights as safetensors (FSDP: gathered), summary.json."""
+    def finish(self, last_eval: dict[str, float], wall_s: float, ended: dict[str, str]) -> dict[str, Any]:
+        """The last checkpoint, the final weights as safetensors (FSDP: gathered), summary.json
+        (``ended``: why the run ended)."""
         self.save_last()
         r, p, lp = self.built, self.progress, self.log_point
         for name, module in (("model", r.raw_model), ("model_ema", r.ema_model)):
@@ -139,7 +144,7 @@ class Checkpointer:
             "steps": p.step, "epochs": p.epoch, "wall_s": round(p.wall_before + wall_s, 3),
             "samples_per_s": lp.samples_seen / max(wall_s, 1e-9), "final": dict(last_eval),
             "best": dict(self.best.best) if self.best else {}, "metric": self.metric, "mode": self.mode,
-            "skipped_steps": lp.skipped, "fp16_overflow_skips": lp.overflow_skipped,
+            "skipped_steps": lp.skipped, "fp16_overflow_skips": lp.overflow_skipped, "ended": ended,
         }
         write_run_file(r.run_dir, "summary.json", dumps_json(summary, indent=2))
         self.log.table("final", {**summary["final"], "wall_s": summary["wall_s"]})

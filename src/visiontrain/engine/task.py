@@ -98,6 +98,13 @@ class Task(abc.ABC):
         rank 0. Kept data, not a second pass over the validation set: plots cost no extra inference."""
         return {}
 
+    def preview_figures(self, batch: Any) -> dict[str, Any]:
+        """Named matplotlib Figures of the first training batch as the model receives it (after the
+        loader's transforms and collate; before ``device_transform`` and what ``losses`` does on the
+        device) and of the training labels: RUN_DIR/plots/train_batch.png, labels.png. Drawn at the
+        start of a fresh run (``trainer.plots``) and by ``visiontrain preview``, after ``build_data``."""
+        return {}
+
     def device_transform(self) -> Callable[[Any], Any] | None:
         """What the step does to a training batch once it is on the device, before ``losses``
         (e.g. uint8 -> normalised float under ``data.normalize_on_device``); None: nothing."""

@@ -16,6 +16,8 @@ from visiontrain.config import Config, dump_config
 from visiontrain.engine import build
 from visiontrain.engine.checkpoint import load_checkpoint, write_run_config
 from visiontrain.engine.checkpointer import Checkpointer
+from visiontrain.engine.early_stop import EarlyStopping
+from visiontrain.engine.first_look import first_look
 from visiontrain.engine.evaluator import Evaluator
 from visiontrain.engine.guards import OutOfMemory, is_out_of_memory, out_of_memory_message
 from visiontrain.engine.hooks import Hook, HookList
@@ -68,8 +70,9 @@ class Trainer:
                                  placed=prefetches(run.device, cfg.data.prefetch_to_device))
         self.log_point = LogPoint(cfg, p, recorder, run.scalars, run.optimizer, self.log, run.dist, run.device,
                                   fp16=run.scaler is not None)
-        self.checkpointer = Checkpointer(run, p, self.log_point, self.log, metric=cfg.eval.metric or task.metric,
-                                         mode=cfg.eval.mode or task.mode)
+        metric, mode = cfg.eval.metric or task.metric, cfg.eval.mode or task.mode
+        self.early_stop = EarlyStopping(cfg.eval.patience, cfg.eval.min_delta, metric, mode, run.dist)
+        self.checkpointer = Checkpointer(run, p, self.log_point, self.log, self.early_stop, metric=metric, mode=mode)
         self.evaluator = Evaluator(cfg, run, p, self.log, check_finite=self.log_point.check_finite,
                                    after_eval=self._after_eval, sharded=run.sharded is not None)
         self.stop_flag = StopFlag()  # SIGTERM / SIGUSR1 while fit() runs: checkpoint, then Preempted
@@ -110,22 +113,24 @@ class Trainer:
     def _fit(self) -> dict[str, Any]:
         p, run, t = self.progress, self.run, self.cfg.trainer
         self.hooks("before_train")
+        if p.step == 0:  # a fresh run: its first batch drawn, the model's size logged
+            first_look(run, self.task, self.log, plots=t.plots, summary=t.summary)
         p.started = time.perf_counter()
         self.log_point.start()
         if self.evaluator.due_at_start():
             self.evaluator.run()
-        while not p.finished():
+        while not self.done():
             self.model.train()
             accum = build.accum_steps_at(t, p.epoch)
             run.sampler.set_epoch(p.epoch, start_batch=p.step_in_epoch * accum)
             batches = device_batches(iter(run.train_loader), self.device, channels_last=t.channels_last,
                                      prefetch=self.cfg.data.prefetch_to_device)
             self.hooks("before_epoch")
-            while not p.epoch_steps_done() and p.step < p.total:
+            while not p.epoch_steps_done() and p.step < p.total and not self.early_stop.fired():
                 self._train_step(batches, accum)
                 self._after_step(epoch_end=False)
             if not p.epoch_steps_done():
-                break  # max_steps reached mid-epoch
+                break  # max_steps reached, or patience ran out, mid-epoch
             self.hooks("after_epoch")
             self._after_step(epoch_end=True)
         return self._finish(time.perf_counter() - p.started)
@@ -155,9 +160,24 @@ class Trainer:
             if part.due(self.step, epoch_end):
                 part.run(epoch_end)
 
+    def done(self) -> bool:
+        """Every step trained, or patience ran out (also in the checkpoint a resume loaded)."""
+        return self.progress.finished() or self.early_stop.fired()
+
     def _after_eval(self, metrics: dict[str, float]) -> None:
         self.hooks("after_eval", metrics)
         self.checkpointer.keep_best(metrics)
+        if self.early_stop.update(metrics, self.step):
+            self.log.print(f"stopping: {self.early_stop.reason()}")
+
+    def _ended(self) -> dict[str, str]:
+        """Why the run ended, for summary.json."""
+        p, max_steps = self.progress, self.cfg.trainer.max_steps
+        if self.early_stop.fired():
+            return {"reason": "early_stopping", "message": self.early_stop.reason()}
+        if max_steps is not None and p.step >= max_steps and p.epoch < p.epochs:
+            return {"reason": "max_steps", "message": f"trainer.max_steps={max_steps} reached in epoch {p.epoch}"}
+        return {"reason": "epochs", "message": f"trained trainer.epochs={p.epochs} epochs"}
 
     def _where(self) -> str:
         ckpt = self.run.ckpt_dir
@@ -166,7 +186,7 @@ class Trainer:
     def _finish(self, wall_s: float) -> dict[str, Any]:
         if self.evaluator.due_at_end():
             self.evaluator.run()
-        summary = self.checkpointer.finish(self.evaluator.last, wall_s)
+        summary = self.checkpointer.finish(self.evaluator.last, wall_s, self._ended())
         self.hooks("after_train")
         self.log.close()
         return summary

@@ -24,6 +24,9 @@ CLASSIFICATION_UNREAD = {
     "on_bad_annotation": "an image that cannot be decoded stops the run with its path"}
 
 
+PREVIEW_IMAGES = 32  # images of the first training batch drawn in train_batch.png
+
+
 @dataclass
 class ClassificationConfig(TaskConfig):
     unread_data_keys: ClassVar[dict[str, str]] = CLASSIFICATION_UNREAD
@@ -97,6 +100,7 @@ class ClassificationTask(Task):
                                          limit_train=d.limit_train, limit_val=d.limit_val,
                                          download=d.download, uint8_train=d.normalize_on_device)
         self.num_classes, self.class_names = data.num_classes, list(data.class_names)
+        self.normalisation = (getattr(data.train, "mean", None), getattr(data.train, "std", None))  # for previews
         info = {"num_classes": data.num_classes, "class_names": data.class_names,
                 "in_channels": data.in_channels, "image_size": data.image_size}
         return TaskData(data.train, data.val, info, random_transforms=data.random_train_transforms)
@@ -160,6 +164,17 @@ class ClassificationTask(Task):
         if c < 6:  # the top 5 of 5 classes or fewer always hold the label: 100 % says nothing
             return {"top1": 100.0 * top1 / n, "loss": loss / n}
         return {"top1": 100.0 * top1 / n, "top5": 100.0 * top5 / n, "loss": loss / n}
+
+    def preview_figures(self, batch: Any) -> dict[str, Any]:
+        from visiontrain.evaluation.previews import Tile, display_pixels, grid, tiles_figure
+
+        images, labels = batch
+        n = min(PREVIEW_IMAGES, len(images))
+        mean, std = getattr(self, "normalisation", (None, None))
+        tiles = [Tile(display_pixels(images[i], mean, std), str(self.class_names[int(labels[i])])) for i in range(n)]
+        mixed = " (mixup/cutmix are applied on the device, after this)" if self.mixing else ""
+        title = f"first training batch as the model receives it: {n} of {len(images)} images{mixed}"
+        return {"train_batch": tiles_figure(grid(tiles, 8), title=title, size=1.6)}
 
     def eval_figures(self) -> dict[str, Any]:
         if self.confusion is None:

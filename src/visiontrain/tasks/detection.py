@@ -19,6 +19,7 @@ log = logging.getLogger("visiontrain")
 
 
 SHOWN_IMAGES, SHOWN_SCORE, SHOWN_MAX_BOXES = 8, 0.3, 20  # the validation images drawn after each evaluation
+PREVIEW_IMAGES = 16  # images of the first training batch drawn in train_batch.png
 
 
 def unread_data_keys(sizes: str, augmentation: str) -> dict[str, str]:
@@ -67,6 +68,7 @@ class DetectionTask(Task):
                             ", ".join(f"{n} {reason}" for reason, n in sorted(ds.policy.skipped.items())))
         train_tf, val_tf = self.transforms()
         self.val_set = val.with_transform(val_tf)
+        self.train_set = train  # its labels, for labels.png
         self.info = {"num_classes": train.num_classes, "class_names": list(train.class_names),
                      "category_ids": list(train.category_ids)}
         groups = [int(r >= 1.0) for r in train.aspect_ratios()] if self.cfg.task.group_aspect else None
@@ -108,6 +110,29 @@ class DetectionTask(Task):
         if detections is None:  # not rank 0
             return {}
         return coco_evaluate(self.val_set.coco_ground_truth(), detections)
+
+    def preview_figures(self, batch: Any) -> dict[str, Any]:
+        """The first training batch with its boxes (padded as the model receives it), and the
+        training set's labels: boxes per class, their sizes and centres."""
+        import numpy as np
+
+        from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD
+        from visiontrain.evaluation.previews import Tile, display_pixels, grid, labels_figure, tiles_figure
+
+        images, _, targets = batch[:3]
+        n = min(PREVIEW_IMAGES, len(images))
+        tiles = [Tile(display_pixels(images[i], IMAGENET_MEAN, IMAGENET_STD), f"{len(t['labels'])} box{'es' * (len(t['labels']) != 1)}",
+                      t["boxes"].numpy(), t["labels"].tolist()) for i, t in enumerate(targets[:n])]
+        names = self.info["class_names"]
+        title = f"first training batch as the model receives it: {n} of {len(images)} images, {images.shape[-1]}x" \
+                f"{images.shape[-2]} px padded"
+        records = self.train_set.records
+        boxes = np.concatenate([r.boxes.reshape(-1, 4) for r in records]) if records else np.zeros((0, 4))
+        labels = np.concatenate([r.labels.reshape(-1) for r in records]) if records else np.zeros(0, np.int64)
+        sizes = np.array([(r.height, r.width) for r in records for _ in range(len(r.labels))]).reshape(-1, 2)
+        return {"train_batch": tiles_figure(grid(tiles, 4), title=title, class_names=names, size=3.0),
+                "labels": labels_figure(boxes, labels, sizes, names,
+                                        title=f"training labels: {len(records)} images, {len(labels)} boxes")}
 
     def eval_figures(self) -> dict[str, Any]:
         """The first validation images with the last evaluation's detections over the ground truth."""

@@ -119,6 +119,7 @@ class DinoTask(Task):
         n_bank = len(src) if t.knn_bank is None else min(t.knn_bank, len(src))
         self.bank = src if n_bank == len(src) else Subset(src, range(n_bank))
         self.num_classes = data.num_classes
+        self.normalisation = (tuple(src.mean), tuple(src.std))  # for previews
         info = {"num_classes": data.num_classes, "class_names": data.class_names,
                 "in_channels": data.in_channels, "image_size": data.image_size}
         return TaskData(MultiCropDataset(src, spec), data.val, info, random_transforms=True,
@@ -154,6 +155,17 @@ class DinoTask(Task):
             center_norm = self.center.norm()  # before this batch's update, as used in the loss
             update_center(self.center, teacher_out, t.center_momentum)
         return {"dino": loss, "teacher_entropy": entropy, "center_norm": center_norm}
+
+    def preview_figures(self, batch: Any) -> dict[str, Any]:
+        """The first samples' views side by side: the global crops, then the local ones."""
+        from visiontrain.evaluation.previews import Tile, display_pixels, tiles_figure
+
+        crops, _ = batch
+        n, (mean, std) = min(4, len(crops[0])), self.normalisation
+        rows = [[Tile(display_pixels(view[i], mean, std), f"{'global' if v < N_GLOBAL else 'local'} {v}")
+                 for v, view in enumerate(crops)] for i in range(n)]
+        title = f"first training batch as the model receives it: the views of {n} of {len(crops[0])} samples"
+        return {"train_batch": tiles_figure(rows, title=title, size=1.6)}
 
     def hooks(self) -> list[Hook]:
         return [BindTeacher(), FreezeLastLayer()]

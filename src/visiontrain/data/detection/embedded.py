@@ -2,7 +2,8 @@
 
 ``build_fashion_mosaic``: textured canvases (smooth colour field + stripes + noise) of random width and
 height with 1-8 Fashion-MNIST items pasted at random scales and positions; 10 categories (ids 1..10,
-Fashion-MNIST's names). Train items come from Fashion-MNIST's train set, val items from its test set.
+Fashion-MNIST's names). Train items come from Fashion-MNIST's train set, val and test items from its test
+set (the test split is for ``visiontrain validate --split test``; training never sees its items).
 An item is pasted through its mask (scaled intensity >= ``MASK_THRESHOLD``), tinted by a random colour,
 so the texture shows around it. A later item may hide part of an earlier one (box IoU <= 0.3 and at
 most 30% of an item's mask hidden, else the placement is retried); every box is the tight box of the
@@ -183,24 +184,29 @@ def _mosaic(rng: np.random.Generator, items: np.ndarray, labels: np.ndarray, min
 
 
 def build_fashion_mosaic(cache_dir: str | Path, *, seed: int = 0, train_images: int = 2000, val_images: int = 400,
-                         min_size: int = 128, max_size: int = 256, fashion_root: str | None = None,
-                         download: bool = False) -> Path:
-    """Build (once) ``cache_dir/fashion-mosaic-s{seed}-{train_images}-{val_images}/`` (``-{min}-{max}``
-    appended for non-default sizes) holding ``train/*.png``, ``val/*.png``, ``annotations/{train,val}.json``.
-    ``fashion_root`` / ``download`` go to ``load_fashion_mnist``."""
+                         test_images: int = 400, min_size: int = 128, max_size: int = 256,
+                         fashion_root: str | None = None, download: bool = False) -> Path:
+    """Build (once) ``cache_dir/fashion-mosaic-s{seed}-{train_images}-{val_images}-{test_images}/``
+    (``-{min}-{max}`` appended for non-default sizes) holding
+    ``{train,val,test}/*.png`` and ``annotations/{train,val,test}.json``. Train images are made of
+    Fashion-MNIST's train items; val and test images of its test items, each split from its own
+    random stream: the test split is evaluated only by ``validate --split test``, and no training
+    image holds one of its items. ``fashion_root`` / ``download`` go to ``load_fashion_mnist``."""
     if not 28 <= min_size <= max_size:
         raise ValueError(f"fashion-mosaic: need 28 <= min_size <= max_size, got {min_size}, {max_size}")
-    name = f"fashion-mosaic-s{seed}-{train_images}-{val_images}"
+    name = f"fashion-mosaic-s{seed}-{train_images}-{val_images}-{test_images}"
     if (min_size, max_size) != (128, 256):
         name += f"-{min_size}-{max_size}"
     params = {"dataset": "fashion-mosaic", "seed": seed, "train_images": train_images, "val_images": val_images,
-              "min_size": min_size, "max_size": max_size, "version": 1}
+              "test_images": test_images, "min_size": min_size, "max_size": max_size, "version": 2}
     categories = [{"id": i + 1, "name": n} for i, n in enumerate(fashion_mnist.CLASS_NAMES)]
 
     def write(tmp: Path) -> None:
         (train_x, train_y), (test_x, test_y) = fashion_mnist.load_fashion_mnist(root=fashion_root, download=download)
-        sources = {"train": (train_x, train_y, "train"), "val": (test_x, test_y, "test")}
-        for split_index, (split, n) in enumerate((("train", train_images), ("val", val_images))):
+        sources = {"train": (train_x, train_y, "train"), "val": (test_x, test_y, "test"),
+                   "test": (test_x, test_y, "test")}
+        splits = (("train", train_images), ("val", val_images), ("test", test_images))
+        for split_index, (split, n) in enumerate(splits):  # each split's stream: adding one changes no other
             x, y, source = sources[split]
             items, labels = np.asarray(x)[:, 0], np.asarray(y)
             rng = np.random.default_rng([seed, split_index])
@@ -217,7 +223,7 @@ def build_fashion_mosaic(cache_dir: str | Path, *, seed: int = 0, train_images: 
             _write_coco(tmp / "annotations" / f"{split}.json", images, annotations, categories,
                         f"fashion-mosaic {split}: Fashion-MNIST {source} items on textures, seed {seed}")
 
-    what = f"fashion-mosaic ({train_images} train / {val_images} val images, seed {seed})"
+    what = f"fashion-mosaic ({train_images} train / {val_images} val / {test_images} test images, seed {seed})"
     return _build_atomically(Path(cache_dir) / name, params, what, write)
 
 

@@ -1,0 +1,89 @@
+"""Early stopping: ``eval.patience`` evaluations in a row without an improvement of the checkpoint
+metric end the run (Lightning's EarlyStopping, Ultralytics' ``patience``).
+
+Counted in evaluations rather than epochs, so that it means the same under ``eval.unit=steps``.
+The metric followed is the checkpointer's (``eval.metric``, else the task's) in its direction,
+the model's value, or the EMA's where only the EMA is evaluated (``eval.models=ema``). An
+improvement must beat the best by more than ``eval.min_delta``; a NaN never improves.
+
+Its record (the best value and its step, the evaluations since) is in every checkpoint, so a
+resumed run counts on where it stopped. Whether patience has run out is decided against the
+current ``eval.patience``: a run that stopped early can be resumed with a larger patience.
+Under torchrun rank 0 decides (a detection rank other than 0 holds no metrics) and every rank
+receives its record: one broadcast per evaluation, only when patience is on.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from visiontrain.config import ConfigError
+from visiontrain.engine.distributed import DistInfo, broadcast_object
+from visiontrain.engine.metrics_file import ema_key, model_key
+
+
+class EarlyStopping:
+    def __init__(self, patience: int, min_delta: float, metric: str, mode: str, dist: DistInfo) -> None:
+        if patience and not metric:
+            raise ConfigError(f"eval.patience={patience} follows the checkpoint metric, and this task names none: "
+                              f"set eval.metric")
+        self.patience, self.min_delta, self.metric, self.mode, self.dist = patience, min_delta, metric, mode, dist
+        self.best: float | None = None
+        self.best_step = -1
+        self.since_best = 0  # evaluations since the last improvement
+
+    @property
+    def enabled(self) -> bool:
+        return self.patience > 0
+
+    def fired(self) -> bool:
+        """Patience has run out: the loop ends after this evaluation's checkpoint."""
+        return self.enabled and self.since_best >= self.patience
+
+    def followed(self, metrics: dict[str, Any]) -> str | None:
+        """The key this stopper reads: the model's metric, else its EMA twin."""
+        for key in (self.metric, ema_key(self.metric)):
+            if key in metrics:
+                return key
+        return None
+
+    def improves(self, value: float) -> bool:
+        if math.isnan(value):
+            return False
+        if self.best is None:
+            return True
+        return value > self.best + self.min_delta if self.mode == "max" else value < self.best - self.min_delta
+
+    def update(self, metrics: dict[str, Any], step: int) -> bool:
+        """Count one evaluation; True when it makes patience run out (the caller says so once)."""
+        if not self.enabled:
+            return False
+        key = self.followed(metrics)
+        if key is None and metrics:
+            raise KeyError(f"eval.patience follows eval.metric={self.metric!r}, which is not among the task's "
+                           f"metrics {sorted(k for k in metrics if k == model_key(k))}")
+        if key is not None:  # rank 0 (and every rank of a task that reduces its metrics)
+            value = float(metrics[key])
+            if self.improves(value):
+                self.best, self.best_step, self.since_best = value, step, 0
+            else:
+                self.since_best += 1
+        if self.dist.enabled:
+            self.load_state_dict(broadcast_object(self.state_dict(), self.dist))  # host sync (evaluation)
+        return self.fired()
+
+    def reason(self) -> str:
+        """Why the run ended, in the words summary.json and the log use."""
+        best = "none" if self.best is None else f"{self.best:.6g} at step {self.best_step}"
+        return (f"early stopping: {self.metric} did not improve by more than {self.min_delta:g} in "
+                f"{self.since_best} evaluations (eval.patience={self.patience}; best {best})")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "best_step": self.best_step, "since_best": self.since_best}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """``None``: a checkpoint written before early stopping existed; the record starts empty."""
+        if not state:
+            return
+        self.best = None if state["best"] is None else float(state["best"])
+        self.best_step, self.since_best = int(state["best_step"]), int(state["since_best"])
