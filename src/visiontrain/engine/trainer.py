@@ -155,7 +155,7 @@ class Trainer:
             if part.due(self.step, epoch_end):
                 part.run(epoch_end)
 
-    def _after_eval(self, metrics: dict[str, float]) -> None:
+    def _after_eval(self, metrics: dict[str, Any]) -> None:
         self.hooks("after_eval", metrics)
         self.checkpointer.keep_best(metrics)
 
