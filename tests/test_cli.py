@@ -42,6 +42,12 @@ def test_fit_writes_a_complete_run_dir(fitted):
     assert all("step" in r and "epoch" in r for r in rows)
     evals = [r for r in rows if r["kind"] == "eval"]
     assert len(evals) == 2 and "top1" in evals[-1] and "ema/top1" in evals[-1]
+    # per class: the model's and the EMA's table, a row per digit, in the report too
+    for key in ("per_class", "ema/per_class"):
+        table = evals[-1][key]
+        assert list(table) == [str(d) for d in range(10)] and sum(r["support"] for r in table.values()) == 360
+        assert all(set(r) == {"precision", "recall", "F1", "support"} for r in table.values())
+    assert report.count('<table class="classes">') == 2 and "<th>F1</th>" in report
     summary = json.loads((fitted / "summary.json").read_text())
     assert summary["final"]["top1"] > 80.0  # digits, 2 epochs of a small CNN
     assert summary["steps"] == 2 * (1437 // 64)

@@ -1,5 +1,7 @@
-"""Detection metrics: COCO AP equals pycocotools run on its own from a JSON file; VOC mAP equals
-hand-computed values and a loop-by-loop port of the devkit's matching; result conversion/gather."""
+"""Detection metrics: COCO AP (and per category) equals pycocotools run on its own from a JSON file;
+VOC mAP equals hand-computed values and a loop-by-loop port of the devkit's matching; result
+conversion/gather; the detection confusion matrix on a hand-made scene; classification precision /
+recall / F1 from a confusion matrix against scikit-learn."""
 from __future__ import annotations
 
 import json
@@ -12,8 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from visiontrain.evaluation import (average_precision, coco_evaluate, gather_detections, to_coco_results,
-                                    voc_map)
+from visiontrain.evaluation import (average_precision, classification_per_class, coco_evaluate, coco_evaluation,
+                                    detection_confusion, gather_detections, to_coco_results, voc_map)
 
 KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 
@@ -88,6 +90,100 @@ def test_coco_evaluate_undefined_is_nan_and_unknown_image_is_an_error():
     assert math.isnan((res := coco_evaluate(gt, _dets()))["APs"]) and 0.0 < res["AP"] < 1.0
     with pytest.raises(ValueError, match="not in the ground truth"):
         coco_evaluate(gt, [{"image_id": 99, "category_id": 1, "bbox": [0, 0, 5, 5], "score": 0.5}])
+
+
+def test_coco_per_class_is_pycocotools_restricted_to_each_category(tmp_path):
+    """Per category AP, AP50 and recall (AR@100) equal the stats of a COCOeval run on that category
+    alone (``params.catIds = [k]``), the PR curve its precision at IoU 0.5; categories listed out of
+    id order, one never detected (AP 0), one without ground truth (NaN, no curve)."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    gt, dets = _gt(), _dets()
+    gt["annotations"] += [{"id": 100 + i, "image_id": im, "category_id": 12, "bbox": b, "area": 400.0, "iscrowd": 0}
+                          for i, (im, b) in enumerate([(1, [400, 10, 20, 20]), (5, [500, 300, 20, 20])])]
+    gt["categories"] = [{"id": 9, "name": "c"}, {"id": 1, "name": "a"}, {"id": 15, "name": "e"},
+                        {"id": 5, "name": "b"}, {"id": 12, "name": "d"}]
+    dets.append({"image_id": 2, "category_id": 15, "bbox": [5.0, 5.0, 30.0, 30.0], "score": 0.8})
+    result = coco_evaluation(gt, dets)
+    assert result.metrics == coco_evaluate(gt, dets)
+    ours = result.per_class()
+    assert list(ours) == ["c", "a", "e", "b", "d"]  # the ground truth's order
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    (tmp_path / "dt.json").write_text(json.dumps(dets))
+    coco_gt = COCO(annotation_file=str(tmp_path / "gt.json"))
+    coco_dt = coco_gt.loadRes(str(tmp_path / "dt.json"))
+    curves = result.pr_curves(0.5)
+    for cat in gt["categories"]:
+        ev = COCOeval(coco_gt, coco_dt, iouType="bbox")
+        ev.params.catIds = [cat["id"]]
+        ev.evaluate(), ev.accumulate(), ev.summarize()
+        ref = {"AP": ev.stats[0], "AP50": ev.stats[1], "recall": ev.stats[8]}  # stats[8]: AR maxDets 100
+        row = ours[cat["name"]]
+        for key, value in ref.items():
+            assert (math.isnan(row[key]) if value < 0 else row[key] == pytest.approx(value, abs=1e-9)), (cat, key)
+        assert row["n_gt"] == sum(a["category_id"] == cat["id"] and not a["iscrowd"] for a in gt["annotations"])
+        if ref["AP"] < 0:  # no ground truth
+            assert cat["name"] not in curves
+        else:
+            np.testing.assert_allclose(curves[cat["name"]], ev.eval["precision"][0, :, 0, 0, -1], atol=1e-12)
+    assert ours["d"]["AP"] == 0.0 and ours["d"]["n_gt"] == 2 and math.isnan(ours["e"]["AP"])
+    assert 0.0 < min(ours[n]["AP"] for n in "abc") and max(ours[n]["AP"] for n in "abc") < 1.0
+
+
+def test_detection_confusion_on_a_hand_made_scene():
+    """Rows true, columns predicted, index 3 background; same-class pairs are matched first."""
+    scene = [  # (gt boxes, gt labels, difficult), (pred boxes, labels, scores)
+        (([[0, 0, 10, 10], [20, 20, 40, 40], [50, 50, 60, 60]], [0, 1, 2], None),
+         ([[0, 0, 10, 9],    # class 0 over gt 0 at IoU 0.9: the true positive
+           [0, 0, 10, 10],   # class 1 over gt 0 at IoU 1.0, higher score: a duplicate, background
+           [20, 20, 40, 38],  # class 2 over gt 1 (class 1) at IoU 0.9: a confusion
+           [80, 80, 90, 90],  # class 1 over nothing: background
+           [50, 50, 60, 54],  # class 2 over gt 2 at IoU 0.4: background, and gt 2 missed
+           [20, 20, 40, 40]],  # class 1 over gt 1, score below 0.25: not counted at all
+          [0, 1, 2, 1, 2, 1], [0.9, 0.95, 0.8, 0.7, 0.6, 0.1])),
+        (([], [], None), ([[0, 0, 5, 5]], [2], [0.5])),  # an image without gt: a false positive
+        (([[0, 0, 10, 10], [30, 30, 40, 40]], [0, 1], [True, False]),  # a difficult box counts nowhere,
+         ([[0, 0, 10, 10]], [0], [0.9])),                               # nor the prediction on it
+    ]
+    preds = [{"boxes": np.array(b, float).reshape(-1, 4), "labels": np.array(lab), "scores": np.array(s)}
+             for _, (b, lab, s) in scene]
+    gts = [{"boxes": np.array(b, float).reshape(-1, 4), "labels": np.array(lab, np.int64),
+            **({"difficult": np.array(d)} if d is not None else {})} for (b, lab, d), _ in scene]
+    expected = [[1, 0, 0, 0],
+                [0, 0, 1, 1],
+                [0, 0, 0, 1],
+                [0, 2, 2, 0]]
+    assert detection_confusion(preds, gts, 3).tolist() == expected
+    # a threshold below the last prediction's score takes it in: of its class, it takes gt 1 from the
+    # class 2 box (same class first, whatever the IoU), which becomes a false positive
+    low = detection_confusion(preds, gts, 3, score_threshold=0.05).tolist()
+    assert low[1] == [0, 1, 0, 1] and low[3] == [0, 2, 3, 0]
+    with pytest.raises(ValueError, match="image 0: prediction label 3 >= num_classes=3"):
+        detection_confusion([{**preds[0], "labels": np.array([0, 1, 2, 1, 2, 3])}], gts[:1], 3)
+
+
+def test_classification_precision_recall_f1_against_sklearn():
+    from sklearn.metrics import precision_recall_fscore_support
+
+    counts = np.array([[5, 1, 0, 0, 1],   # [true, predicted]
+                       [2, 3, 0, 1, 0],
+                       [1, 0, 0, 1, 0],   # class 2: never predicted -> precision undefined
+                       [1, 0, 0, 4, 0],
+                       [0, 0, 0, 0, 0]])  # class 4: no image of it -> recall undefined
+    names = ["w", "x", "y", "z", "v"]
+    ours = classification_per_class(torch.from_numpy(counts), names)
+    assert list(ours) == names
+    assert ours["w"] == {"precision": 5 / 9, "recall": 5 / 7, "F1": 10 / 16, "support": 7}
+    assert math.isnan(ours["y"]["precision"]) and ours["y"]["recall"] == 0.0 and ours["y"]["F1"] == 0.0
+    assert math.isnan(ours["v"]["recall"]) and ours["v"]["precision"] == 0.0 and ours["v"]["support"] == 0
+    y_true = np.repeat(np.arange(5), counts.sum(1))
+    y_pred = np.concatenate([np.repeat(np.arange(5), row) for row in counts])
+    ref = precision_recall_fscore_support(y_true, y_pred, labels=range(5), zero_division=np.nan)
+    for column, values in zip(("precision", "recall", "F1", "support"), ref):
+        np.testing.assert_allclose([ours[n][column] for n in names], values, rtol=1e-12, equal_nan=True)
+    with pytest.raises(ValueError, match="shape \\(5, 5\\) for 4 classes"):
+        classification_per_class(counts, names[:4])
 
 
 def test_to_coco_results():

@@ -138,8 +138,11 @@ def test_classification_draws_its_confusion_matrix_from_the_evaluation(fashion_r
     trainer, run = fashion_run
     counts = trainer.task.confusion
     assert counts.shape == (10, 10) and int(counts.sum()) == 200
-    top1 = json.loads((run / "summary.json").read_text())["final"]["top1"]
-    assert 100.0 * float(counts.diag().sum()) / 200 == pytest.approx(top1)
+    final = json.loads((run / "summary.json").read_text())["final"]
+    assert 100.0 * float(counts.diag().sum()) / 200 == pytest.approx(final["top1"])
+    per_class = list(final["per_class"].values())  # the same counts, read per class
+    assert [r["support"] for r in per_class] == counts.sum(1).tolist()
+    assert [r["recall"] for r in per_class] == pytest.approx((counts.diag() / counts.sum(1)).tolist())
     _not_blank(run / "plots" / "confusion_matrix.png")
     fig = trainer.task.eval_figures()["confusion_matrix"]
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()][:2] == ["T-shirt/top", "Trouser"]

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import re
 import threading
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -160,6 +162,38 @@ def test_validate_on_the_test_split(recipe_runs):
         load_trained(run_dir, ["data.test_split=val"], split="test")
     with pytest.raises(C.ConfigError, match="--split test: no test split for this run: .* fixed splits"):
         load_trained(recipe_runs.result("classify-fashion")[1], split="test")
+
+
+def _drawn(path: Path) -> None:
+    """A PNG that holds a drawing: big enough, and not one flat colour."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as image:
+        pixels = np.asarray(image.convert("RGB"), dtype=np.float64)
+    assert min(pixels.shape[:2]) > 300 and pixels.std() > 10, (path, pixels.shape, pixels.std())
+
+
+def test_a_detector_reports_per_class_results(recipe_runs):
+    """detect-yolov3's run above (no run of its own): the eval row's per-class table (COCO's columns
+    and VOC07's) has a row per class, the log prints it, the PR curves and the detection confusion
+    matrix are drawn, and the report holds the table."""
+    proc, run_dir = recipe_runs.result("detect-yolov3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    names = load_checkpoint(run_dir / "checkpoints" / "last.pt")["data_info"]["class_names"]
+    last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["kind"] == "eval" and list(last["per_class"]) == names and len(names) == 10
+    assert all(set(row) == {"AP", "AP50", "recall", "n_gt", "voc07_AP"} for row in last["per_class"].values())
+    assert sum(row["n_gt"] for row in last["per_class"].values()) > 0
+    assert json.loads((run_dir / "summary.json").read_text())["final"]["per_class"] == last["per_class"]
+    log = proc.stdout[proc.stdout.index(f"[eval] per_class at step {STEPS}:"):]
+    assert all(re.search(rf"^\s+{re.escape(name)}\s+(nan|\d\.\d{{4}})\s", log, re.M) for name in names), log[:3000]
+    for name in ("pr_curves", "confusion_matrix", "val_detections"):
+        _drawn(run_dir / "plots" / f"{name}.png")
+    report = (run_dir / "report.html").read_text(encoding="utf-8")
+    section = report[report.index("<h2>Per class</h2>"):]
+    assert all(f"<tr><th>{escape(name)}</th>" in section for name in names)
+    assert "<th>voc07_AP</th>" in section and "figcaption>pr_curves.png<" in report
 
 
 def test_a_pretrained_backbone_that_is_not_cached_is_refused_in_one_line(tmp_path):

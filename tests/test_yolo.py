@@ -176,9 +176,58 @@ def test_voc07_from_coco_results():
     records = [ImageRecord("a.png", 1, 50, 50, np.array([[0, 0, 10, 10], [20, 20, 30, 30]], np.float32),
                            np.array([0, 1]), difficult=np.array([False, True]))]
     hit = {"image_id": 1, "category_id": 5, "bbox": [0, 0, 10, 10], "score": 0.9}
-    assert voc07_from_coco_results(records, [hit], [5, 7]) == 1.0   # the difficult class counts nowhere
+    assert voc07_from_coco_results(records, [hit], [5, 7])["mAP"] == 1.0   # the difficult class counts nowhere
     miss = {**hit, "bbox": [30, 30, 10, 10], "score": 0.95}
-    assert voc07_from_coco_results(records, [hit, miss], [5, 7]) == pytest.approx(0.5)  # precision 1/2 at recall 1
+    voc = voc07_from_coco_results(records, [hit, miss], [5, 7])
+    assert voc["mAP"] == pytest.approx(0.5) and voc["per_class"][0] == voc["mAP"]  # precision 1/2 at recall 1
+    assert math.isnan(voc["per_class"][1])
+
+
+def test_evaluate_reports_voc07_and_coco_per_class_and_keeps_the_figures():
+    """YOLO's evaluation on a fixed set of detections: the per-class table's voc07_AP is voc_map's
+    per_class on the same boxes, next to COCO's columns; the kept confusion matrix is
+    detection_confusion's, and both figures draw."""
+    import numpy as np
+
+    from visiontrain.data.detection.base import BadDataPolicy, DetectionDataset, ImageRecord
+    from visiontrain.engine.metrics_file import PER_CLASS
+    from visiontrain.engine.plots import render
+    from visiontrain.evaluation import detection_confusion, voc_map
+
+    rng = np.random.default_rng(1)
+    cats, names = [3, 8, 11], ["cat", "dog", "owl"]
+    records, dets, preds, gts = [], [], [], []
+    for image_id in range(1, 9):
+        m, xy = int(rng.integers(1, 5)), rng.uniform(0, 80, (4, 2))
+        boxes = np.concatenate([xy, xy + rng.uniform(8, 40, (4, 2))], 1)[:m].astype(np.float32)
+        labels, difficult = rng.integers(0, 3, m), rng.random(m) < 0.15
+        records.append(ImageRecord(f"{image_id}.png", image_id, 128, 128, boxes, labels, difficult=difficult))
+        gts.append({"boxes": boxes, "labels": labels, "difficult": difficult})
+        p_boxes = np.concatenate([boxes + rng.normal(0, 3, boxes.shape), rng.uniform(0, 60, (2, 4))])  # hits, 2 random
+        p_boxes = np.concatenate([p_boxes[:, :2], np.maximum(p_boxes[:, 2:], p_boxes[:, :2] + 4)], 1)
+        p_labels = np.concatenate([np.where(rng.random(m) < 0.8, labels, (labels + 1) % 3), rng.integers(0, 3, 2)])
+        p_scores = rng.random(m + 2)
+        preds.append({"boxes": p_boxes, "labels": p_labels, "scores": p_scores})
+        dets += [{"image_id": image_id, "category_id": cats[lab], "bbox": [x1, y1, x2 - x1, y2 - y1], "score": sc}
+                 for (x1, y1, x2, y2), lab, sc in zip(p_boxes.tolist(), p_labels.tolist(), p_scores.tolist())]
+    task = build_task(C.load_config("detect-yolov3", TINY))
+    task.val_set = DetectionDataset(records, names, cats, source="fixture", policy=BadDataPolicy("error", "fixture"))
+    task.info = {"num_classes": 3, "class_names": names, "category_ids": cats}
+    task.collect_detections = lambda model, data: dets
+    metrics = task.evaluate(None, None)
+    voc = voc_map(preds, gts, 3, use_07_metric=True)
+    table = metrics[PER_CLASS]
+    assert list(table) == names and list(metrics)[-1] == PER_CLASS
+    assert [table[n]["voc07_AP"] for n in names] == pytest.approx(voc["per_class"], abs=1e-12)
+    assert metrics["voc07_mAP"] == pytest.approx(voc["mAP"], abs=1e-12) and 0 < voc["mAP"] < 1
+    assert all(set(row) == {"AP", "AP50", "recall", "n_gt", "voc07_AP"} for row in table.values())
+    assert [table[n]["n_gt"] for n in names] == [int(sum((g["labels"] == k).sum() for g in gts)) for k in range(3)]
+    np.testing.assert_array_equal(task.kept.confusion, detection_confusion(preds, gts, 3))
+    figures = task.eval_figures()  # no validation images kept (shown_detections): the two others only
+    assert sorted(figures) == ["confusion_matrix", "pr_curves"]
+    for fig in figures.values():
+        pixels = render(fig)
+        assert pixels.shape[0] > 300 and pixels.shape[1] > 300 and pixels.std() > 10  # drawn, not blank
 
 
 def test_no_weight_decay_on_biases_and_batch_norm():

@@ -26,7 +26,8 @@ from typing import Any
 import yaml
 
 from visiontrain import config as C
-from visiontrain.engine.logging import dumps_json
+from visiontrain.engine.logging import class_table_text, dumps_json
+from visiontrain.engine.metrics_file import per_class_tables
 
 EXIT_USAGE, EXIT_NONFINITE = 2, 3  # and engine.preemption: 4 preempted, 130 Ctrl-C (last.pt written: resume)
 EXIT_OUT_OF_MEMORY = 5
@@ -150,6 +151,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     ema = trained.model(ema=True) if trained.has_ema else None
     run = build_evaluation(trained.cfg, trained.task, trained.model(), ema, trained.info)
     metrics = evaluate_models(run, trained.cfg.eval.models)
+    for key, table in per_class_tables(metrics).items():  # for a person; the JSON line below holds them too
+        print(class_table_text(key, table))
     split = {"split": args.split, "data_split": trained.cfg.data.val_split} if args.split == "test" else {}
     print(dumps_json({"checkpoint": trained.path, "step": trained.state["progress"]["step"], **split, **metrics}))
     return 0

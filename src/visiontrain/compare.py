@@ -5,7 +5,8 @@ checkpoint metric, the wall time and the training throughput, read from ``summar
 run finished and from ``metrics.jsonl`` alone when it did not (a run still training, or stopped);
 the rows come from ``engine.metrics_file.read_metrics``, the one reader of that file.
 The figure puts every run on shared axes: the training total loss, then each evaluation metric
-the runs have in common, one panel each, against the optimizer step.
+the runs have in common, one panel each, against the optimizer step. A task's per-class table is
+neither a column nor a panel (``Metrics.eval_keys`` leaves it out); ``visiontrain report`` shows it.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from visiontrain.engine.metrics_file import Metrics, Row, is_ema, nan_for_null, read_metrics, series
+from visiontrain.engine.metrics_file import Metrics, Row, is_ema, is_per_class, nan_for_null, read_metrics, series
 
 
 @dataclass
@@ -136,6 +137,8 @@ def compare(run_dirs: list[str], out: Path, metrics: list[str] | None = None) ->
     _unique_names(runs, run_dirs)
     if metrics:
         for m in metrics:
+            if is_per_class(m):
+                raise ValueError(f"--metrics {m}: a per-class table, not a curve (`visiontrain report` shows it)")
             missing = [r.name for r in runs if m not in r.eval_keys]
             if missing:
                 raise ValueError(f"--metrics {m}: not logged by {', '.join(missing)}; "

@@ -6,7 +6,8 @@ a base64 ``data:`` URI. Nothing is fetched when it is opened, so it renders the 
 years later. The run is read by ``compare.read_run`` (``summary.json``, and ``metrics.jsonl``
 through ``engine.metrics_file``, the one reader of that file), so a run still training or stopped
 early (no ``summary.json``) gets a report from its logged rows alone, and a missing or corrupt
-``metrics.jsonl`` is the same one-line error as in ``visiontrain compare``.
+``metrics.jsonl`` is the same one-line error as in ``visiontrain compare``. A task's per-class
+table (``metrics_file.PER_CLASS``) of the last evaluation is its own section, an HTML table.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Any
 import yaml
 
 from visiontrain.compare import RunRecord, read_run
-from visiontrain.engine.metrics_file import ROW_KEYS, ema_key, is_number
+from visiontrain.engine.metrics_file import ROW_KEYS, ema_key, is_number, is_per_class, per_class_tables
 from visiontrain.engine.plots import write_curves
 
 CSS = """
@@ -37,6 +38,8 @@ h1 { font-size: 24px; margin: 0 0 4px; } h2 { font-size: 18px; margin: 28px 0 8p
 table { border-collapse: collapse; margin: 4px 0 8px; }
 th, td { text-align: left; padding: 4px 14px 4px 0; border-bottom: 1px solid #eaeef2; }
 th { color: #57606a; font-weight: 600; } td.num { font-variant-numeric: tabular-nums; text-align: right; }
+h3 { font-size: 15px; margin: 12px 0 4px; } table.classes thead th { text-align: right; }
+table.classes thead th:first-child { text-align: left; } table.classes tbody th { font-weight: 400; color: #1f2328; }
 .grid { display: flex; flex-wrap: wrap; gap: 8px 40px; }
 .plots { display: flex; flex-wrap: wrap; gap: 0 24px; align-items: flex-start; }
 figure { margin: 12px 0 16px; max-width: 100%; } figcaption { color: #57606a; font-size: 12px; }
@@ -74,6 +77,7 @@ def build_report(run_dir: str | Path) -> str:
         f"{escape(dt.datetime.now().strftime('%Y-%m-%d %H:%M'))}</p>",
         '<div class="grid"><section>', "<h2>Metrics</h2>", _metrics_html(run, metric, mode),
         "</section><section>", "<h2>Throughput</h2>", _table(_throughput(run)), "</section></div>",
+        *_per_class_html(run),
         _model_html(run_dir),
         f"<h2>Plots ({len(plots)})</h2>",
         f'<div class="plots">{"".join(_figure(p, run_dir / "plots") for p in plots)}</div>' if plots
@@ -145,11 +149,10 @@ def _best(run: RunRecord, key: str, mode: str) -> tuple[float, int] | None:
 
 def _metrics_html(run: RunRecord, metric: str | None, mode: str) -> str:
     """The last evaluation (every metric it logged) and the best of the checkpoint metric."""
-    last = run.evals[-1] if run.evals else {}
-    values = {k: v for k, v in last.items() if k not in ROW_KEYS} or run.summary.get("final", {})
+    values, where = _last_values(run)
+    values = {k: v for k, v in values.items() if not is_per_class(k)}  # tables: the "Per class" section
     if not values:
         return '<p class="muted">no evaluation logged yet</p>'
-    where = f"step {last['step']}, epoch {last.get('epoch', '?')}" if last else "summary.json"
     html = [f'<p class="muted">last evaluation ({escape(where)})</p>',
             _table([(k, _fmt(v)) for k, v in values.items()])]
     if metric:
@@ -162,6 +165,34 @@ def _metrics_html(run: RunRecord, metric: str | None, mode: str) -> str:
             html += [f'<p class="muted">best {escape(metric)} ({escape(mode)}, the checkpoint metric)</p>',
                      _table(rows)]
     return "\n".join(html)
+
+
+def _last_values(run: RunRecord) -> tuple[dict[str, Any], str]:
+    """The last evaluation's values (summary.json's ``final`` if no row has any) and where from."""
+    last = run.evals[-1] if run.evals else {}
+    values = {k: v for k, v in last.items() if k not in ROW_KEYS} or run.summary.get("final", {})
+    return values, f"step {last['step']}, epoch {last.get('epoch', '?')}" if last else "summary.json"
+
+
+def _per_class_html(run: RunRecord) -> list[str]:
+    """The section "Per class": the last evaluation's per-class tables (the model's, then the
+    EMA's, side by side), one row per class in the task's order; nothing for a task without one."""
+    values, where = _last_values(run)
+    tables = per_class_tables(values)
+    if not tables:
+        return []
+    parts = ["<h2>Per class</h2>", f'<p class="muted">last evaluation ({escape(where)})</p>', '<div class="grid">']
+    for key, table in tables.items():
+        columns: list[str] = []
+        for row in table.values():
+            columns += [c for c in row if c not in columns]
+        head = "".join(f"<th>{escape(c)}</th>" for c in ["class", *columns])
+        body = "".join(f"<tr><th>{escape(str(name))}</th>"
+                       + "".join(f'<td class="num">{escape(_fmt(row.get(c)))}</td>' for c in columns) + "</tr>"
+                       for name, row in table.items())
+        parts.append(f'<section><h3>{escape(key)} ({len(table)} classes)</h3>'
+                     f'<table class="classes"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></section>')
+    return [*parts, "</div>"]
 
 
 def _throughput(run: RunRecord) -> list[tuple[str, str]]:

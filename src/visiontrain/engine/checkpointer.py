@@ -20,7 +20,7 @@ from visiontrain.engine.fsdp import full_state_dict
 from visiontrain.engine.guards import check_weights
 from visiontrain.engine.log_point import LogPoint
 from visiontrain.engine.logging import RunLogger, dumps_json
-from visiontrain.engine.metrics_file import EMA_PREFIX, ema_key
+from visiontrain.engine.metrics_file import ema_key, is_per_class, model_scalars
 from visiontrain.engine.parts import Progress
 from visiontrain.engine.run import TrainingRun
 from visiontrain.engine.run_dir import config_changes
@@ -110,12 +110,14 @@ class Checkpointer:
         if r.sharded is not None:
             r.sharded.prune()
 
-    def keep_best(self, metrics: dict[str, float]) -> None:
+    def keep_best(self, metrics: dict[str, Any]) -> None:
         """best.pt / best_ema.pt on a new record of the checkpoint metric, and the k best."""
         r, metric = self.built, self.metric
+        scalars = model_scalars(metrics)
+        if self.best is not None and metric and is_per_class(metric):
+            raise ValueError(f"eval.metric={metric!r} is a per-class table, not a number: choose one of {scalars}")
         if self.best is not None and metric and metric not in metrics and ema_key(metric) not in metrics:
-            raise KeyError(f"eval.metric={metric!r} is not among the task's metrics "
-                           f"{sorted(k for k in metrics if not k.startswith(EMA_PREFIX))}")
+            raise KeyError(f"eval.metric={metric!r} is not among the task's metrics {scalars}")
         if self.best is None and r.sharded is None:
             return
         keys = {"model": metric, "ema": ema_key(metric)}
@@ -128,7 +130,7 @@ class Checkpointer:
         if wants and r.sharded is not None and r.dist.is_main:
             r.sharded.prune()
 
-    def finish(self, last_eval: dict[str, float], wall_s: float, ended: dict[str, str]) -> dict[str, Any]:
+    def finish(self, last_eval: dict[str, Any], wall_s: float, ended: dict[str, str]) -> dict[str, Any]:
         """The last checkpoint, the final weights as safetensors (FSDP: gathered), summary.json
         (``ended``: why the run ended)."""
         self.save_last()

@@ -19,7 +19,7 @@ from typing import Any
 
 from visiontrain.config import ConfigError
 from visiontrain.engine.distributed import DistInfo, broadcast_object
-from visiontrain.engine.metrics_file import ema_key, model_key
+from visiontrain.engine.metrics_file import ema_key, model_scalars
 
 
 class EarlyStopping:
@@ -61,7 +61,7 @@ class EarlyStopping:
         key = self.followed(metrics)
         if key is None and metrics:
             raise KeyError(f"eval.patience follows eval.metric={self.metric!r}, which is not among the task's "
-                           f"metrics {sorted(k for k in metrics if k == model_key(k))}")
+                           f"metrics {model_scalars(metrics)}")
         if key is not None:  # rank 0 (and every rank of a task that reduces its metrics)
             value = float(metrics[key])
             if self.improves(value):

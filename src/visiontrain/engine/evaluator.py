@@ -23,16 +23,17 @@ from visiontrain.engine.parts import Progress
 from visiontrain.engine.run import EvalRun
 
 
-def evaluate_models(run: EvalRun, which: str = "both") -> dict[str, float]:
-    """The task's metrics of the model and of its EMA (``ema/``-prefixed), as ``eval.models`` asks;
-    each in eval mode under no_grad, put back in the mode it was in. ``validate`` calls this too."""
+def evaluate_models(run: EvalRun, which: str = "both") -> dict[str, Any]:
+    """The task's metrics of the model and of its EMA (``ema/``-prefixed, its per-class table
+    ``ema/per_class`` too), as ``eval.models`` asks; each in eval mode under no_grad, put back in the
+    mode it was in. ``validate`` calls this too."""
     data = EvalData(run.val_loader, run.device, run.dist, run.cfg.trainer.channels_last)
     models = {"": run.raw_model, EMA_PREFIX: run.ema_model}
     if run.ema_model is None or which == "model":
         del models[EMA_PREFIX]
     elif which == "ema":
         del models[""]
-    metrics: dict[str, float] = {}
+    metrics: dict[str, Any] = {}
     for prefix, model in models.items():
         was_training = model.training
         model.eval()
@@ -44,11 +45,11 @@ def evaluate_models(run: EvalRun, which: str = "both") -> dict[str, float]:
 
 class Evaluator:
     def __init__(self, cfg: Config, run: EvalRun, progress: Progress, log: RunLogger, *,
-                 check_finite: Callable[[], None], after_eval: Callable[[dict[str, float]], Any],
+                 check_finite: Callable[[], None], after_eval: Callable[[dict[str, Any]], Any],
                  sharded: bool) -> None:
         self.cfg, self.built, self.progress, self.log = cfg, run, progress, log
         self.check_finite, self.after_eval, self.sharded = check_finite, after_eval, sharded
-        self.last: dict[str, float] = {}
+        self.last: dict[str, Any] = {}
         self.last_step = -1
         self.running = False  # for an out-of-memory message: what ran out
 
@@ -66,7 +67,7 @@ class Evaluator:
     def due_at_end(self) -> bool:
         return self.last_step != self.progress.step
 
-    def run(self, epoch_end: bool = False) -> dict[str, float]:
+    def run(self, epoch_end: bool = False) -> dict[str, Any]:
         self.check_finite()  # host sync: never evaluate or save after a bad step under `raise`
         r = self.built
         if self.sharded:

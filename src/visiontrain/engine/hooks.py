@@ -35,8 +35,9 @@ class Hook:
     def after_epoch(self) -> None:
         """After the last step of an epoch, before that epoch's evaluation and checkpoint."""
 
-    def after_eval(self, metrics: dict[str, float]) -> None:
-        """After each evaluation, with the flat dict of metrics (``ema/`` prefix for the EMA)."""
+    def after_eval(self, metrics: dict[str, Any]) -> None:
+        """After each evaluation, with the flat dict of metrics (``ema/`` prefix for the EMA); the
+        one value that is not a number is a task's per-class table (``metrics_file.PER_CLASS``)."""
 
     def after_train(self) -> None:
         """Once, after the final evaluation and checkpoint."""

@@ -10,6 +10,11 @@ times stay in order across them and line up with the scheduler's and the system'
 quantity has one number format for the whole run (``format_value``), and an entry longer than
 ``WIDTH`` columns (DETR's epoch summary has dozens of terms) wraps onto indented continuation lines.
 
+After an evaluation, a task's per-class table (``metrics_file.PER_CLASS``) is printed under its
+line, one row per class in the task's order, columns aligned (a rich table on a terminal); above
+``MAX_CLASS_ROWS`` classes (ImageNet's 1000) only the ``LOWEST_ROWS`` lowest in the first column
+are printed, the whole table being in metrics.jsonl and the report.
+
 Every JSON a user reads (metrics.jsonl, summary.json, the CLI's result lines) goes through
 ``dumps_json``: a NaN or infinity (COCO's APs on a set without small objects) is written as
 ``null``, so the files parse with every strict JSON parser, not only Python's.
@@ -24,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from visiontrain.engine.hooks import Hook
-from visiontrain.engine.metrics_file import METRICS_FILE, make_row, model_key, rewind
+from visiontrain.engine.metrics_file import METRICS_FILE, is_per_class, make_row, model_key, per_class_tables, rewind
 
 #: Plain lines wrap at this many columns; continuation lines are indented under the text.
 WIDTH = 100
@@ -34,6 +39,10 @@ PERCENT = frozenset({"top1", "top5", "acc", "class_error", "knn_top1"})
 WHOLE = frozenset({"samples_per_s", "skipped_steps", "fp16_overflow_skips"})
 #: Scheduled values that span decades (1e-3 -> 1e-6): always in scientific notation.
 SCIENTIFIC = frozenset({"lr", "weight_decay"})
+#: A per-class table of more classes than this is printed as its ``LOWEST_ROWS`` lowest rows.
+MAX_CLASS_ROWS, LOWEST_ROWS = 100, 20
+#: A class name longer than this is cut in the console table (never in the files).
+NAME_WIDTH = 28
 
 
 def json_safe(value: Any) -> Any:
@@ -92,6 +101,38 @@ def wrap_items(head: str, items: list[str], width: int = WIDTH, indent: int = 4)
         else:
             line = f"{line}  {item}" if line.strip() else line + item
     return "\n".join([*lines, line])
+
+
+def class_table_rows(title: str, table: dict[str, dict[str, Any]]) -> tuple[str, list[str], list[list[str]]]:
+    """(title, column names, rows of strings) of a per-class table as the console shows it: the
+    task's class order, each column in its quantity's format; above ``MAX_CLASS_ROWS`` classes the
+    ``LOWEST_ROWS`` lowest in the first column (NaN last), and the title says so."""
+    columns: list[str] = []
+    for row in table.values():
+        columns += [c for c in row if c not in columns]
+    names = list(table)
+    if len(names) > MAX_CLASS_ROWS and columns:
+        first = columns[0]
+
+        def key(name: str) -> tuple[bool, float]:
+            value = table[name].get(first)
+            number = float(value) if isinstance(value, (int, float)) else math.nan
+            return (math.isnan(number), number)
+
+        names = sorted(names, key=key)[:LOWEST_ROWS]
+        title = f"{title}: the {LOWEST_ROWS} lowest {first} of {len(table)} classes (all in {METRICS_FILE})"
+    rows = [[name if len(name) <= NAME_WIDTH else name[:NAME_WIDTH - 3] + "...",
+             *(format_value(c, table[name][c]) if c in table[name] else "-" for c in columns)] for name in names]
+    return title, ["class", *columns], rows
+
+
+def class_table_text(title: str, table: dict[str, dict[str, Any]]) -> str:
+    """A per-class table as aligned plain lines: names left, numbers right, under a title line."""
+    title, columns, rows = class_table_rows(title, table)
+    widths = [max(len(r[i]) for r in [columns, *rows]) for i in range(len(columns))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths)))
+             for r in [columns, *rows]]
+    return "\n".join([f"{title}:", *lines])
 
 
 def timestamp(now: float | None = None) -> str:
@@ -159,7 +200,11 @@ class RunLogger:
                 return
             self.print(f"step {step}/{self.total_steps}  epoch {epoch}  {info}  {eta}")
         else:
-            self.print(wrap_items(f"[{kind}] step {step} epoch {epoch}", format_items(values), self._width))
+            tables = per_class_tables(values)
+            scalars = {k: v for k, v in values.items() if k not in tables}
+            self.print(wrap_items(f"[{kind}] step {step} epoch {epoch}", format_items(scalars), self._width))
+            for key, table in tables.items():
+                self.class_table(f"[{kind}] {key} at step {step}", table)
 
     def rewind(self, step: int) -> None:
         """A resumed run continues from ``step``: what was logged after it (before the crash or kill)
@@ -185,9 +230,11 @@ class RunLogger:
         return self._tb
 
     def table(self, title: str, rows: dict[str, Any]) -> None:
-        """A compact end-of-epoch / end-of-run table."""
+        """A compact end-of-epoch / end-of-run table of scalars (per-class tables are printed after
+        each evaluation, not again here)."""
         if not self.enabled:
             return
+        rows = {k: v for k, v in rows.items() if not is_per_class(k)}
         if self._bar is not None:
             from rich.table import Table
 
@@ -197,6 +244,24 @@ class RunLogger:
             self._bar.console.print(table)
         else:
             self.print(wrap_items(f"{title}:", format_items(rows), self._width))
+
+    def class_table(self, title: str, table: dict[str, dict[str, Any]]) -> None:
+        """A per-class table (``class_table_rows``): a rich table on a terminal, aligned lines otherwise."""
+        if not self.enabled:
+            return
+        if self._bar is None:
+            self.print(class_table_text(title, table))
+            return
+        from rich.table import Table
+        from rich.text import Text
+
+        title, columns, rows = class_table_rows(title, table)
+        shown = Table(title=Text(title), title_justify="left")
+        for i, column in enumerate(columns):
+            shown.add_column(column, justify="left" if i == 0 else "right")
+        for row in rows:  # plain strings: class names are not rich markup
+            shown.add_row(*(Text(cell) for cell in row))
+        self._bar.console.print(shown)
 
     def image(self, tag: str, pixels: Any, step: int) -> None:
         """An RGB uint8 [H, W, 3] image (a rendered figure) in TensorBoard."""

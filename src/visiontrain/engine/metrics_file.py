@@ -6,6 +6,12 @@ window's means, or ``"eval"``, one evaluation), the optimizer ``step`` it was lo
 weights logs its metrics under ``EMA_PREFIX`` (``ema/top1`` beside ``top1``). A NaN or infinity is
 written as ``null`` (``dumps_json``) and read back as NaN: a missing value, drawn as a gap.
 
+One evaluation key is not a scalar: ``PER_CLASS`` (and its EMA twin ``ema/per_class``) holds the
+task's table ``{class name: {column: value}}`` (per-class AP for a detector, precision / recall /
+F1 for a classifier). Everything that wants numbers (curves, best checkpoints, ``compare``) passes
+over it: ``numeric_keys`` by its type, ``Metrics.eval_keys`` by ``is_per_class``; the console
+prints it as a table and ``visiontrain report`` as an HTML table.
+
 A run killed mid-line leaves a last line cut short, and rows logged after its last checkpoint.
 When it resumes, ``rewind`` drops both, so the file of a resumed run holds each step once, as an
 uninterrupted run's does. Until then a reader sees the cut line: ``read_metrics`` either names it
@@ -31,6 +37,8 @@ TRAIN, EVAL = "train", "eval"
 ROW_KEYS = ("kind", "step", "epoch", "time")
 #: The prefix of the EMA model's evaluation metrics (``ema/top1``): one spelling for writer and readers.
 EMA_PREFIX = "ema/"
+#: The evaluation key of a task's per-class table, ``{class name: {column: value}}``.
+PER_CLASS = "per_class"
 
 Row = dict[str, Any]
 
@@ -47,6 +55,21 @@ def is_ema(key: str) -> bool:
 def model_key(key: str) -> str:
     """The model metric an EMA key twins (``ema/top1`` -> ``top1``); any other key as is."""
     return key.removeprefix(EMA_PREFIX)
+
+
+def is_per_class(key: str) -> bool:
+    """A per-class table (``per_class`` or ``ema/per_class``), not a scalar metric."""
+    return model_key(key) == PER_CLASS
+
+
+def model_scalars(metrics: dict[str, Any]) -> list[str]:
+    """The model's scalar metrics of an evaluation, sorted: what ``eval.metric`` may name."""
+    return sorted(k for k in metrics if not is_ema(k) and not is_per_class(k))
+
+
+def per_class_tables(values: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The per-class tables among an evaluation's values (the model's, then the EMA's), by key."""
+    return {k: v for k, v in values.items() if is_per_class(k) and isinstance(v, dict)}
 
 
 def make_row(kind: str, step: int, epoch: int, values: dict[str, Any], now: float | None = None) -> Row:
@@ -98,8 +121,9 @@ class Metrics(NamedTuple):
 
     @property
     def eval_keys(self) -> list[str]:
-        """The metrics of the last evaluation: an earlier one (DINO's at step 0) may lack some."""
-        return [k for k in (self.evals[-1] if self.evals else {}) if k not in ROW_KEYS]
+        """The scalar metrics of the last evaluation (an earlier one, DINO's at step 0, may lack
+        some); its per-class tables are not among them."""
+        return [k for k in (self.evals[-1] if self.evals else {}) if k not in ROW_KEYS and not is_per_class(k)]
 
     @property
     def last_step(self) -> int:

@@ -183,7 +183,7 @@ class PlotHook(Hook):
     def before_train(self) -> None:
         self.last = time.monotonic()
 
-    def after_eval(self, metrics: dict[str, float]) -> None:
+    def after_eval(self, metrics: dict[str, Any]) -> None:
         # Drawing takes about a second: evaluations less than min_interval_s after the start or
         # the last drawing (short runs, tests) skip it, except the last one, so the plots always
         # show the end of the run.

@@ -82,8 +82,11 @@ class Task(abc.ABC):
         not be a buffer the task later changes in place (return ``buf.clone()`` for such a one)."""
 
     @abc.abstractmethod
-    def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, float]:
-        """Metrics over the validation set (model already in eval mode, under no_grad).
+    def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, Any]:
+        """Metrics over the validation set (model already in eval mode, under no_grad): scalars, and
+        optionally one per-class table under ``metrics_file.PER_CLASS``, ``{class name: {column:
+        number}}`` in the order to show it (the engine logs it, prints it as a table, and keeps it
+        out of curves, best checkpoints and ``compare``).
 
         ``data`` is the engine's side of the loop, so a task never handles devices or ranks itself:
         ``for batch, real in data`` gives this rank's batches on ``data.device`` (channels_last when

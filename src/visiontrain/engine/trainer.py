@@ -164,7 +164,7 @@ class Trainer:
         """Every step trained, or patience ran out (also in the checkpoint a resume loaded)."""
         return self.progress.finished() or self.early_stop.fired()
 
-    def _after_eval(self, metrics: dict[str, float]) -> None:
+    def _after_eval(self, metrics: dict[str, Any]) -> None:
         self.hooks("after_eval", metrics)
         self.checkpointer.keep_best(metrics)
         if self.early_stop.update(metrics, self.step):

@@ -1,4 +1,6 @@
-"""Detection evaluation: COCO box AP (pycocotools) and Pascal VOC mAP (VOC07 11-point / area).
+"""Detection evaluation: COCO box AP (pycocotools) and Pascal VOC mAP (VOC07 11-point / area), per
+class too, and the confusion matrices (detection's, with a background class) with the per-class
+precision / recall / F1 read from them.
 
 Kept apart from the tasks so a metric can be checked against its reference implementation on its
 own, and so the COCO path (which needs pycocotools) is imported only when it is used.
@@ -12,14 +14,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .coco import COCO_METRICS, coco_evaluate, gather_detections, to_coco_results
+    from .coco import COCO_METRICS, CocoEvaluation, coco_evaluate, coco_evaluation, gather_detections, to_coco_results
+    from .confusion import classification_per_class, detection_confusion
     from .voc import average_precision, box_iou_np, voc_map
 
-_HOMES = {"COCO_METRICS": "coco", "coco_evaluate": "coco", "gather_detections": "coco",
-          "to_coco_results": "coco", "average_precision": "voc", "box_iou_np": "voc", "voc_map": "voc"}
+_HOMES = {"COCO_METRICS": "coco", "CocoEvaluation": "coco", "coco_evaluate": "coco", "coco_evaluation": "coco",
+          "gather_detections": "coco", "to_coco_results": "coco", "classification_per_class": "confusion",
+          "detection_confusion": "confusion", "average_precision": "voc", "box_iou_np": "voc", "voc_map": "voc"}
 
-__all__ = ["COCO_METRICS", "coco_evaluate", "gather_detections", "to_coco_results",
-           "average_precision", "box_iou_np", "voc_map"]
+__all__ = list(_HOMES)
 
 
 def __getattr__(name: str) -> Any:

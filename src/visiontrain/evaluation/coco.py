@@ -7,21 +7,33 @@ rather than re-implement it. It is fed in memory (``COCO()`` + ``.dataset`` + ``
 Returned values are pycocotools' ``stats[0:6]`` as fractions. pycocotools writes -1 where a number
 is undefined (no non-crowd gt in that area range, e.g. APs on a set without small objects); we
 return NaN there, so an undefined value can never be mistaken for (or averaged in as) a score.
+
+Per category (``coco_evaluation(...).per_class()``), the numbers are read from pycocotools' own
+``eval['precision']`` [T, R, K, A, M] and ``eval['recall']`` [T, K, A, M] arrays at area ``all``
+and the last ``maxDets`` (100), ignoring -1, as detectron2's ``_derive_coco_results`` does: they
+are the ``stats`` a ``COCOeval`` restricted to that one category (``params.catIds = [k]``) reports,
+without running it K times.
 """
 from __future__ import annotations
 
 import contextlib
 import io
 import math
+from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["coco_evaluate", "gather_detections", "to_coco_results", "COCO_METRICS"]
+__all__ = ["coco_evaluate", "coco_evaluation", "CocoEvaluation", "gather_detections", "to_coco_results",
+           "COCO_METRICS", "PER_CLASS_COLUMNS"]
 
 #: Names of pycocotools' ``stats[0:6]``: AP@[.5:.95], AP@.5, AP@.75, AP small / medium / large.
 COCO_METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+#: The columns of ``CocoEvaluation.per_class``: AP@[.5:.95], AP@.5, AR@100 over IoU .5:.95 (COCO's
+#: ``AR`` at maxDets 100, ``stats[8]`` of that category alone), and the non-crowd ground-truth boxes.
+PER_CLASS_COLUMNS = ("AP", "AP50", "recall", "n_gt")
 
 
 def _quiet(verbose: bool) -> contextlib.AbstractContextManager:
@@ -47,15 +59,75 @@ def _ground_truth_copy(ground_truth: dict) -> dict:
     return gt
 
 
-def coco_evaluate(ground_truth: dict, detections: Sequence[dict], *,
-                  verbose: bool = False) -> dict[str, float]:
-    """Box AP of COCO results ``{image_id, category_id, bbox [x, y, w, h], score}`` against a
-    COCO-format ground-truth dict (``images``, ``annotations``, ``categories``).
+def _mean_defined(values: np.ndarray) -> float:
+    """Mean over the entries pycocotools did not mark -1 (undefined); NaN if there is none."""
+    defined = values[values > -1]
+    return float(np.mean(defined)) if defined.size else math.nan
 
-    Returns ``{"AP", "AP50", "AP75", "APs", "APm", "APl"}`` in [0, 1] (NaN where pycocotools reports
-    -1, see module). With no detections at all the metrics are 0 (NaN only where undefined): the
-    empty result set is built directly, since ``loadRes([])`` fails on an empty list.
-    ``verbose=True`` lets pycocotools print its usual progress lines and summary table.
+
+@dataclass
+class CocoEvaluation:
+    """One COCO evaluation: the summary metrics and the arrays behind them, per category.
+
+    ``precision`` [T, R, K] and ``recall`` [T, K] are pycocotools' ``eval['precision']`` and
+    ``eval['recall']`` at area ``all`` and maxDets 100 (the slice every summary number of those
+    settings averages), -1 where undefined; K runs over ``category_ids`` (pycocotools sorts them),
+    T over ``iou_thresholds`` (0.5:0.05:0.95), R over ``recall_thresholds`` (0:0.01:1).
+    """
+    metrics: dict[str, float]         # COCO_METRICS, NaN where undefined
+    category_ids: list[int]           # K, in pycocotools' (sorted) order
+    names: dict[int, str]             # category id -> name, in the ground truth's order
+    n_gt: dict[int, int]              # category id -> non-crowd ground-truth boxes
+    precision: np.ndarray             # [T, R, K]
+    recall: np.ndarray                # [T, K]
+    iou_thresholds: np.ndarray        # [T]
+    recall_thresholds: np.ndarray     # [R]
+
+    def _index(self, iou: float) -> int:
+        hits = np.flatnonzero(np.isclose(self.iou_thresholds, iou))
+        if not hits.size:
+            raise ValueError(f"IoU {iou} is not one of COCO's thresholds {self.iou_thresholds.tolist()}")
+        return int(hits[0])
+
+    def per_class(self) -> dict[str, dict[str, float]]:
+        """``{name: {"AP", "AP50", "recall", "n_gt"}}`` in the ground truth's category order (see
+        ``PER_CLASS_COLUMNS``); NaN for a category without ground truth, 0 for one never detected."""
+        t50 = self._index(0.5)
+        out = {}
+        for cat, name in self.names.items():
+            k = self.category_ids.index(cat)
+            out[name] = {"AP": _mean_defined(self.precision[:, :, k]), "AP50": _mean_defined(self.precision[t50, :, k]),
+                         "recall": _mean_defined(self.recall[:, k]), "n_gt": self.n_gt[cat]}
+        return out
+
+    def pr_curves(self, iou: float = 0.5) -> dict[str, np.ndarray]:
+        """``{name: precision [R]}`` at ``iou`` over ``recall_thresholds``, for categories with
+        ground truth (pycocotools' interpolated precision: 0 past the highest recall reached)."""
+        t = self._index(iou)
+        curves = {}
+        for cat, name in self.names.items():
+            p = self.precision[t, :, self.category_ids.index(cat)]
+            if (p > -1).all():
+                curves[name] = p.astype(np.float64)
+        return curves
+
+
+def _class_names(categories: list[dict]) -> dict[int, str]:
+    """Category id -> a name for the tables: the ground truth's ``name`` (the id when there is
+    none), with the id added where two categories share a name, so each is its own row."""
+    names = {int(c["id"]): str(c.get("name", c["id"])) for c in categories}
+    taken = list(names.values())
+    return {cat: f"{name} ({cat})" if taken.count(name) > 1 else name for cat, name in names.items()}
+
+
+def coco_evaluation(ground_truth: dict, detections: Sequence[dict], *, verbose: bool = False) -> CocoEvaluation:
+    """Box AP of COCO results ``{image_id, category_id, bbox [x, y, w, h], score}`` against a
+    COCO-format ground-truth dict (``images``, ``annotations``, ``categories``), with the
+    per-category arrays (``CocoEvaluation``); ``coco_evaluate`` returns its ``metrics``.
+
+    With no detections at all the metrics are 0 (NaN only where undefined): the empty result set is
+    built directly, since ``loadRes([])`` fails on an empty list. ``verbose=True`` lets pycocotools
+    print its usual progress lines and summary table.
     """
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
@@ -81,7 +153,27 @@ def coco_evaluate(ground_truth: dict, detections: Sequence[dict], *,
         ev.evaluate()
         ev.accumulate()
         ev.summarize()
-    return {k: (float(v) if v >= 0 else math.nan) for k, v in zip(COCO_METRICS, ev.stats[:6])}
+    area = ev.params.areaRngLbl.index("all")
+    n_gt = {int(c["id"]): 0 for c in gt["categories"]}
+    for a in gt["annotations"]:
+        if not a["iscrowd"] and a["category_id"] in n_gt:
+            n_gt[a["category_id"]] += 1
+    return CocoEvaluation(
+        metrics={k: (float(v) if v >= 0 else math.nan) for k, v in zip(COCO_METRICS, ev.stats[:6])},
+        category_ids=[int(c) for c in ev.params.catIds], names=_class_names(gt["categories"]), n_gt=n_gt,
+        precision=np.asarray(ev.eval["precision"][:, :, :, area, -1]),
+        recall=np.asarray(ev.eval["recall"][:, :, area, -1]),
+        iou_thresholds=np.asarray(ev.params.iouThrs), recall_thresholds=np.asarray(ev.params.recThrs))
+
+
+def coco_evaluate(ground_truth: dict, detections: Sequence[dict], *,
+                  verbose: bool = False) -> dict[str, float]:
+    """Box AP of COCO results against a COCO-format ground-truth dict (``coco_evaluation``).
+
+    Returns ``{"AP", "AP50", "AP75", "APs", "APm", "APl"}`` in [0, 1] (NaN where pycocotools reports
+    -1, see module).
+    """
+    return coco_evaluation(ground_truth, detections, verbose=verbose).metrics
 
 
 def gather_detections(detections: list[dict], dst: int | None = None) -> list[dict]:

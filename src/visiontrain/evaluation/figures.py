@@ -1,4 +1,5 @@
-"""What an evaluation looks like, as matplotlib Figures: a confusion matrix, and validation images
+"""What an evaluation looks like, as matplotlib Figures: a confusion matrix (classification's, or
+detection's with its background class), precision-recall curves per class, and validation images
 with the predicted boxes drawn over the ground truth. Built with ``matplotlib.figure.Figure`` (no
 pyplot state); the engine's plot hook writes them to RUN_DIR/plots/ and TensorBoard."""
 from __future__ import annotations
@@ -12,23 +13,28 @@ import torch
 from visiontrain.evaluation.panels import panel_grid
 
 MAX_TICK_LABELS = 40  # above this many classes the axes are left unlabelled (ImageNet's 1000)
+MAX_LEGEND = 20  # above this many classes the PR curves are not named one by one (COCO's 80)
 
 
-def confusion_figure(counts: torch.Tensor, class_names: Sequence[Any]) -> Any:
+def confusion_figure(counts: torch.Tensor | np.ndarray, class_names: Sequence[Any], *,
+                     title: str | None = None) -> Any:
     """Rows: the true class, normalised to 1 (each row shows where that class's images went, so
-    a rare class reads as clearly as a common one); the counts are written in when they fit."""
+    a rare class reads as clearly as a common one); the counts are written in when they fit.
+    ``title`` replaces the classification one (top-1 over the images), e.g. for detection's."""
     from matplotlib.figure import Figure
 
+    counts = torch.as_tensor(counts).to(torch.float64)
     c = counts.shape[0]
-    counts = counts.to(torch.float64)
     share = (counts / counts.sum(1, keepdim=True).clamp_min(1)).numpy()
     size = min(4.0 + 0.45 * c, 14.0)
     fig = Figure(figsize=(size + 1.5, size), layout="constrained")
     ax = fig.subplots()
     image = ax.imshow(share, cmap="Blues", vmin=0.0, vmax=1.0)
     fig.colorbar(image, ax=ax, fraction=0.046, label="share of the true class")
-    accuracy = float(counts.diag().sum() / counts.sum().clamp_min(1))
-    ax.set_title(f"confusion matrix (top-1 {100 * accuracy:.2f} %, {int(counts.sum())} images)")
+    if title is None:
+        accuracy = float(counts.diag().sum() / counts.sum().clamp_min(1))
+        title = f"confusion matrix (top-1 {100 * accuracy:.2f} %, {int(counts.sum())} images)"
+    ax.set_title(title)
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
     if c <= MAX_TICK_LABELS:
@@ -41,6 +47,32 @@ def confusion_figure(counts: torch.Tensor, class_names: Sequence[Any]) -> Any:
                 if counts[i, j] > 0:
                     ax.text(j, i, int(counts[i, j]), ha="center", va="center", fontsize=7,
                             color="white" if share[i, j] > 0.5 else "black")
+    return fig
+
+
+def pr_curves_figure(recall: np.ndarray, curves: dict[str, np.ndarray], ap: dict[str, float], *,
+                     title: str, legend_title: str = "AP") -> Any:
+    """Precision against recall, one thin curve per class and their mean (the all-class curve, whose
+    mean precision is the mAP) thick; each class's AP (``ap``, named ``legend_title``) in the legend
+    up to ``MAX_LEGEND`` classes, above that the class curves are grey and only the mean is named."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.5 if len(curves) <= MAX_LEGEND else 6.0, 5.0), layout="constrained")
+    ax = fig.subplots()
+    named = len(curves) <= MAX_LEGEND
+    colors = [None] * len(curves) if named else ["0.7"] * len(curves)
+    for (name, precision), color in zip(curves.items(), colors):
+        ax.plot(recall, precision, linewidth=1.0, color=color, label=f"{name} {ap[name]:.3f}" if named else None)
+    if curves:
+        mean = np.mean(np.stack(list(curves.values())), axis=0)
+        ax.plot(recall, mean, linewidth=3.0, color="black" if named else "tab:blue",
+                label=f"all classes {float(np.mean(mean)):.3f}")
+        ax.legend(fontsize=7, title=legend_title, title_fontsize=8, loc="center left" if named else "lower left",
+                  bbox_to_anchor=(1.01, 0.5) if named else None, frameon=False)
+    else:
+        ax.text(0.5, 0.5, "no class with ground truth", ha="center", va="center", transform=ax.transAxes)
+    ax.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="recall", ylabel="precision", title=title)
+    ax.grid(alpha=0.3)
     return fig
 
 

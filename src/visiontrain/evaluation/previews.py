@@ -79,6 +79,10 @@ def tiles_figure(rows: list[list[Tile]], *, title: str, class_names: Sequence[st
     return fig
 
 
+def boxes_caption(n: int) -> str:
+    return f"{n} box" if n == 1 else f"{n} boxes"
+
+
 def grid(tiles: list[Tile], cols: int) -> list[list[Tile]]:
     """Tiles in rows of ``cols``."""
     return [tiles[i:i + cols] for i in range(0, len(tiles), cols)]

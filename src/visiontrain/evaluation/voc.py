@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["voc_map", "average_precision", "box_iou_np"]
+__all__ = ["voc_map", "average_precision", "box_iou_np", "image_arrays"]
 
 _RECALL_POINTS_07 = np.arange(11) / 10.0  # 0.0, 0.1, ..., 1.0 exactly
 
@@ -97,6 +97,26 @@ def _match_image(pred_boxes: np.ndarray, gt_boxes: np.ndarray, gt_difficult: np.
     return out
 
 
+def image_arrays(i: int, pred: dict, gt: dict, num_classes: int) -> tuple[np.ndarray, ...]:
+    """One image's ``(pred boxes [N, 4], scores [N], labels [N], gt boxes [M, 4], labels [M],
+    difficult [M])`` as numpy, padding (negative labels) dropped; lengths that differ and labels
+    ``>= num_classes`` are errors naming image ``i`` (the input formats are ``voc_map``'s)."""
+    p_boxes = _np(pred["boxes"], np.float64).reshape(-1, 4)
+    p_scores = _np(pred["scores"], np.float64).reshape(-1)
+    p_labels = _np(pred["labels"], np.int64).reshape(-1)
+    g_boxes = _np(gt["boxes"], np.float64).reshape(-1, 4)
+    g_labels = _np(gt["labels"], np.int64).reshape(-1)
+    diff = gt.get("difficult")
+    g_diff = np.zeros(len(g_labels), bool) if diff is None else _np(diff, bool).reshape(-1)
+    if len({len(p_boxes), len(p_scores), len(p_labels)}) > 1 or len({len(g_boxes), len(g_labels), len(g_diff)}) > 1:
+        raise ValueError(f"image {i}: boxes, scores, labels (and difficult) lengths differ")
+    for name, lab in (("prediction", p_labels), ("ground-truth", g_labels)):
+        if lab.size and lab.max() >= num_classes:
+            raise ValueError(f"image {i}: {name} label {int(lab.max())} >= num_classes={num_classes}")
+    keep, gkeep = p_labels >= 0, g_labels >= 0
+    return p_boxes[keep], p_scores[keep], p_labels[keep], g_boxes[gkeep], g_labels[gkeep], g_diff[gkeep]
+
+
 def voc_map(predictions: Sequence[dict], ground_truths: Sequence[dict], num_classes: int, *,
             iou_threshold: float = 0.5, use_07_metric: bool = True, box_offset: float = 0.0) -> dict:
     """Pascal VOC mAP over a data set.
@@ -120,23 +140,7 @@ def voc_map(predictions: Sequence[dict], ground_truths: Sequence[dict], num_clas
     matches: list[list[np.ndarray]] = [[] for _ in range(num_classes)]
     n_pos = np.zeros(num_classes, dtype=np.int64)
     for i, (pred, gt) in enumerate(zip(predictions, ground_truths)):
-        p_boxes = _np(pred["boxes"], np.float64).reshape(-1, 4)
-        p_scores = _np(pred["scores"], np.float64).reshape(-1)
-        p_labels = _np(pred["labels"], np.int64).reshape(-1)
-        g_boxes = _np(gt["boxes"], np.float64).reshape(-1, 4)
-        g_labels = _np(gt["labels"], np.int64).reshape(-1)
-        diff = gt.get("difficult")
-        g_diff = np.zeros(len(g_labels), bool) if diff is None else _np(diff, bool).reshape(-1)
-        if len({len(p_boxes), len(p_scores), len(p_labels)}) > 1 or \
-                len({len(g_boxes), len(g_labels), len(g_diff)}) > 1:
-            raise ValueError(f"image {i}: boxes, scores, labels (and difficult) lengths differ")
-        for name, lab in (("prediction", p_labels), ("ground-truth", g_labels)):
-            if lab.size and lab.max() >= num_classes:
-                raise ValueError(f"image {i}: {name} label {int(lab.max())} >= num_classes={num_classes}")
-        keep = p_labels >= 0
-        p_boxes, p_scores, p_labels = p_boxes[keep], p_scores[keep], p_labels[keep]
-        gkeep = g_labels >= 0
-        g_boxes, g_labels, g_diff = g_boxes[gkeep], g_labels[gkeep], g_diff[gkeep]
+        p_boxes, p_scores, p_labels, g_boxes, g_labels, g_diff = image_arrays(i, pred, gt, num_classes)
         np.add.at(n_pos, g_labels[~g_diff], 1)
         for c in np.union1d(p_labels, g_labels):
             pm, gm = p_labels == c, g_labels == c

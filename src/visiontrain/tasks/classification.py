@@ -1,6 +1,7 @@
 """Image classification, cvnets / MobileViT style: timm or small models, label smoothing,
 mixup / cutmix on the device with a switch-off for the last epochs, top-1 / top-5 (top-5 from
-6 classes up). Accuracies are in percent, the training ``acc`` as the evaluation's ``top1``."""
+6 classes up) and per-class precision / recall / F1. Accuracies are in percent, the training
+``acc`` as the evaluation's ``top1``; the per-class fractions in [0, 1], as scikit-learn gives them."""
 from __future__ import annotations
 
 import random
@@ -14,6 +15,7 @@ from torch import nn
 from visiontrain.config import TaskConfig, doc, register_task_config
 from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.hooks import Hook
+from visiontrain.engine.metrics_file import PER_CLASS
 from visiontrain.engine.task import ExportSpec, Task, TaskData
 
 
@@ -143,7 +145,11 @@ class ClassificationTask(Task):
         acc = (logits.detach().argmax(-1) == labels).sum(dtype=torch.float32) * (100.0 / labels.numel())
         return {"ce": ce, "acc": acc}  # acc has no weight: logged, not optimised
 
-    def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, Any]:
+        """top-1 / top-5 in percent, the mean loss, and per class the precision, recall and F1 of
+        the top-1 predictions with the class's support (``classification_per_class``)."""
+        from visiontrain.evaluation.confusion import classification_per_class
+
         device = data.device
         sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, count
         c = self.num_classes
@@ -161,9 +167,11 @@ class ClassificationTask(Task):
         loss, top1, top5, n = sums.tolist()  # host sync (end of evaluation)
         self.confusion = confusion.view(c, c).cpu()  # host sync (end of evaluation), for eval_figures
         n = max(n, 1.0)
+        metrics = {"top1": 100.0 * top1 / n, "top5": 100.0 * top5 / n, "loss": loss / n}
         if c < 6:  # the top 5 of 5 classes or fewer always hold the label: 100 % says nothing
-            return {"top1": 100.0 * top1 / n, "loss": loss / n}
-        return {"top1": 100.0 * top1 / n, "top5": 100.0 * top5 / n, "loss": loss / n}
+            del metrics["top5"]
+        metrics[PER_CLASS] = classification_per_class(self.confusion, self.class_names or range(c))
+        return metrics
 
     def preview_figures(self, batch: Any) -> dict[str, Any]:
         from visiontrain.evaluation.previews import Tile, display_pixels, grid, tiles_figure

@@ -1,6 +1,7 @@
 """What every detection task shares: the ``task.*`` keys every detector reads (DetectionConfig),
 data (readers, transforms, grouped batches, padded collate), COCO evaluation with detections
-gathered from every rank, and prediction on image files."""
+gathered from every rank (per class too, with PR curves and a confusion matrix drawn from it), and
+prediction on image files."""
 from __future__ import annotations
 
 import abc
@@ -8,11 +9,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch import nn
 
 from visiontrain.config import TaskConfig, doc
 from visiontrain.engine.eval_loop import EvalData
+from visiontrain.engine.metrics_file import PER_CLASS
 from visiontrain.engine.task import Task, TaskData
 
 log = logging.getLogger("visiontrain")
@@ -39,10 +42,40 @@ class DetectionConfig(TaskConfig):
     group_aspect: bool = doc("batch images of like aspect ratio together", True)
 
 
+@dataclass
+class KeptEvaluation:
+    """What the figures need from the last evaluation (see ``DetectionTask.score``)."""
+    recall: np.ndarray                    # [R] COCO's recall thresholds
+    curves: dict[str, np.ndarray]         # class name -> precision [R] at IoU 0.5 (classes with gt)
+    ap50: dict[str, float]                # class name -> AP50
+    confusion: np.ndarray                 # [C + 1, C + 1] (evaluation.confusion.detection_confusion)
+
+
+def predictions_and_truths(records: list[Any], detections: list[dict], category_ids: list[int]
+                           ) -> tuple[list[dict], list[dict]]:
+    """COCO-format results and the dataset's records as per-image arrays in the records' order:
+    predictions ``{boxes XYXY, scores, labels}`` (contiguous labels) and ground truth ``{boxes,
+    labels, difficult}``, the inputs of ``voc_map`` and ``detection_confusion``."""
+    label_of = {c: i for i, c in enumerate(category_ids)}
+    per_image: dict[int, list[dict]] = {}
+    for d in detections:
+        per_image.setdefault(d["image_id"], []).append(d)
+    preds, gts = [], []
+    for r in records:
+        dets = per_image.get(r.image_id, [])
+        xywh = np.array([d["bbox"] for d in dets], dtype=np.float64).reshape(-1, 4)
+        preds.append({"boxes": np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], 1),
+                      "scores": np.array([d["score"] for d in dets], dtype=np.float64),
+                      "labels": np.array([label_of[d["category_id"]] for d in dets], dtype=np.int64)})
+        gts.append({"boxes": r.boxes, "labels": r.labels, "difficult": r.difficult})
+    return preds, gts
+
+
 class DetectionTask(Task):
     """A detector: ``transforms`` and ``predict_batch`` are the family-specific parts."""
 
     shown_detections: list[dict] | None = None  # the last evaluation's detections on the drawn images
+    kept: KeptEvaluation | None = None  # the last evaluation's PR curves and confusion matrix
     predict_threshold: float = 0.5  # `visiontrain predict`'s default minimum score
 
     @abc.abstractmethod
@@ -103,13 +136,28 @@ class DetectionTask(Task):
         self.shown_detections = [d for d in gathered if d["image_id"] in shown]  # for eval_figures
         return gathered
 
-    def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, float]:
-        from visiontrain.evaluation.coco import coco_evaluate
-
+    def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, Any]:
+        """COCO AP and its per-class table (``score``)."""
         detections = self.collect_detections(model, data)
         if detections is None:  # not rank 0
             return {}
-        return coco_evaluate(self.val_set.coco_ground_truth(), detections)
+        metrics, per_class = self.score(detections)
+        return {**metrics, PER_CLASS: per_class}
+
+    def score(self, detections: list[dict]) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        """COCO AP (pycocotools) and per class AP, AP50, recall and n_gt (``CocoEvaluation.per_class``);
+        keeps the PR curves at IoU 0.5 and the confusion matrix of the same detections for
+        ``eval_figures`` (a few kilobytes: the detections themselves are not kept)."""
+        from visiontrain.evaluation.coco import coco_evaluation
+        from visiontrain.evaluation.confusion import detection_confusion
+
+        result = coco_evaluation(self.val_set.coco_ground_truth(), detections)
+        per_class = result.per_class()
+        preds, gts = predictions_and_truths(self.val_set.records, detections, self.info["category_ids"])
+        self.kept = KeptEvaluation(result.recall_thresholds, result.pr_curves(0.5),
+                                   {name: row["AP50"] for name, row in per_class.items()},
+                                   detection_confusion(preds, gts, self.info["num_classes"]))
+        return result.metrics, per_class
 
     def preview_figures(self, batch: Any) -> dict[str, Any]:
         """The first training batch with its boxes (padded as the model receives it), and the
@@ -117,11 +165,12 @@ class DetectionTask(Task):
         import numpy as np
 
         from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD
-        from visiontrain.evaluation.previews import Tile, display_pixels, grid, labels_figure, tiles_figure
+        from visiontrain.evaluation.previews import (Tile, boxes_caption, display_pixels, grid, labels_figure,
+                                                    tiles_figure)
 
         images, _, targets = batch[:3]
         n = min(PREVIEW_IMAGES, len(images))
-        tiles = [Tile(display_pixels(images[i], IMAGENET_MEAN, IMAGENET_STD), f"{len(t['labels'])} box{'es' * (len(t['labels']) != 1)}",
+        tiles = [Tile(display_pixels(images[i], IMAGENET_MEAN, IMAGENET_STD), boxes_caption(len(t["labels"])),
                       t["boxes"].numpy(), t["labels"].tolist()) for i, t in enumerate(targets[:n])]
         names = self.info["class_names"]
         title = f"first training batch as the model receives it: {n} of {len(images)} images, {images.shape[-1]}x" \
@@ -135,23 +184,40 @@ class DetectionTask(Task):
                                         title=f"training labels: {len(records)} images, {len(labels)} boxes")}
 
     def eval_figures(self) -> dict[str, Any]:
+        """From the last evaluation: the first validation images with their detections over the
+        ground truth, the PR curves per class at IoU 0.5, and the confusion matrix with background."""
+        from visiontrain.evaluation.confusion import BACKGROUND, CONFUSION_IOU, CONFUSION_SCORE
+        from visiontrain.evaluation.figures import confusion_figure, pr_curves_figure
+
+        figures = {"val_detections": self.detections_figure()} if self.shown_detections is not None else {}
+        kept = self.kept
+        if kept is not None:
+            figures["pr_curves"] = pr_curves_figure(
+                kept.recall, kept.curves, kept.ap50, legend_title="AP50",
+                title=f"precision-recall at IoU 0.5, {len(kept.curves)} classes with ground truth")
+            true, predicted = int(kept.confusion[:-1].sum()), int(kept.confusion[:, :-1].sum())
+            figures["confusion_matrix"] = confusion_figure(
+                kept.confusion, [*self.info["class_names"], BACKGROUND],
+                title=f"confusion matrix: score >= {CONFUSION_SCORE}, IoU >= {CONFUSION_IOU}\n"
+                      f"{true} true boxes, {predicted} predictions")
+        return figures
+
+    def detections_figure(self) -> Any:
         """The first validation images with the last evaluation's detections over the ground truth."""
-        if self.shown_detections is None:
-            return {}
         from visiontrain.evaluation.figures import ShownImage, detections_figure
 
         to_label = {c: i for i, c in enumerate(self.info["category_ids"])}
         shown = []
         for index in range(min(SHOWN_IMAGES, len(self.val_set))):
             image, target = self.val_set.load(index)
-            dets = sorted((d for d in self.shown_detections if d["image_id"] == target["image_id"]
+            dets = sorted((d for d in self.shown_detections or () if d["image_id"] == target["image_id"]
                            and d["score"] >= SHOWN_SCORE), key=lambda d: -d["score"])[:SHOWN_MAX_BOXES]
             boxes = torch.tensor([[x, y, x + w, y + h] for x, y, w, h in (d["bbox"] for d in dets)]).reshape(-1, 4)
             shown.append(ShownImage(image.as_subclass(torch.Tensor), target["boxes"].as_subclass(torch.Tensor),
                                     target["labels"].tolist(), boxes, [d["score"] for d in dets],
                                     [to_label[d["category_id"]] for d in dets]))
         title = f"validation images: predictions with score >= {SHOWN_SCORE} (red), ground truth (green)"
-        return {"val_detections": detections_figure(shown, self.info["class_names"], title=title)}
+        return detections_figure(shown, self.info["class_names"], title=title)
 
     @torch.no_grad()
     def predict(self, model: nn.Module, images: list[torch.Tensor], device: torch.device

@@ -17,9 +17,10 @@ from torch import nn
 from visiontrain.config import doc, register_task_config
 from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.hooks import Hook
+from visiontrain.engine.metrics_file import PER_CLASS
 from visiontrain.models.yolo import COCO_ANCHORS
 from visiontrain.engine.task import ExportSpec
-from visiontrain.tasks.detection import DetectionConfig, DetectionTask, unread_data_keys
+from visiontrain.tasks.detection import DetectionConfig, DetectionTask, predictions_and_truths, unread_data_keys
 
 
 @dataclass
@@ -173,17 +174,19 @@ class YoloTask(DetectionTask):
                            conf_threshold=t.conf_threshold, nms_iou=t.nms_iou, pre_nms_topk=t.pre_nms_topk,
                            max_detections=t.max_detections)
 
-    def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, Any]:
         """COCO AP (pycocotools) and the VOC07 11-point mAP at IoU 0.5 (``voc07_mAP``, GluonCV's
-        validation metric, difficult boxes ignored) from one pass over the validation set."""
-        from visiontrain.evaluation.coco import coco_evaluate
-
+        validation metric, difficult boxes ignored) from one pass over the validation set; the
+        per-class table holds both (``voc07_AP`` beside COCO's columns)."""
         detections = self.collect_detections(model, data)
         if detections is None:  # not rank 0
             return {}
-        metrics = coco_evaluate(self.val_set.coco_ground_truth(), detections)
-        metrics["voc07_mAP"] = voc07_from_coco_results(self.val_set.records, detections, self.info["category_ids"])
-        return metrics
+        metrics, per_class = self.score(detections)
+        voc = voc07_from_coco_results(self.val_set.records, detections, self.info["category_ids"])
+        metrics["voc07_mAP"] = voc["mAP"]
+        for row, ap in zip(per_class.values(), voc["per_class"], strict=True):  # both in the dataset's class order
+            row["voc07_AP"] = ap
+        return {**metrics, PER_CLASS: per_class}
 
     def hooks(self) -> list[Hook]:
         return [YoloSchedule()]
@@ -197,23 +200,11 @@ class YoloTask(DetectionTask):
                           output_names=["out_stride8", "out_stride16", "out_stride32"], dynamic_batch=True)
 
 
-def voc07_from_coco_results(records: list[Any], detections: list[dict], category_ids: list[int]) -> float:
-    """VOC07 11-point mAP at IoU 0.5 of COCO-format results against the dataset's own records
-    (absolute XYXY, contiguous labels, VOC ``difficult`` flags where the reader has them)."""
-    import numpy as np
-
+def voc07_from_coco_results(records: list[Any], detections: list[dict], category_ids: list[int]) -> dict[str, Any]:
+    """VOC07 11-point AP at IoU 0.5 of COCO-format results against the dataset's own records
+    (absolute XYXY, contiguous labels, VOC ``difficult`` flags where the reader has them):
+    ``voc_map``'s ``{"mAP", "per_class"}``, per class in the order of ``category_ids``."""
     from visiontrain.evaluation.voc import voc_map
 
-    label_of = {c: i for i, c in enumerate(category_ids)}
-    per_image: dict[int, list[dict]] = {}
-    for d in detections:
-        per_image.setdefault(d["image_id"], []).append(d)
-    preds, gts = [], []
-    for r in records:
-        dets = per_image.get(r.image_id, [])
-        xywh = np.array([d["bbox"] for d in dets], dtype=np.float64).reshape(-1, 4)
-        preds.append({"boxes": np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], 1),
-                      "scores": np.array([d["score"] for d in dets], dtype=np.float64),
-                      "labels": np.array([label_of[d["category_id"]] for d in dets], dtype=np.int64)})
-        gts.append({"boxes": r.boxes, "labels": r.labels, "difficult": r.difficult})
-    return voc_map(preds, gts, len(category_ids), use_07_metric=True)["mAP"]
+    preds, gts = predictions_and_truths(records, detections, category_ids)
+    return voc_map(preds, gts, len(category_ids), use_07_metric=True)
