@@ -56,6 +56,41 @@ def test_classifier_sees_a_validation_image_as_evaluation_does(classifier):
         torch.testing.assert_close(result.probabilities, p, atol=1e-6, rtol=0)
 
 
+def test_the_recorded_transform_is_the_one_the_datasets_use(tmp_path):
+    """In-memory (digits, resized and not) and image-folder validation items are the recorded
+    transform of their own pixels, bit for bit: one rule, not a copy of it."""
+    from dataset_trees import build_image_folder
+    from visiontrain.data.datasets import build_classification_data
+    from visiontrain.data.eval_transform import EvalTransform
+    from visiontrain.data.images import image_tensor
+
+    build_image_folder(tmp_path / "folder")
+    for name, root, size, augment in (("digits", None, None, "none"), ("digits", None, 12, "imagenet"),
+                                      ("image-folder", str(tmp_path / "folder"), 24, "none")):
+        data = build_classification_data(name, root=root, image_size=size, augment=augment, limit_val=3)
+        transform = EvalTransform.from_spec(data.eval_transform.spec())
+        for i in range(3):
+            raw = image_tensor(data.val.samples[i][0], 3) if name == "image-folder" else data.val.images[i]
+            max_value = 255.0 if name == "image-folder" else data.val.max_value
+            assert torch.equal(transform(raw, max_value), data.val[i][0]), (name, size, augment, i)
+
+
+def test_a_checkpoint_without_the_recorded_transform(classifier, classify_checkpoint, tmp_path):
+    """Written before data_info held 'preprocess': rebuilt from the config (digits is always
+    there), or, where the dataset cannot be read, an error naming it."""
+    from visiontrain.engine.checkpoint import load_checkpoint
+
+    state = load_checkpoint(classify_checkpoint)
+    del state["data_info"]["preprocess"]
+    torch.save(state, tmp_path / "old.pt")
+    image = noise_png(tmp_path / "x.png", 9, 11)
+    same(Predictor.load(tmp_path / "old.pt", device="cpu")(image), classifier(image))
+    moved = Predictor.load(tmp_path / "old.pt", device="cpu", overrides=["data.name=fashion-mnist",
+                                                                         f"data.root={tmp_path / 'nowhere'}"])
+    with pytest.raises(ValueError, match="data_info has no 'preprocess' .* data.name=fashion-mnist could not be read"):
+        moved(image)
+
+
 def test_every_input_kind_gives_the_same_classes(classifier, tmp_path):
     path = noise_png(tmp_path / "x.png", 20, 30)
     array = np.array(Image.open(path))
