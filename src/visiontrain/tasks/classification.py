@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from visiontrain.config import TaskConfig, doc, register_task_config
+from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.hooks import Hook
 from visiontrain.engine.task import ExportSpec, Task, TaskData
@@ -69,12 +70,10 @@ def mix_batch(x: torch.Tensor, target: torch.Tensor, *, mixup_alpha: float, cutm
     return x, target.mul(lam).add_(target.flip(0), alpha=1.0 - lam)
 
 
-def recorded_eval_transform(preprocess: dict[str, Any] | None, data: Any, augment: str) -> Any:
+def recorded_eval_transform(preprocess: dict[str, Any] | None, data: Any, augment: str) -> EvalTransform:
     """The ``EvalTransform`` of a checkpoint's ``data_info["preprocess"]``. A checkpoint written
     before data_info recorded it gets it rebuilt from its ``data.*`` config, which for Fashion-MNIST
     and digits reads the dataset again (their normalisation is the train split's statistics)."""
-    from visiontrain.data.eval_transform import EvalTransform
-
     if preprocess is not None:
         return EvalTransform.from_spec(preprocess)
     from visiontrain.data.datasets import classification_eval_transform
@@ -211,7 +210,7 @@ class ClassificationTask(Task):
 
         return {"confusion_matrix": confusion_figure(self.confusion, self.class_names)}
 
-    def eval_transform(self) -> Any:
+    def eval_transform(self) -> EvalTransform:
         """The validation set's own transform (``data_info["preprocess"]``; see :func:`recorded_eval_transform`)."""
         transform = recorded_eval_transform(self.preprocess, self.cfg.data, self.cfg.data.augment)
         self.preprocess = transform.spec()
