@@ -33,3 +33,34 @@ import toy_task  # noqa: E402,F401  (registers the "toy" task used by engine tes
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+# One tiny trained checkpoint per family, shared by the export and inference tests (session scope:
+# trained once however many modules ask). Their subject is what is done with a checkpoint, so the
+# runs are as short and small as a checkpoint allows.
+@pytest.fixture(scope="session")
+def classify_checkpoint(tmp_path_factory) -> Path:
+    """A 2-step classify-fashion fit on digits, with an EMA."""
+    from detection_helpers import vt
+
+    run = tmp_path_factory.mktemp("cls") / "run"
+    proc = vt("fit", "classify-fashion", "data.name=digits", "trainer.max_steps=2", "schedules.lr.warmup=0",
+              "ema.enabled=true", "--run-dir", str(run))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run / "checkpoints" / "last.pt"
+
+
+@pytest.fixture(scope="session")
+def rcnn_checkpoint(tmp_path_factory) -> Path:
+    """A 2-step Faster R-CNN fit on a 4/2-image fashion-mosaic laid out as COCO; a smaller network,
+    loaded in-process and a one-step burn-in, because the subject is what is done with its checkpoint."""
+    from detection_helpers import mosaic_coco, vt
+
+    root = mosaic_coco(tmp_path_factory, 4, 2)
+    run = tmp_path_factory.mktemp("rcnn") / "run"
+    proc = vt("fit", "detect-faster-rcnn", "data.name=coco", f"data.root={root}", "data.batch_size=2",
+              "data.num_workers=0", "task.fpn_channels=32", "task.representation_size=64", "task.train_scales=[96]",
+              "task.val_size=96", "task.max_size=128", "trainer.max_steps=2", "schedules.lr.warmup=1",
+              "--run-dir", str(run))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run / "checkpoints" / "last.pt"

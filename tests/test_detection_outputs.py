@@ -2,7 +2,7 @@
 R-CNN), one drawing per input in `visiontrain predict` (inputs of the same name from two directories
 do not overwrite each other) with detections.json naming each input, and no warning for an image
 with nothing detected. Raw outputs are built by hand; predict runs in-process on an untrained tiny
-YOLOv3 (the CLI only parses arguments around ``predict_images``)."""
+YOLOv3 through the Python API (the CLI only parses arguments around ``predict_images``)."""
 from __future__ import annotations
 
 import json
@@ -15,6 +15,7 @@ from PIL import Image
 from torch import nn
 
 from visiontrain import config as C
+from visiontrain.inference import Predictor
 from visiontrain.predict import predict_images
 from visiontrain.tasks import build_task
 
@@ -136,7 +137,8 @@ def test_predict_writes_one_drawing_per_input_and_names_inputs_in_the_json(tiny_
         path.parent.mkdir()
         Image.new("RGB", size, (90, 120, 30)).save(path)
     out = tmp_path / "out"
-    count = predict_images(task, model, INFO, [str(p) for p in images], out, score_threshold=0.0)
+    count = predict_images(Predictor(task, model, INFO, device="cpu"), [str(p) for p in images], out,
+                           score_threshold=0.0)
     assert Image.open(out / "a" / "img.png").size == (40, 30)
     assert Image.open(out / "b" / "img.png").size == (50, 20)
     dets = json.loads((out / "detections.json").read_text())
@@ -151,6 +153,7 @@ def test_predict_with_nothing_detected_warns_nothing(tiny_yolo, tmp_path):
     Image.new("RGB", (40, 30), (10, 20, 30)).save(tmp_path / "empty.png")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        count = predict_images(task, model, INFO, [str(tmp_path / "empty.png")], tmp_path / "out", score_threshold=1.1)
+        count = predict_images(Predictor(task, model, INFO, device="cpu"), [str(tmp_path / "empty.png")],
+                               tmp_path / "out", score_threshold=1.1)
     assert count == 0 and (tmp_path / "out" / "empty.png").exists()
     assert not caught, [str(w.message) for w in caught]

@@ -70,15 +70,6 @@ def test_predict_draws_boxes_and_writes_coco_results(fitted, coco_root, tmp_path
         assert -1e-3 <= x and -1e-3 <= y and x + bw <= w + 1e-3 and y + bh <= h + 1e-3
 
 
-def test_predict_refuses_a_classification_checkpoint(tmp_path):
-    run = tmp_path / "cls"
-    proc = vt("fit", "classify-fashion", "data.name=digits", "trainer.max_steps=2", "schedules.lr.warmup=0",
-              "--run-dir", str(run))
-    assert proc.returncode == 0, proc.stderr
-    proc = vt("predict", str(run / "checkpoints" / "last.pt"), "x.png", "--out", str(tmp_path / "o"))
-    assert proc.returncode == 2 and "detection" in proc.stderr
-
-
 def test_detr_recipes_load():
     for name in ("detect-detr", "detect-detr-r50-coco"):
         cfg = C.load_config(name)

@@ -386,11 +386,12 @@ def shell_commands(code: str) -> list[list[str]]:
 
 def cli_argv(tokens: list[str], files: dict[str, str]) -> list[str] | None:
     """The visiontrain arguments of a command: after `visiontrain`, `-m visiontrain`, or a page's
-    own module run as a script (`python mlp_task.py ...`)."""
+    own module that runs the CLI as a script (`python mlp_task.py ...`; a page's other scripts,
+    such as docs/inference.md's, take arguments of their own)."""
     for n, tok in enumerate(tokens):
         if tok == "visiontrain" and (n == 0 or tokens[n - 1] not in ("install", "import")):
             return tokens[n + 1:]
-        if tok.endswith(".py") and tok in files:
+        if tok.endswith(".py") and "visiontrain.cli" in files.get(tok, ""):
             return tokens[n + 1:]
     return None
 

@@ -1,14 +1,20 @@
 """`visiontrain export`: round trips through onnxruntime, torch.export and TorchScript for the
-classification, DETR and Faster R-CNN networks, end to end through the CLI, and the clear errors."""
+classification, DETR, Faster R-CNN and YOLOv3 networks, end to end through the CLI, and the clear
+errors; the ONNX files' metadata, the detectors' free height and width, and docs/inference.md's
+onnxruntime script against the Python API on the same image."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
-from detection_helpers import mosaic_coco, vt
+from detection_helpers import vt
 from toy_task import ToyTask, toy_config
 from visiontrain import config as C
 from visiontrain.export import export_model
@@ -19,8 +25,11 @@ TOL = 1e-4
 
 
 def classifier():
+    from visiontrain.data.eval_transform import EvalTransform
+
     task = build_task(C.load_config("classify-fashion"))
-    info = {"num_classes": 10, "in_channels": 1, "image_size": 28}
+    info = {"num_classes": 10, "in_channels": 1, "image_size": 28,
+            "preprocess": EvalTransform(28, (0.286,), (0.353,)).spec()}  # as a checkpoint records it
     return task, task.build_model(info), info
 
 
@@ -38,6 +47,48 @@ def faster_rcnn():
         "task.max_size=128", "task.rpn_pre_nms_top_n=[200,100]", "task.rpn_post_nms_top_n=[100,50]"]))
     info = {"num_classes": 3}
     return task, task.build_model(info), info
+
+
+def yolo():
+    task = build_task(C.load_config("detect-yolov3", [
+        "task.backbone_width=0.25", "task.neck_channels=[32,16,8]", "task.val_size=96",
+        "task.conf_threshold=0.0001"]))  # an untrained head scores about 0.005: keep its boxes
+    info = {"num_classes": 3}
+    return task, task.build_model(info), info
+
+
+DETECTORS = {"rcnn": faster_rcnn, "yolo": yolo, "detr": detr}
+
+
+@pytest.fixture(scope="module")
+def onnx_export(tmp_path_factory):
+    """``onnx_export(family)`` -> (task, model, info, export result): each detector exported once."""
+    done = {}
+
+    def get(family: str):
+        if family not in done:
+            torch.manual_seed(0)
+            task, model, info = DETECTORS[family]()
+            done[family] = (task, model, info,
+                            export_model(task, model, info, "onnx", tmp_path_factory.mktemp(family) / "m.onnx"))
+        return done[family]
+    return get
+
+
+def onnx_metadata(path: str | Path) -> dict:
+    """metadata_props read with onnx and with onnxruntime (they must agree), JSON decoded."""
+    import onnx
+    import onnxruntime as ort
+
+    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert props == ort.InferenceSession(str(path)).get_modelmeta().custom_metadata_map
+    out = {}
+    for key, value in props.items():
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "exported-program", "torchscript"])
@@ -62,27 +113,100 @@ def test_classifier_onnx_batch_is_free(tmp_path):
         torch.testing.assert_close(torch.from_numpy(logits), model.eval()(x), atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
-def test_detr_raw_outputs_round_trip(fmt, tmp_path):
-    torch.manual_seed(0)
-    task, model, info = detr()
-    result = export_model(task, model, info, fmt, tmp_path / "detr")
+def test_detr_raw_outputs_round_trip(onnx_export, tmp_path):
+    _, _, _, result = onnx_export("detr")
     assert result["max_abs_diff"] < TOL
     assert result["inputs"] == {"images": [2, 3, 64, 64], "mask": [2, 64, 64]}
     assert result["outputs"] == ["pred_logits", "pred_boxes"]
+    torch.manual_seed(0)
+    task, model, info = detr()
+    assert export_model(task, model, info, "torchscript", tmp_path / "detr")["max_abs_diff"] < TOL
 
 
-def test_faster_rcnn_exports_with_postprocessing_to_onnx(tmp_path):
+def test_faster_rcnn_exports_with_postprocessing_to_onnx(onnx_export):
     import onnxruntime as ort
 
-    torch.manual_seed(0)
-    task, model, info = faster_rcnn()
-    result = export_model(task, model, info, "onnx", tmp_path / "rcnn.onnx")
+    task, model, info, result = onnx_export("rcnn")
     assert result["max_abs_diff"] < TOL and result["outputs"] == ["boxes", "labels", "scores"]
     spec = task.export_spec(model, info)
     boxes, labels, scores = ort.InferenceSession(result["path"]).run(None, {"image": spec.example_inputs[0].numpy()})
     assert len(boxes) > 0, "nothing detected: the comparison would be vacuous"
     assert labels.min() >= 0 and labels.max() < info["num_classes"] and (boxes[:, 2:] <= 96 + 1e-3).all()
+
+
+@pytest.mark.parametrize("family", list(DETECTORS))
+def test_detector_onnx_takes_any_height_and_width(onnx_export, family):
+    """The export itself checked a wider input (``checked_inputs``); here a taller one, run in
+    onnxruntime against PyTorch: a size baked into the graph would give other shapes or values."""
+    import onnxruntime as ort
+
+    from visiontrain.export import max_abs_diff
+
+    task, model, info, result = onnx_export(family)
+    spec = task.export_spec(model, info)
+    image = spec.input_names[0]
+    assert result["dynamic_axes"][image][2] == "height" and result["dynamic_axes"][image][3] == "width"
+    checked = [c[image] for c in result["checked_inputs"]]
+    assert len(checked) == 2 and checked[1][3] > checked[1][2], checked  # the example and a wider image
+    taller = tuple(x.transpose(-1, -2).contiguous() for x in spec.check_inputs[0])
+    got = ort.InferenceSession(result["path"]).run(None, {n: x.numpy() for n, x in zip(spec.input_names, taller)})
+    with torch.no_grad():
+        want = spec.module(*taller)
+    want = want if isinstance(want, tuple) else (want,)
+    assert want[0].numel() > 0
+    assert max_abs_diff(want, [torch.from_numpy(g) for g in got], spec.output_names) < TOL
+
+
+@pytest.mark.parametrize("family", list(DETECTORS))
+def test_detector_onnx_metadata_says_how_to_run_it(onnx_export, family):
+    task, _, info, result = onnx_export(family)
+    meta = onnx_metadata(result["path"])
+    assert meta["task"] == task.name and meta["input_layout"] == "NCHW" and meta["color"] == "RGB"
+    assert meta["class_names"] == ["0", "1", "2", "3"][:info["num_classes"]]
+    assert meta["category_ids"] == list(range(info["num_classes"]))
+    assert meta["scale"] == pytest.approx(1 / 255) and meta["mean"] == pytest.approx([0.485, 0.456, 0.406])
+    assert meta["std"] == pytest.approx([0.229, 0.224, 0.225]) and meta["score_threshold"] == task.predict_threshold
+    assert meta["outputs"] == result["outputs"]
+    assert meta["dynamic_axes"] == json.loads(json.dumps(result["dynamic_axes"]))  # JSON: the axes as strings
+    t = task.cfg.task
+    assert meta["box_format"] == {"rcnn": "xyxy", "yolo": "xyxy", "detr": "cxcywh"}[family] and meta["box_frame"]
+    if family == "yolo":
+        assert meta["anchors"] == t.anchors and meta["strides"] == [8, 16, 32] and meta["anchors_per_scale"] == 3
+        assert meta["resize"] == ({"mode": "longer_side", "longer_side": t.val_size} if t.letterbox else
+                                  {"mode": "stretch", "height": t.val_size, "width": t.val_size})
+        assert (meta["conf_threshold"], meta["nms_iou"]) == (t.conf_threshold, t.nms_iou)
+    else:
+        assert meta["resize"] == {"mode": "shorter_side", "shorter_side": t.val_size, "max_longer_side": t.max_size}
+    if family == "detr":
+        assert meta["class_activation"] == "sigmoid" and meta["top_k"] == 100  # the recipe's focal loss
+
+
+def docs_script(name: str) -> str:
+    """A file block of docs/inference.md, as the docs test writes it."""
+    from test_docs import DOCS, page_files
+
+    return page_files(DOCS / "inference.md")[name]
+
+
+@pytest.mark.parametrize("family,size", [("rcnn", (96, 128)), ("yolo", (96, 96)), ("detr", (64, 96))])
+def test_the_docs_onnx_script_gives_what_the_python_api_gives(onnx_export, family, size, tmp_path):
+    """docs/inference.md's onnxruntime + numpy script (resize, normalise, pad, decode, NMS from the
+    metadata) on an image that needs no resize, against ``Predictor`` in PyTorch: the same boxes."""
+    from visiontrain.inference import Predictor
+
+    task, model, info, result = onnx_export(family)
+    (tmp_path / "onnx_predict.py").write_text(docs_script("onnx_predict.py"))
+    image = tmp_path / "image.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (*size, 3), dtype=np.uint8)).save(image)
+    proc = subprocess.run([sys.executable, str(tmp_path / "onnx_predict.py"), result["path"], str(image),
+                           "--threshold", "0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)["detections"]
+    want = Predictor(task, model, info, device="cpu")(str(image), threshold=0.0).to_dict()["detections"]
+    assert len(want) > 0 and len(got) == len(want)
+    assert [d["class_id"] for d in got] == [d["class_id"] for d in want]
+    np.testing.assert_allclose([d["box"] for d in got], [d["box"] for d in want], atol=0.011)
+    np.testing.assert_allclose([d["score"] for d in got], [d["score"] for d in want], atol=1e-5)
 
 
 def test_faster_rcnn_torchscript_and_clear_exported_program_error(tmp_path):
@@ -103,37 +227,38 @@ def test_a_task_without_export_says_so(tmp_path):
         export_model(task, model, {}, "tflite", tmp_path / "toy.tflite")
 
 
-@pytest.fixture(scope="module")
-def classify_checkpoint(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("cls") / "run"
-    proc = vt("fit", "classify-fashion", "data.name=digits", "trainer.max_steps=2", "schedules.lr.warmup=0",
-              "ema.enabled=true", "--run-dir", str(run))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run / "checkpoints" / "last.pt"
+def test_cli_exports_a_checkpoint_and_prints_the_difference(classify_checkpoint, tmp_path):
+    """A 2-step fit's checkpoint, its EMA weights, to ONNX next to the checkpoint (the default --out);
+    its metadata is the checkpoint's classes and validation transform, and the docs' onnxruntime
+    script on an 8 x 8 digit gives the Python API's probabilities."""
+    from visiontrain.engine.checkpoint import load_checkpoint
+    from visiontrain.inference import Predictor
 
-
-def test_cli_exports_a_checkpoint_and_prints_the_difference(classify_checkpoint):
-    """A 2-step fit's checkpoint, its EMA weights, to ONNX next to the checkpoint (the default --out)."""
     proc = vt("export", str(classify_checkpoint), "--format", "onnx", "--ema")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     out = classify_checkpoint.with_suffix(".onnx")
     assert result["path"] == str(out) and out.is_file() and result["format"] == "onnx"
     assert 0 <= result["max_abs_diff"] < TOL and result["inputs"] == {"images": [2, 1, 8, 8]}
+    assert result["dynamic_axes"] == {"images": {"0": "batch"}, "logits": {"0": "batch"}}
+    info = load_checkpoint(classify_checkpoint)["data_info"]
+    meta = onnx_metadata(out)
+    assert meta["task"] == "classification" and meta["class_names"] == info["class_names"] == [str(i) for i in range(10)]
+    assert meta["category_ids"] == list(range(10)) and meta["input_size"] == {"height": 8, "width": 8}
+    assert (meta["input_channels"], meta["color"], meta["input_layout"]) == (1, "L", "NCHW")
+    assert meta["mean"] == info["preprocess"]["mean"] and meta["std"] == info["preprocess"]["std"]
+    assert meta["scale"] == pytest.approx(1 / 255) and meta["mean"] != [0.0] and meta["std"] != [1.0]
 
-
-@pytest.fixture(scope="module")
-def rcnn_checkpoint(tmp_path_factory) -> Path:
-    """A 2-step Faster R-CNN fit on a 4/2-image fashion-mosaic laid out as COCO; a smaller network,
-    loaded in-process and a one-step burn-in, because the subject is the export of its checkpoint."""
-    root = mosaic_coco(tmp_path_factory, 4, 2)
-    run = tmp_path_factory.mktemp("rcnn") / "run"
-    proc = vt("fit", "detect-faster-rcnn", "data.name=coco", f"data.root={root}", "data.batch_size=2",
-              "data.num_workers=0", "task.fpn_channels=32", "task.representation_size=64", "task.train_scales=[96]",
-              "task.val_size=96", "task.max_size=128", "trainer.max_steps=2", "schedules.lr.warmup=1",
-              "--run-dir", str(run))
+    (tmp_path / "onnx_predict.py").write_text(docs_script("onnx_predict.py"))
+    digit = tmp_path / "digit.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (8, 8), dtype=np.uint8)).save(digit)
+    proc = subprocess.run([sys.executable, str(tmp_path / "onnx_predict.py"), str(out), str(digit), "--top-k", "10"],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return run / "checkpoints" / "last.pt"
+    got = json.loads(proc.stdout)["top"]
+    want = Predictor.load(classify_checkpoint, ema=True, device="cpu")(str(digit), top_k=10).top
+    assert [c["class_id"] for c in got] == [c.class_id for c in want]
+    np.testing.assert_allclose([c["probability"] for c in got], [c.probability for c in want], atol=1e-5)
 
 
 def test_cli_failure_is_one_clear_line(rcnn_checkpoint, tmp_path):

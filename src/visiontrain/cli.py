@@ -5,7 +5,7 @@
     visiontrain validate RUN_DIR|CHECKPOINT [k=v ...] [--split val|test]
     visiontrain show-config RECIPE|FILE [k=v ...] [--docs]
     visiontrain preview RECIPE|FILE [k=v ...] [--out DIR]
-    visiontrain predict CHECKPOINT IMAGE... --out DIR [--threshold T] [--ema]
+    visiontrain predict CHECKPOINT IMAGE... --out DIR [--top-k K] [--sheet] [--threshold T] [--ema] [--device D]
     visiontrain export CHECKPOINT --format onnx|exported-program|torchscript [--out FILE] [--ema]
     visiontrain consolidate CHECKPOINT [--out FILE]
     visiontrain benchmark RECIPE|FILE [k=v ...] [--steps N] [--warmup N] [--synthetic]
@@ -159,16 +159,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from visiontrain.predict import predict_images
-    from visiontrain.trained import load_trained
+    """A classifier's top-k classes (predictions.json, --sheet: sheet.png) or a detector's boxes
+    (drawings and detections.json), through the Python API (``visiontrain.inference``)."""
+    from visiontrain.inference import Predictor
+    from visiontrain.predict import classify_images, predict_images
 
-    trained = load_trained(args.checkpoint)
-    if not hasattr(trained.task, "predict"):
-        raise C.ConfigError(f"{trained.path}: task {trained.cfg.task.name!r} has no box predictions; "
-                            f"predict works for detection recipes")
-    written = predict_images(trained.task, trained.model(ema=args.ema), trained.info, args.images, Path(args.out),
-                             score_threshold=args.threshold)
-    print(json.dumps({"out": args.out, "images": len(args.images), "detections": written}))
+    if args.top_k is not None and args.top_k < 1:
+        raise C.ConfigError(f"--top-k: must be an integer >= 1 (classes written per image), got {args.top_k}")
+    predictor = Predictor.load(args.checkpoint, ema=args.ema, device=args.device)
+    out, what = Path(args.out), f"{predictor.checkpoint} is a {predictor.task.name} checkpoint"
+    if predictor.kind == "detection":
+        if args.top_k is not None or args.sheet:
+            raise C.ConfigError(f"--top-k and --sheet apply to classification checkpoints; {what} "
+                                f"(a detector: its drawings are written, --threshold sets their minimum score)")
+        written = predict_images(predictor, args.images, out, score_threshold=args.threshold)
+        print(json.dumps({"out": args.out, "images": len(args.images), "detections": written}))
+        return 0
+    if args.threshold is not None:
+        raise C.ConfigError(f"--threshold applies to detection checkpoints; {what} (a classifier: --top-k)")
+    written = classify_images(predictor, args.images, out, top_k=args.top_k, sheet=args.sheet)
+    print(json.dumps({"out": args.out, "images": len(args.images), **written}))
     return 0
 
 
@@ -292,14 +302,24 @@ def build_parser() -> argparse.ArgumentParser:
                           "touched (detection datasets)")
     val.set_defaults(fn=cmd_validate)
 
-    pred = sub.add_parser("predict", help="draw a detection checkpoint's boxes on images, with a COCO JSON")
-    pred.add_argument("checkpoint", help="a detection checkpoint, or a run dir (its best.pt, else last.pt)")
+    pred = sub.add_parser("predict", help="a classifier's top-k classes (JSON, optional contact sheet) or a "
+                                          "detector's boxes (drawn, and a COCO JSON) on image files")
+    pred.add_argument("checkpoint", help="a classification or detection checkpoint, or a run dir (its best.pt, "
+                                         "else last.pt)")
     pred.add_argument("images", nargs="+", help="image files (PNG, JPEG, ...)")
-    pred.add_argument("--out", required=True, help="output directory")
+    pred.add_argument("--out", required=True, help="output directory: predictions.json (and sheet.png) for a "
+                                                   "classifier; one drawing per image and detections.json for a "
+                                                   "detector")
+    pred.add_argument("--top-k", type=int, default=None,
+                      help="classification: classes written per image (default 5, or the class count if lower)")
+    pred.add_argument("--sheet", action="store_true",
+                      help="classification: also write OUT/sheet.png, each image with its top class and probability")
     pred.add_argument("--threshold", type=float, default=None,
-                      help="minimum score drawn and written (default: the task's; 0.3 for a DETR trained with a "
-                           "focal or varifocal loss, 0.5 otherwise)")
+                      help="detection: minimum score drawn and written (default: the task's; 0.3 for a DETR trained "
+                           "with a focal or varifocal loss, 0.5 otherwise)")
     pred.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
+    pred.add_argument("--device", default=None, help="where the model runs, e.g. cpu, cuda, cuda:1 (default: the "
+                                                     "GPU if there is one)")
     pred.set_defaults(fn=cmd_predict)
 
     exp = sub.add_parser("export", help="write a checkpoint's network as ONNX / ExportedProgram / TorchScript "

@@ -7,12 +7,16 @@ tensors-out module and an example input); this file knows no model family.
 ONNX goes through torch's TorchScript-based exporter (``dynamo=False``, opset 17): it carries
 torchvision's ONNX rules for NMS and RoIAlign, so detectors export with their post-processing,
 where the torch.export-based exporter stops at the data-dependent shapes of NMS (and would also
-need onnxscript). The file is then checked with ``onnx.checker`` and run in onnxruntime.
+need onnxscript). The file is then checked with ``onnx.checker`` and run in onnxruntime, on the
+example input and on each of the spec's ``check_inputs`` (a detector's second aspect ratio, which
+proves its height and width are free), and it carries the task's ``metadata`` (class names, input
+size and normalisation, box format...) in its ``metadata_props``, so that it runs without visiontrain.
 """
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
@@ -35,6 +39,29 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def dynamic_axes(spec: ExportSpec, fmt: str) -> dict[str, dict[int, str]] | None:
+    """The axes left free in ``fmt``, by input/output name: ONNX takes the batch and the spec's own
+    (a detector's height and width), torch.export the batch of each input; a TorchScript trace
+    declares none (None)."""
+    if fmt == "torchscript":
+        return None
+    names = [*spec.input_names, *spec.output_names] if fmt == "onnx" else list(spec.input_names)
+    axes: dict[str, dict[int, str]] = {n: {0: "batch"} for n in names} if spec.dynamic_batch else {}
+    for name, extra in (spec.dynamic_axes.items() if fmt == "onnx" else ()):
+        axes[name] = {**axes.get(name, {}), **extra}
+    return {n: dict(sorted(a.items())) for n, a in axes.items()}
+
+
+def write_metadata(path: Path, metadata: dict[str, Any]) -> None:
+    """``metadata`` into the ONNX file's ``metadata_props``: strings as they are, anything else as
+    JSON (onnxruntime gives them back through ``get_modelmeta().custom_metadata_map``)."""
+    onnx, _ = _onnx()
+    model = onnx.load(str(path))
+    onnx.helper.set_model_props(model, {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()})
+    model.doc_string = f"visiontrain {metadata.get('task', '')} model; metadata_props describe its input and outputs"
+    onnx.save(model, str(path))
+
+
 def _write(spec: ExportSpec, fmt: str, path: Path) -> None:
     """Trace ``spec.module`` into ``path``; any failure becomes ExportUnsupported naming the format."""
     inputs = spec.example_inputs
@@ -44,11 +71,9 @@ def _write(spec: ExportSpec, fmt: str, path: Path) -> None:
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
             warnings.simplefilter("ignore")
             if fmt == "onnx":
-                axes = {n: {0: "batch"} for n in [*spec.input_names, *spec.output_names]} \
-                    if spec.dynamic_batch else None
                 torch.onnx.export(spec.module, inputs, str(path), input_names=spec.input_names,
-                                  output_names=spec.output_names, opset_version=ONNX_OPSET, dynamic_axes=axes,
-                                  dynamo=False)
+                                  output_names=spec.output_names, opset_version=ONNX_OPSET,
+                                  dynamic_axes=dynamic_axes(spec, fmt) or None, dynamo=False)
             elif fmt == "exported-program":
                 shapes = tuple({0: torch.export.Dim.AUTO} if spec.dynamic_batch else None for _ in inputs)
                 torch.export.save(torch.export.export(spec.module, inputs, dynamic_shapes=shapes), str(path))
@@ -60,26 +85,32 @@ def _write(spec: ExportSpec, fmt: str, path: Path) -> None:
         raise ExportUnsupported(f"cannot export to {fmt}: {hint}: {type(err).__name__}: {_first_line(err)}") from err
 
 
-def _run(fmt: str, path: Path, spec: ExportSpec) -> tuple[torch.Tensor, ...]:
-    """Outputs of the written file on the example input, read back the way a user would load it."""
-    inputs = spec.example_inputs
+def _onnx() -> tuple[Any, Any]:
+    """(onnx, onnxruntime), or ExportUnsupported saying what to install."""
+    try:
+        import onnx
+        import onnxruntime
+    except ImportError as err:
+        raise ExportUnsupported(f"checking an ONNX export needs onnx and onnxruntime ({err}); "
+                                f"pip install onnx onnxruntime") from err
+    return onnx, onnxruntime
+
+
+def _run(fmt: str, path: Path, spec: ExportSpec, checked: list[tuple[torch.Tensor, ...]]
+         ) -> list[tuple[torch.Tensor, ...]]:
+    """Outputs of the written file on each input tuple, read back the way a user would load it."""
     if fmt == "onnx":
-        try:
-            import onnx
-            import onnxruntime as ort
-        except ImportError as err:
-            raise ExportUnsupported(f"checking an ONNX export needs onnx and onnxruntime ({err}); "
-                                    f"pip install onnx onnxruntime") from err
+        onnx, ort = _onnx()
         onnx.checker.check_model(str(path))
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         names = [i.name for i in session.get_inputs()]
-        feeds = {n: x.numpy() for n, x in zip(spec.input_names, inputs) if n in names}  # host sync (export check)
-        return tuple(torch.from_numpy(o) for o in session.run(spec.output_names, feeds))
+        feeds = [{n: x.numpy() for n, x in zip(spec.input_names, inputs) if n in names}  # host sync (export check)
+                 for inputs in checked]
+        return [tuple(torch.from_numpy(o) for o in session.run(spec.output_names, f)) for f in feeds]
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.load: still the TorchScript loader
-        if fmt == "exported-program":
-            return _as_tuple(torch.export.load(str(path)).module()(*inputs))
-        return _as_tuple(torch.jit.load(str(path))(*inputs))
+        module = torch.export.load(str(path)).module() if fmt == "exported-program" else torch.jit.load(str(path))
+        return [_as_tuple(module(*inputs)) for inputs in checked]
 
 
 def max_abs_diff(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor], names: Sequence[str]) -> float:
@@ -103,17 +134,31 @@ def export_model(task: Task, model: nn.Module, info: dict[str, Any], fmt: str, o
     model.eval()
     spec = task.export_spec(model, info)
     spec.module.eval()
+    checked = [spec.example_inputs, *(spec.check_inputs if fmt == "onnx" else ())]
     with torch.no_grad():
-        expected = _as_tuple(spec.module(*spec.example_inputs))
-    if len(expected) != len(spec.output_names):
+        expected = [_as_tuple(spec.module(*inputs)) for inputs in checked]
+    if len(expected[0]) != len(spec.output_names):
         raise ExportUnsupported(f"task {task.name!r}: export_spec names {len(spec.output_names)} outputs but the "
-                                f"module returns {len(expected)}")
+                                f"module returns {len(expected[0])}")
     out.parent.mkdir(parents=True, exist_ok=True)
     _write(spec, fmt, out)
-    diff = max_abs_diff(expected, _run(fmt, out, spec), spec.output_names)
+    axes = dynamic_axes(spec, fmt)
+    if fmt == "onnx":
+        shapes = {n: list(x.shape) for n, x in zip(spec.input_names, spec.example_inputs)}
+        write_metadata(out, {"task": task.name, "visiontrain_version": _version(), **spec.metadata,
+                             "inputs": shapes, "outputs": list(spec.output_names), "dynamic_axes": axes})
+    diff = max(max_abs_diff(want, got, spec.output_names) for want, got in zip(expected, _run(fmt, out, spec, checked)))
     return {"path": str(out), "format": fmt, "max_abs_diff": diff,
             "inputs": {n: list(x.shape) for n, x in zip(spec.input_names, spec.example_inputs)},
-            "outputs": list(spec.output_names)}
+            "outputs": list(spec.output_names), "dynamic_axes": axes,
+            "checked_inputs": [{n: list(x.shape) for n, x in zip(spec.input_names, inputs)} for inputs in checked],
+            "metadata": sorted(spec.metadata) if fmt == "onnx" else []}
+
+
+def _version() -> str:
+    from visiontrain import __version__
+
+    return __version__
 
 
 def export_checkpoint(checkpoint: str | Path, fmt: str, out: str | Path | None = None, *,

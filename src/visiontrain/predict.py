@@ -1,4 +1,8 @@
-"""`visiontrain predict`: a detection checkpoint's boxes drawn on image files, plus COCO results."""
+"""`visiontrain predict`: a checkpoint's predictions on image files, through ``visiontrain.inference``.
+
+A detector's boxes are drawn on each image and written as COCO results (detections.json); a
+classifier's top-k classes are written to predictions.json, with an optional contact sheet
+(sheet.png: each input with its top class and probability)."""
 from __future__ import annotations
 
 import json
@@ -36,38 +40,61 @@ def output_names(images: list[str]) -> list[Path]:
     return names
 
 
-def predict_images(task: Any, model: Any, info: dict[str, Any], images: list[str], out: Path, *,
-                   score_threshold: float | None = None) -> int:
+def predict_images(predictor: Any, images: list[str], out: Path, *, score_threshold: float | None = None) -> int:
     """Writes one drawing per input (boxes, class names, scores; named by :func:`output_names`) and
     OUT/detections.json (COCO results format; image_id = position in the argument list, 1-based;
     each result also names its input, ``file_name`` as given, and its drawing, ``drawn``, relative to
-    OUT). ``score_threshold`` None: the task's ``predict_threshold``. Returns the detection count."""
+    OUT). ``predictor``: a detection ``visiontrain.inference.Predictor``; ``score_threshold`` None:
+    the task's ``predict_threshold``. Returns the detection count."""
     from visiontrain._tv_compat import ensure_torchvision
 
     ensure_torchvision()  # nothing before this point need have loaded torchvision (e.g. the rcnn task)
     from torchvision.utils import draw_bounding_boxes
     from PIL import Image
 
-    from visiontrain.data.detection.images import read_rgb
     from visiontrain.evaluation.coco import to_coco_results
 
-    score_threshold = task.predict_threshold if score_threshold is None else score_threshold
-    model.eval()
     out.mkdir(parents=True, exist_ok=True)
     results: list[dict] = []
-    names = info["class_names"]
     for image_id, (path, drawn_name) in enumerate(zip(images, output_names(images)), start=1):
-        pixels = read_rgb(path)
-        pred = task.predict(model, [pixels], torch.device("cpu"))[0]
-        keep = pred["scores"] >= score_threshold
-        boxes, scores, labels = pred["boxes"][keep], pred["scores"][keep], pred["labels"][keep]
+        pixels = predictor.read(path)
+        det = predictor(pixels, threshold=score_threshold)
         results += [{**r, "file_name": str(path), "drawn": drawn_name.as_posix()} for r in
-                    to_coco_results(boxes, scores, labels, image_id, info["category_ids"])]
-        captions = [f"{names[int(l)]} {float(s):.2f}" for l, s in zip(labels, scores)]
+                    to_coco_results(det.boxes, det.scores, det.labels, image_id, predictor.info["category_ids"])]
+        captions = [f"{name} {float(s):.2f}" for name, s in zip(det.names, det.scores)]
         # torchvision warns on an empty box list; an image with nothing detected is a normal result
-        drawn = draw_bounding_boxes(pixels, boxes, labels=captions, colors="red", width=2) if len(boxes) else pixels
+        drawn = draw_bounding_boxes(pixels, det.boxes, labels=captions, colors="red", width=2) if len(det) else pixels
         target = out / drawn_name
         target.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(drawn.permute(1, 2, 0).numpy()).save(target)
     (out / "detections.json").write_text(json.dumps(results, indent=1))
     return len(results)
+
+
+def classify_images(predictor: Any, images: list[str], out: Path, *, top_k: int | None = None,
+                    sheet: bool = False) -> dict[str, Any]:
+    """OUT/predictions.json: per input, in argument order, its ``file_name`` as given and its
+    ``top`` classes (``class_id``, ``name``, ``probability``), most probable first; with ``sheet``,
+    OUT/sheet.png: each input with its top class and probability. Images are read and classified
+    a batch at a time. Returns what was written."""
+    from visiontrain.inference import CLASSIFICATION_BATCH
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    shown: list[tuple[torch.Tensor, str]] = []
+    for start in range(0, len(images), CLASSIFICATION_BATCH):
+        paths = images[start:start + CLASSIFICATION_BATCH]
+        pixels = [predictor.read(p) for p in paths]
+        for path, image, result in zip(paths, pixels, predictor(pixels, top_k=top_k)):
+            rows.append({"file_name": str(path), **result.to_dict()})
+            if sheet:
+                shown.append((image, f"{Path(path).name}\n{result.name} {result.probability:.2f}"))
+    written = {"predictions": str(out / "predictions.json"), "sheet": None}
+    (out / "predictions.json").write_text(json.dumps(rows, indent=1))
+    if sheet:
+        from visiontrain.evaluation.figures import image_sheet
+
+        figure = image_sheet([img for img, _ in shown], [c for _, c in shown], title="top class and probability")
+        figure.savefig(out / "sheet.png")
+        written["sheet"] = str(out / "sheet.png")
+    return written

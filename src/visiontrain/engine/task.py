@@ -38,16 +38,31 @@ class TaskData:
 @dataclass
 class ExportSpec:
     """What ``visiontrain export`` traces: a module whose inputs and outputs are plain tensors (no
-    dicts or lists, so ONNX/TorchScript/torch.export all accept it) and an example input."""
+    dicts or lists, so ONNX/TorchScript/torch.export all accept it) and an example input.
+
+    ``dynamic_axes`` and ``check_inputs`` are for ONNX, the format that declares free axes: the
+    axes named there (a detector's height and width) stay free in the graph, and the written file is
+    compared with PyTorch on each of ``check_inputs`` (e.g. another aspect ratio) as well as on the
+    example, so a size baked into the graph fails the export instead of a user's first image.
+    ``metadata`` is what a user needs to run the file without visiontrain (class names, input size,
+    normalisation, box format...): written into the ONNX file's ``metadata_props``, a string or a
+    JSON-encoded value per key."""
     module: nn.Module                           # in eval mode; e.g. the network up to its raw outputs
     example_inputs: tuple[torch.Tensor, ...]
     input_names: list[str]
     output_names: list[str]
     dynamic_batch: bool = True                  # batch dimension left free in the exported graph
+    dynamic_axes: dict[str, dict[int, str]] = field(default_factory=dict)  # name -> {axis: label}, beyond batch
+    check_inputs: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 class ExportUnsupported(Exception):
     """A task/model that cannot be exported in a format; the message says why and what to do."""
+
+
+class PredictUnsupported(ValueError):
+    """A task that makes no predictions on images (DINO's features); the message says what to use."""
 
 
 class Task(abc.ABC):
@@ -127,6 +142,15 @@ class Task(abc.ABC):
         """The traceable form of ``model`` for ``visiontrain export``; tasks that can be exported
         override this."""
         raise ExportUnsupported(f"task {self.name!r} does not support export")
+
+    def predict(self, model: nn.Module, images: list[torch.Tensor], device: torch.device
+                ) -> list[dict[str, torch.Tensor]]:
+        """The model's prediction on each raw image (uint8 [C, H, W], or float in [0, 1]), prepared
+        exactly as evaluation prepares a validation item: ``{"probabilities": [C]}`` from a
+        classifier, ``{"boxes", "scores", "labels"}`` (XYXY in the image's own pixels) from a
+        detector. ``visiontrain.inference`` and ``visiontrain predict`` call it; a task without
+        predictions says so here."""
+        raise PredictUnsupported(f"task {self.name!r} makes no predictions on images")
 
     def hooks(self) -> list[Hook]:
         return []

@@ -1,6 +1,7 @@
 """What an evaluation looks like, as matplotlib Figures: a confusion matrix (classification's, or
-detection's with its background class), precision-recall curves per class, and validation images
-with the predicted boxes drawn over the ground truth. Built with ``matplotlib.figure.Figure`` (no
+detection's with its background class), precision-recall curves per class, validation images with
+the predicted boxes drawn over the ground truth, and a contact sheet of classified images
+(`visiontrain predict --sheet`). Built with ``matplotlib.figure.Figure`` (no
 pyplot state); the engine's plot hook writes them to RUN_DIR/plots/ and TensorBoard."""
 from __future__ import annotations
 
@@ -104,5 +105,23 @@ def detections_figure(shown: list[ShownImage], class_names: Sequence[str], *, ti
             ax.text(x1, y1, f"{class_names[label]} {score:.2f}", color="white", fontsize=6, va="bottom",
                     bbox=dict(facecolor="red", alpha=0.7, pad=1, linewidth=0))
         ax.set_title(f"{len(s.gt_labels)} true, {len(s.labels)} predicted", fontsize=8)
+        ax.set_axis_off()
+    return fig
+
+
+SHEET_COLUMNS = 8
+
+
+def image_sheet(images: Sequence[torch.Tensor], captions: Sequence[str], *, title: str) -> Any:
+    """One panel per image (uint8 [C, H, W], grey or RGB) with its caption above it, up to
+    ``SHEET_COLUMNS`` a row: a contact sheet of inputs and what the model said about each."""
+    fig, axes = panel_grid(len(images), title=title, width=2.2, height=2.4, columns=SHEET_COLUMNS)
+    for ax, image, caption in zip(axes, images, captions):
+        pixels = np.ascontiguousarray(image.permute(1, 2, 0).numpy())
+        if pixels.shape[-1] == 1:
+            ax.imshow(pixels[..., 0], cmap="gray", vmin=0, vmax=255)
+        else:
+            ax.imshow(pixels)
+        ax.set_title(caption, fontsize=7)
         ax.set_axis_off()
     return fig

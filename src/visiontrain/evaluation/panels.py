@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 
-def panel_grid(n: int, *, title: str, width: float = 3.6, height: float = 2.6) -> tuple[Any, list[Any]]:
-    """A Figure with ``n`` small panels (up to 4 a row) of ``width`` x ``height`` inches; returns it
-    and the used axes (the rest of the last row is hidden)."""
+def panel_grid(n: int, *, title: str, width: float = 3.6, height: float = 2.6,
+               columns: int = 4) -> tuple[Any, list[Any]]:
+    """A Figure with ``n`` small panels (up to ``columns`` a row) of ``width`` x ``height`` inches;
+    returns it and the used axes (the rest of the last row is hidden)."""
     from matplotlib.figure import Figure
 
-    cols = min(4, max(n, 1))
+    cols = min(columns, max(n, 1))
     rows = -(-max(n, 1) // cols)
     w, h = width * cols, height * rows + 0.5
     fig = Figure(figsize=(w, h))

@@ -320,8 +320,11 @@ def _layer_outputs(logits: Tensor, boxes: Tensor) -> dict:
             "aux_outputs": [{"pred_logits": lg, "pred_boxes": bx} for lg, bx in zip(logits[:-1], boxes[:-1])]}
 
 
+SIGMOID_TOP_K = 100  # (query, class) pairs a sigmoid head keeps per image, as Deformable DETR
+
+
 @torch.no_grad()
-def postprocess(outputs: dict, orig_sizes: Tensor, *, sigmoid: bool = False, top_k: int = 100
+def postprocess(outputs: dict, orig_sizes: Tensor, *, sigmoid: bool = False, top_k: int = SIGMOID_TOP_K
                 ) -> list[dict[str, Tensor]]:
     """Model outputs -> per image ``{"scores": [K], "labels": [K], "boxes": [K,4]}``, minus boxes
     that are degenerate after clipping.

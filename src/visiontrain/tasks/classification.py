@@ -4,6 +4,7 @@ mixup / cutmix on the device with a switch-off for the last epochs, top-1 / top-
 ``acc`` as the evaluation's ``top1``; the per-class fractions in [0, 1], as scikit-learn gives them."""
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from visiontrain.config import TaskConfig, doc, register_task_config
+from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.hooks import Hook
 from visiontrain.engine.metrics_file import PER_CLASS
@@ -73,6 +75,43 @@ def mix_batch(x: torch.Tensor, target: torch.Tensor, *, mixup_alpha: float, cutm
     return x, target.mul(lam).add_(target.flip(0), alpha=1.0 - lam)
 
 
+def recorded_eval_transform(preprocess: dict[str, Any] | None, data: Any, augment: str) -> EvalTransform:
+    """The ``EvalTransform`` of a checkpoint's ``data_info["preprocess"]``. A checkpoint written
+    before data_info recorded it gets it rebuilt from its ``data.*`` config, which for Fashion-MNIST
+    and digits reads the dataset again (their normalisation is the train split's statistics)."""
+    if preprocess is not None:
+        return EvalTransform.from_spec(preprocess)
+    from visiontrain.data.datasets import classification_eval_transform
+
+    logging.getLogger("visiontrain").info(
+        "the checkpoint's data_info has no 'preprocess' (written by an older visiontrain): rebuilding the "
+        "validation transform from data.name=%s", data.name)
+    try:
+        return classification_eval_transform(data.name, root=data.root, image_size=data.image_size, augment=augment,
+                                             download=data.download)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"the checkpoint's data_info has no 'preprocess' (written by an older visiontrain) and "
+                         f"data.name={data.name} could not be read to recover its normalisation: {err}; make the "
+                         f"dataset readable at data.root (from Python: Predictor.load(..., "
+                         f"overrides=['data.root=DIR']))") from err
+
+
+def input_metadata(preprocess: dict[str, Any] | None, data: Any, augment: str, size: int,
+                   channels: int) -> dict[str, Any]:
+    """The ONNX metadata of an S x S image input normalised by the recorded validation transform.
+    A checkpoint from before the transform was recorded, whose dataset cannot be read here (an
+    export on another machine), is still exported: its metadata says the normalisation is unknown."""
+    meta: dict[str, Any] = {"input_layout": "NCHW", "input_size": {"height": size, "width": size},
+                            "input_channels": channels, "color": "L" if channels == 1 else "RGB"}
+    try:
+        pre = recorded_eval_transform(preprocess, data, augment).spec()
+    except ValueError as err:
+        logging.getLogger("visiontrain").warning("export: no normalisation in the ONNX metadata: %s", err)
+        return {**meta, "preprocess": f"unknown: {err}"}
+    return {**meta, "resize": {"mode": "shorter_side_then_center_crop", "shorter_side": pre["resize"] or size,
+                               "crop": size}, "scale": pre["scale"], "mean": pre["mean"], "std": pre["std"]}
+
+
 class MixSwitchOff(Hook):
     """GluonCV / timm style: no mixing in the last ``mix_off_epochs`` epochs."""
 
@@ -92,6 +131,7 @@ class ClassificationTask(Task):
         self.mixing = t.mixup_alpha > 0 or t.cutmix_alpha > 0
         self.num_classes = 0
         self.class_names: list[str] = []
+        self.preprocess: dict[str, Any] | None = None  # data_info["preprocess"]: the validation transform
         self.confusion: torch.Tensor | None = None  # the last evaluation's counts [true, predicted]
 
     def build_data(self) -> TaskData:
@@ -102,9 +142,10 @@ class ClassificationTask(Task):
                                          limit_train=d.limit_train, limit_val=d.limit_val,
                                          download=d.download, uint8_train=d.normalize_on_device)
         self.num_classes, self.class_names = data.num_classes, list(data.class_names)
-        self.normalisation = (getattr(data.train, "mean", None), getattr(data.train, "std", None))  # for previews
+        self.normalisation = (data.eval_transform.mean, data.eval_transform.std)  # the training images' too
         info = {"num_classes": data.num_classes, "class_names": data.class_names,
-                "in_channels": data.in_channels, "image_size": data.image_size}
+                "in_channels": data.in_channels, "image_size": data.image_size,
+                "preprocess": data.eval_transform.spec()}
         return TaskData(data.train, data.val, info, random_transforms=data.random_train_transforms)
 
     def device_transform(self) -> Callable[[Any], Any] | None:
@@ -121,6 +162,7 @@ class ClassificationTask(Task):
         t = self.cfg.task
         self.num_classes = info["num_classes"]
         self.class_names = list(info.get("class_names") or range(self.num_classes))
+        self.preprocess = info.get("preprocess")  # None in a checkpoint written before it was recorded
         # timm calls it drop_rate; SmallCNN's dropout is the same thing
         extra = {"dropout": t.drop_rate} if t.model == "small_cnn" else {"drop_rate": t.drop_rate}
         return build_model(t.model, num_classes=info["num_classes"], in_channels=info["in_channels"],
@@ -191,11 +233,33 @@ class ClassificationTask(Task):
 
         return {"confusion_matrix": confusion_figure(self.confusion, self.class_names)}
 
+    def eval_transform(self) -> EvalTransform:
+        """The validation set's own transform (``data_info["preprocess"]``; see :func:`recorded_eval_transform`)."""
+        transform = recorded_eval_transform(self.preprocess, self.cfg.data, self.cfg.data.augment)
+        self.preprocess = transform.spec()
+        return transform
+
+    @torch.no_grad()
+    def predict(self, model: nn.Module, images: list[torch.Tensor], device: torch.device
+                ) -> list[dict[str, torch.Tensor]]:
+        """Class probabilities of raw images (uint8 [C, H, W] or float in [0, 1]), prepared by the
+        validation set's own transform: one batch, since every image comes out S x S."""
+        if not images:
+            return []
+        transform = self.eval_transform()
+        batch = torch.stack([transform(img) for img in images]).to(device)
+        probabilities = model.eval()(batch).float().softmax(-1).cpu()  # host sync (prediction output)
+        return [{"probabilities": p} for p in probabilities]
+
     def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
-        """Images [B, C, S, S] (normalised as in training) -> logits [B, classes]; batch left free."""
-        example = torch.randn(2, info["in_channels"], info["image_size"], info["image_size"],
-                              generator=torch.Generator().manual_seed(0))
-        return ExportSpec(model.eval(), (example,), ["images"], ["logits"])
+        """Images [B, C, S, S] (normalised as in training) -> logits [B, classes]; batch left free.
+        The metadata says how to make such an image and read the logits."""
+        size = info["image_size"]
+        example = torch.randn(2, info["in_channels"], size, size, generator=torch.Generator().manual_seed(0))
+        metadata = {"class_names": self.class_names, "category_ids": list(range(self.num_classes)),
+                    **input_metadata(self.preprocess, self.cfg.data, self.cfg.data.augment, size, info["in_channels"]),
+                    "output": "logits [B, classes]: softmax gives the class probabilities"}
+        return ExportSpec(model.eval(), (example,), ["images"], ["logits"], metadata=metadata)
 
     def hooks(self) -> list[Hook]:
         t = self.cfg.task

@@ -219,10 +219,23 @@ class DetectionTask(Task):
         title = f"validation images: predictions with score >= {SHOWN_SCORE} (red), ground truth (green)"
         return detections_figure(shown, self.info["class_names"], title=title)
 
+    def export_metadata(self, info: dict[str, Any]) -> dict[str, Any]:
+        """What every detector's exported file says about its input and labels; each detector adds
+        its resize rule, box format and post-processing."""
+        from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD
+
+        n = info["num_classes"]
+        return {"class_names": list(info.get("class_names") or map(str, range(n))),
+                "category_ids": list(info.get("category_ids") or range(n)),
+                "labels": "0-based indices into class_names (category_ids gives the dataset's ids)",
+                "input_layout": "NCHW", "input_channels": 3, "color": "RGB", "scale": 1 / 255,
+                "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "score_threshold": self.predict_threshold}
+
     @torch.no_grad()
     def predict(self, model: nn.Module, images: list[torch.Tensor], device: torch.device
                 ) -> list[dict[str, torch.Tensor]]:
-        """Detections on uint8 [3, H, W] images, in their own pixel coordinates."""
+        """Detections on uint8 [3, H, W] images (or float in [0, 1]), in their own pixel coordinates:
+        the validation transform, the padded collate and ``predict_batch``, as evaluation runs them."""
         from torchvision import tv_tensors
 
         from visiontrain.data.detection.transforms import collate_detection

@@ -171,13 +171,36 @@ class DetrTask(DetectionTask):
     def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
         """The raw outputs (pred_logits [B,Q,C+1], or [B,Q,C] sigmoid logits with a focal or varifocal
         class loss; pred_boxes [B,Q,4] normalised cxcywh) from images
-        [B,3,H,W] prepared as for evaluation and their padding mask [B,H,W] (True = padding): the
-        Hungarian-free post-processing is a softmax and a box scale, left to the caller."""
+        [B,3,H,W] prepared as for evaluation and their padding mask [B,H,W] (True = padding), of any
+        height and width (checked on a wider image too): the Hungarian-free post-processing is a
+        softmax and a box scale, left to the caller (the metadata describes it)."""
         from visiontrain.engine.task import DictOutputs
 
         side = -(-self.cfg.task.val_size // 32) * 32
-        images = torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(0))
+        seed = torch.Generator().manual_seed(0)
+        images = torch.randn(2, 3, side, side, generator=seed)
         mask = torch.zeros(2, side, side, dtype=torch.bool)
         mask[1, :, side - side // 4:] = True  # the second image padded on the right, as in a real batch
+        wide = torch.randn(1, 3, side, side * 3 // 2, generator=seed)
         return ExportSpec(DictOutputs(model.eval(), ["pred_logits", "pred_boxes"]), (images, mask),
-                          ["images", "mask"], ["pred_logits", "pred_boxes"])
+                          ["images", "mask"], ["pred_logits", "pred_boxes"],
+                          dynamic_axes={"images": {2: "height", 3: "width"}, "mask": {1: "height", 2: "width"}},
+                          check_inputs=[(wide, torch.zeros(1, side, side * 3 // 2, dtype=torch.bool))],
+                          metadata=self._export_metadata(info))
+
+    def _export_metadata(self, info: dict[str, Any]) -> dict[str, Any]:
+        from visiontrain.models import MIN_BOX_SIZE
+        from visiontrain.models.detr import SIGMOID_TOP_K
+
+        t = self.cfg.task
+        sigmoid = t.class_loss != "ce"
+        logits = f"pred_logits [B, Q, C]: sigmoid, score every (query, class) pair, keep the best {SIGMOID_TOP_K}" \
+            if sigmoid else "pred_logits [B, Q, C + 1]: softmax, drop the last column ('no object'), score = best class"
+        return {**self.export_metadata(info), "input_size": {"height": "dynamic", "width": "dynamic"},
+                "resize": {"mode": "shorter_side", "shorter_side": t.val_size, "max_longer_side": t.max_size},
+                "pad": {"multiple": 32, "value": 0, "where": "bottom and right, after normalisation"},
+                "mask": "[B, H, W] bool, True on padding", "class_activation": "sigmoid" if sigmoid else "softmax",
+                "top_k": SIGMOID_TOP_K if sigmoid else None, "output": f"{logits}; pred_boxes [B, Q, 4]",
+                "num_queries": t.num_queries, "box_format": "cxcywh", "min_box_size": MIN_BOX_SIZE,
+                "box_frame": "fractions of the real (unpadded) resized image: multiply by the original image's "
+                             "width and height, then clip to it"}

@@ -121,7 +121,8 @@ class DinoTask(Task):
         self.num_classes = data.num_classes
         self.normalisation = (tuple(src.mean), tuple(src.std))  # for previews
         info = {"num_classes": data.num_classes, "class_names": data.class_names,
-                "in_channels": data.in_channels, "image_size": data.image_size}
+                "in_channels": data.in_channels, "image_size": data.image_size,
+                "preprocess": data.eval_transform.spec()}
         return TaskData(MultiCropDataset(src, spec), data.val, info, random_transforms=True,
                         worker_datasets={"k-NN bank": self.bank})
 
@@ -213,7 +214,12 @@ class DinoTask(Task):
         return {"knn_top1": 100.0 * correct / max(total, 1.0)}
 
     def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
-        """The backbone: images [B, C, S, S] (normalised) -> features [B, D], the part used downstream."""
+        """The backbone: images [B, C, S, S] (normalised as the k-NN evaluation's) -> features [B, D],
+        the part used downstream; no class names: DINO predicts none."""
+        from visiontrain.tasks.classification import input_metadata
+
         size = self.cfg.task.global_crop_size
         example = torch.randn(2, info["in_channels"], size, size, generator=torch.Generator().manual_seed(0))
-        return ExportSpec(unwrap(model).backbone.eval(), (example,), ["images"], ["features"])
+        metadata = {**input_metadata(info.get("preprocess"), self.cfg.data, "none", size, info["in_channels"]),
+                    "output": "features [B, D]: the backbone's embedding (the teacher's when exported with --ema)"}
+        return ExportSpec(unwrap(model).backbone.eval(), (example,), ["images"], ["features"], metadata=metadata)

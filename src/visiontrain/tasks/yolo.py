@@ -192,12 +192,45 @@ class YoloTask(DetectionTask):
         return [YoloSchedule()]
 
     def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
-        """The network up to its three raw maps (decoding and NMS stay in PyTorch) on a square
-        ``val_size`` batch of two (torch.export would specialise a batch of one to 1), batch left free."""
+        """The network up to its three raw maps (decoding and NMS are left to the caller, described
+        in the metadata) on a square ``val_size`` batch of two (torch.export would specialise a batch
+        of one to 1); batch, height and width left free, checked on a wider image too."""
+        from visiontrain.models.yolo import STRIDES
+
         model.eval()
         size = self.cfg.task.val_size
+        names = [f"out_stride{s}" for s in STRIDES]
+        axes = {"images": {2: "height", 3: "width"},
+                **{n: {2: f"height/{s}", 3: f"width/{s}"} for n, s in zip(names, STRIDES)}}
+        wide = torch.randn(1, 3, size, size * 3 // 2, generator=torch.Generator().manual_seed(0))
         return ExportSpec(module=model, example_inputs=(torch.zeros(2, 3, size, size),), input_names=["images"],
-                          output_names=["out_stride8", "out_stride16", "out_stride32"], dynamic_batch=True)
+                          output_names=names, dynamic_batch=True, dynamic_axes=axes, check_inputs=[(wide,)],
+                          metadata=self._export_metadata(info))
+
+    def _export_metadata(self, info: dict[str, Any]) -> dict[str, Any]:
+        """How a program without visiontrain prepares an image and decodes the three maps (what
+        ``predict_batch`` does, docs/inference.md's script does from these keys)."""
+        from visiontrain.models import MIN_BOX_SIZE
+        from visiontrain.models.yolo import STRIDES
+
+        t = self.cfg.task
+        resize = {"mode": "longer_side", "longer_side": t.val_size} if t.letterbox else \
+            {"mode": "stretch", "height": t.val_size, "width": t.val_size}
+        return {**self.export_metadata(info), "input_size": {"height": "dynamic", "width": "dynamic"},
+                "resize": resize, "anchors": t.anchors, "strides": list(STRIDES),
+                "anchors_per_scale": len(t.anchors) // 3,
+                "output": "per stride s: [B, A * (5 + C), H / s, W / s]; for anchor a the channels "
+                          "a * (5 + C) + (tx, ty, tw, th, objectness, C class logits)",
+                "decode": "centre = (sigmoid(tx, ty) + cell (x, y)) * s; size = exp(min(tw, 10), min(th, 10)) * "
+                          "anchor (w, h) of that scale (anchors_per_scale anchors per stride, stride 8 first); "
+                          "score = sigmoid(objectness) * sigmoid(class); boxes scaled to the original image and "
+                          "clipped, sides under min_box_size dropped, the pre_nms_topk best (box, class) pairs above "
+                          "conf_threshold, per-class NMS at nms_iou, the max_detections best",
+                "pad": {"multiple": 32, "value": 0, "where": "bottom and right, after normalisation"},
+                "box_format": "xyxy", "min_box_size": MIN_BOX_SIZE,
+                "box_frame": "pixels of the input image (the resized one, without padding), once decoded",
+                "conf_threshold": t.conf_threshold, "nms_iou": t.nms_iou, "pre_nms_topk": t.pre_nms_topk,
+                "max_detections": t.max_detections}
 
 
 def voc07_from_coco_results(records: list[Any], detections: list[dict], category_ids: list[int]) -> dict[str, Any]:

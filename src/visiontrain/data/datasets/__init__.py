@@ -1,5 +1,6 @@
 """Datasets. Classification: ``build_classification_data(name, ...) -> ClassificationData``."""
 
-from visiontrain.data.datasets.classification import DATASETS, ClassificationData, build_classification_data
+from visiontrain.data.datasets.classification import (DATASETS, ClassificationData, build_classification_data,
+                                                      classification_eval_transform)
 
-__all__ = ["DATASETS", "ClassificationData", "build_classification_data"]
+__all__ = ["DATASETS", "ClassificationData", "build_classification_data", "classification_eval_transform"]

@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import Dataset
 
 from visiontrain.data.datasets.in_memory import check_augment, make_in_memory_pair
+from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.typed_config import did_you_mean
 
 DATASETS = ("fashion-mnist", "digits", "image-folder")
@@ -40,6 +41,7 @@ class ClassificationData:
     in_channels: int
     image_size: int  # side of the (square) model input
     random_train_transforms: bool  # True when train items draw from torch's RNG (augmentation)
+    eval_transform: EvalTransform  # how a val item is made from its pixels: data_info["preprocess"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -92,7 +94,7 @@ def build_classification_data(
         train, val, classes, size = build_image_folder(
             root, image_size=image_size, augment=augment, limit_train=limit_train, limit_val=limit_val,
             uint8_train=uint8_train)
-        return ClassificationData(train, val, len(classes), classes, 3, size, augment != "none")
+        return ClassificationData(train, val, len(classes), classes, 3, size, augment != "none", val.eval_transform)
 
     if name == "fashion-mnist":
         from visiontrain.data.datasets.fashion_mnist import CLASS_NAMES, load_fashion_mnist
@@ -114,4 +116,19 @@ def build_classification_data(
     return ClassificationData(
         train=train, val=val, num_classes=len(classes), class_names=classes,
         in_channels=int(tx.shape[1]), image_size=size, random_train_transforms=train.random_transforms,
+        eval_transform=val.eval_transform,
     )
+
+
+def classification_eval_transform(name: str, *, root: str | None, image_size: int | None, augment: str,
+                                  download: bool = False) -> EvalTransform:
+    """The validation transform ``build_classification_data`` gives for these settings, for a
+    checkpoint written before ``data_info`` recorded it. image-folder's needs only the size; an
+    in-memory set's normalisation is its train split's statistics, so its files are read again
+    (a missing dataset raises the loader's error, naming the paths searched)."""
+    if name == "image-folder":
+        from visiontrain.data.datasets.image_folder import DEFAULT_IMAGE_SIZE, image_folder_eval_transform
+
+        return image_folder_eval_transform(DEFAULT_IMAGE_SIZE if image_size is None else int(image_size))
+    return build_classification_data(name, root=root, image_size=image_size, augment=augment,
+                                     download=download).eval_transform

@@ -22,6 +22,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from visiontrain.data.datasets.in_memory import IMAGENET_MEAN, IMAGENET_STD, VAL_CROP_RATIO, check_augment, tv_v2
+from visiontrain.data.eval_transform import EvalTransform
 
 DEFAULT_IMAGE_SIZE = 224
 LIMIT_SEED = 0  # the fixed seed of the class-balanced data.limit_* subsets (balanced_subset)
@@ -43,17 +44,25 @@ class ImageFolderClassification(Dataset):
         self._tf = None
         self._build()
 
+    @property
+    def eval_transform(self) -> EvalTransform:
+        """The validation items' transform (on the decoded uint8 pixels); its spec is the checkpoint's
+        ``data_info["preprocess"]``."""
+        return image_folder_eval_transform(self.image_size)
+
     def _build(self) -> None:
         v2 = tv_v2()
         import torch
 
         s = self.image_size
+        if self.mode == "val":  # one rule with inference: the EvalTransform, or its geometry alone for uint8
+            tf = self.eval_transform
+            self._tf = v2.Compose([v2.ToImage(), tf.geometry if self.uint8 else tf])
+            return
         if self.mode == "imagenet":
             geometry = [v2.RandomResizedCrop(s, antialias=True), v2.RandomHorizontalFlip()]
         elif self.mode == "basic":
             geometry = [v2.Resize(int(s / VAL_CROP_RATIO), antialias=True), v2.RandomCrop(s), v2.RandomHorizontalFlip()]
-        elif self.mode == "val":
-            geometry = [v2.Resize(int(s / VAL_CROP_RATIO), antialias=True), v2.CenterCrop(s)]
         else:
             raise ValueError(f"unknown image-folder transform mode {self.mode!r}")
         finish = [] if self.uint8 else [v2.ToDtype(torch.float32, scale=True),
@@ -87,6 +96,13 @@ class ImageFolderClassification(Dataset):
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
         img, label = self.raw_item(index)
         return self._tf(img).as_subclass(Tensor).contiguous(), label
+
+
+def image_folder_eval_transform(image_size: int) -> EvalTransform:
+    """Resize the shorter side to size / 0.875 and centre-crop (ImageNet's evaluation), on the decoded
+    8-bit pixels, then ImageNet normalisation."""
+    return EvalTransform(image_size, IMAGENET_MEAN, IMAGENET_STD, resize=int(image_size / VAL_CROP_RATIO),
+                         geometry_on_uint8=True)
 
 
 def _hidden(name: str) -> bool:

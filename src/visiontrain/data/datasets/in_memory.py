@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401  (re-exported)
 
 AUGMENTS = ("none", "basic", "imagenet")
@@ -83,7 +84,6 @@ class InMemoryClassification(Dataset):
         std: Sequence[float],
         image_size: int,
         resize_to: int | None = None,
-        center_crop: bool = False,
         train_spec: dict[str, Any] | None = None,
     ) -> None:
         if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[-1] != images.shape[-2]:
@@ -98,28 +98,17 @@ class InMemoryClassification(Dataset):
         self.std = tuple(float(s) for s in std)
         self.image_size = int(image_size)
         self.resize_to = resize_to  # deterministic path: resize the short side to this (None: no resize)
-        self.center_crop = center_crop  # deterministic path: then centre-crop to image_size
+        # the deterministic path (validation items, train items without augmentation): resize, centre
+        # crop to image_size, normalise; its spec is the checkpoint's data_info["preprocess"]
+        self.eval_transform = EvalTransform(self.image_size, self.mean, self.std, resize=resize_to)
         # train_spec: {"kind": "basic", "padding": int, "flip": bool} or {"kind": "imagenet", "flip": bool}
         self.train_spec = train_spec
-        c = images.shape[1]
-        self._scale = torch.tensor([1.0 / (self.max_value * s) for s in self.std]).view(1, c, 1, 1)
-        self._shift = torch.tensor([-m / s for m, s in zip(self.mean, self.std)]).view(1, c, 1, 1)
         self._random_tf = None
-        self._deterministic_tf = None
         self._build_transforms()
 
     # ------------------------------------------------------------------ transforms
     def _build_transforms(self) -> None:
         native = self.images.shape[-1]
-        self._deterministic_tf = None
-        if self.resize_to is not None or self.center_crop:
-            v2 = tv_v2()
-            ops = []
-            if self.resize_to is not None:
-                ops.append(v2.Resize(self.resize_to, antialias=True))
-            if self.center_crop:
-                ops.append(v2.CenterCrop(self.image_size))
-            self._deterministic_tf = v2.Compose(ops)
         self._random_tf = None
         spec = self.train_spec
         if spec is None:
@@ -143,7 +132,6 @@ class InMemoryClassification(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_random_tf"] = None  # torchvision objects: rebuilt after ensure_torchvision()
-        state["_deterministic_tf"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -164,12 +152,7 @@ class InMemoryClassification(Dataset):
 
     def _batch(self, indices: Sequence[int] | Tensor) -> Tensor:
         """Deterministic preprocessing of a batch -> float32 [B,C,S,S], normalised."""
-        x = self.images[indices]
-        if self._deterministic_tf is None:
-            return x.float().mul_(self._scale).add_(self._shift)
-        x = x.float().mul_(1.0 / self.max_value)
-        x = self._deterministic_tf(x)
-        return x.sub_(torch.tensor(self.mean).view(1, -1, 1, 1)).div_(torch.tensor(self.std).view(1, -1, 1, 1))
+        return self.eval_transform(self.images[indices], self.max_value)
 
     def raw_item(self, index: int) -> tuple[Tensor, int]:
         """The untransformed uint8 image [C,H,W] (values 0..max_value) and its label: the input of
@@ -212,8 +195,7 @@ class InMemoryClassification(Dataset):
     def with_data(self, images: Tensor, labels: Tensor) -> "InMemoryClassification":
         return InMemoryClassification(
             images, labels, classes=self.classes, max_value=self.max_value, mean=self.mean,
-            std=self.std, image_size=self.image_size, resize_to=self.resize_to,
-            center_crop=self.center_crop, train_spec=self.train_spec,
+            std=self.std, image_size=self.image_size, resize_to=self.resize_to, train_spec=self.train_spec,
         )
 
 
@@ -243,11 +225,11 @@ def make_in_memory_pair(
     channels = train_images.shape[1]
     if augment == "imagenet":
         mean, std = imagenet_stats(channels)
-        val_resize, val_crop = int(size / VAL_CROP_RATIO), True
+        val_resize = int(size / VAL_CROP_RATIO)
         train_spec = {"kind": "imagenet", "flip": flip_ok}
     else:
         mean, std = channel_stats(train_images, max_value)
-        val_resize, val_crop = (None if size == native else size), False
+        val_resize = None if size == native else size
         train_spec = None if augment == "none" else {
             "kind": "basic",
             "padding": max(1, round(basic_padding * size / native)),
@@ -255,10 +237,7 @@ def make_in_memory_pair(
         }
     common = dict(classes=classes, max_value=max_value, mean=mean, std=std, image_size=size)
     train = InMemoryClassification(
-        train_images, train_labels, resize_to=val_resize, center_crop=val_crop,
-        train_spec=train_spec, **common,
+        train_images, train_labels, resize_to=val_resize, train_spec=train_spec, **common,
     )
-    val = InMemoryClassification(
-        val_images, val_labels, resize_to=val_resize, center_crop=val_crop, **common
-    )
+    val = InMemoryClassification(val_images, val_labels, resize_to=val_resize, **common)
     return train, val, size

@@ -2,11 +2,10 @@
 (the decoding rule is ``visiontrain.data.images.open_rgb``, shared with classification folders)."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from visiontrain.data.images import UnreadableImageError, open_rgb
+from visiontrain.data.images import UnreadableImageError, image_tensor
 
 
 class BadAnnotationError(ValueError):
@@ -28,7 +27,6 @@ def image_size(path: str) -> tuple[int, int]:
 def read_rgb(path: str) -> torch.Tensor:
     """uint8 [3, H, W]; a file that cannot be decoded is a ``BadAnnotationError`` (the skip policy applies)."""
     try:
-        rgb = open_rgb(path)
+        return image_tensor(path, 3)
     except UnreadableImageError as err:
         raise BadAnnotationError(str(err)) from None
-    return torch.from_numpy(np.array(rgb, dtype=np.uint8)).permute(2, 0, 1).contiguous()

@@ -1,0 +1,180 @@
+"""Inference from Python: a trained checkpoint called on images, giving typed results.
+
+    from visiontrain import Predictor
+
+    predictor = Predictor.load("runs/fashion")     # a run dir (best.pt, else last.pt) or a checkpoint
+    result = predictor("boot.png")                 # Classification: result.name, result.probability, result.top
+    results = predictor([pil_image, array, tensor])  # a list: one result per image, in order
+
+An image is a file path, a PIL image, a numpy uint8 array (H, W, 3) or a tensor [3, H, W] (uint8,
+or float in [0, 1]); a list of those or a tensor batch [B, 3, H, W] gives a list. A classifier gives
+its top-k classes with names, ids and probabilities; a detector its boxes (XYXY in the input
+image's own pixels), scores, labels and class names.
+
+The checkpoint is restored by ``trained.load_trained``, the path ``validate`` and ``export`` take,
+and each image goes through the task's ``predict``, which prepares it with the validation set's own
+transform (a classifier's ``data_info["preprocess"]``, a detector's validation resize), so the model
+sees a user's image exactly as it saw the images it was scored on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from visiontrain.engine.task import PredictUnsupported, Task
+
+DEFAULT_TOP_K = 5
+DETECTION_BATCH = 1  # a detector's batch pads its images to one size: one at a time sees each as it is
+CLASSIFICATION_BATCH = 64
+
+
+@dataclass(frozen=True)
+class ClassScore:
+    class_id: int       # index into the predictor's class_names (the model's output column)
+    name: str
+    probability: float
+
+
+@dataclass(frozen=True)
+class Classification:
+    top: list[ClassScore]           # the k most probable classes, most probable first
+    probabilities: torch.Tensor     # [classes]: every class's probability (they sum to 1)
+
+    @property
+    def class_id(self) -> int:
+        return self.top[0].class_id
+
+    @property
+    def name(self) -> str:
+        return self.top[0].name
+
+    @property
+    def probability(self) -> float:
+        return self.top[0].probability
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"top": [{"class_id": c.class_id, "name": c.name, "probability": c.probability} for c in self.top]}
+
+
+@dataclass(frozen=True)
+class Detections:
+    boxes: torch.Tensor             # [N, 4] XYXY in the input image's own pixels, best score first
+    scores: torch.Tensor            # [N]
+    labels: torch.Tensor            # [N] class ids: indices into the predictor's class_names
+    names: list[str]                # [N] class names
+    category_ids: list[int]         # [N] the dataset's category ids (COCO's, for a COCO dataset)
+    image_size: tuple[int, int]     # (height, width) of the input image
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"image_size": list(self.image_size), "detections": [
+            {"box": [round(v, 2) for v in box], "score": score, "class_id": label, "name": name, "category_id": cat}
+            for box, score, label, name, cat in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist(),
+                                                    self.names, self.category_ids)]}
+
+
+def _device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def check_predicts(task: Task, checkpoint: str = "") -> None:
+    """A task that keeps the protocol's ``predict`` (DINO) is refused with what to use instead."""
+    if type(task).predict is Task.predict:
+        where = f"{checkpoint}: " if checkpoint else ""
+        raise PredictUnsupported(f"{where}task {task.name!r} makes no predictions on images; predict works for "
+                                 f"classification and detection checkpoints (a DINO backbone's features: "
+                                 f"visiontrain export)")
+
+
+class Predictor:
+    """A trained model and its task, callable on images. ``Predictor.load`` restores a checkpoint;
+    the constructor takes a task, a model and its ``data_info`` already built (tests, notebooks)."""
+
+    def __init__(self, task: Task, model: nn.Module, info: dict[str, Any], *,
+                 device: str | torch.device | None = None, checkpoint: str = "") -> None:
+        check_predicts(task, checkpoint)
+        self.task, self.info, self.checkpoint = task, info, checkpoint
+        self.device = _device(device)
+        self.model = model.to(self.device).eval()
+        self.class_names: list[str] = [str(n) for n in info.get("class_names") or range(info["num_classes"])]
+        self.channels: int = int(info.get("in_channels", 3))
+
+    @classmethod
+    def load(cls, target: str | Path, *, ema: bool = False, device: str | torch.device | None = None,
+             overrides: Sequence[str] = ()) -> "Predictor":
+        """``target``: a checkpoint, or a run dir (its best.pt, else last.pt). ``ema``: the EMA's
+        weights. ``device``: where the model runs (default: the GPU if there is one). ``overrides``:
+        ``key=value`` over the saved config (e.g. ``data.root=...``)."""
+        from visiontrain.trained import load_trained
+
+        trained = load_trained(target, overrides)
+        check_predicts(trained.task, trained.path)  # before the model is built
+        return cls(trained.task, trained.model(ema=ema), trained.info, device=device, checkpoint=trained.path)
+
+    @property
+    def kind(self) -> str:
+        """'detection' for a detector (boxes), 'classification' otherwise (class probabilities)."""
+        from visiontrain.tasks.detection import DetectionTask
+
+        return "detection" if isinstance(self.task, DetectionTask) else "classification"
+
+    def read(self, image: Any, what: str = "image") -> torch.Tensor:
+        """``image`` as the task's ``predict`` takes it: [C, H, W] with the model's channels, uint8
+        or float in [0, 1] (what :func:`visiontrain.data.images.image_tensor` accepts)."""
+        from visiontrain.data.images import image_tensor
+
+        return image_tensor(image, self.channels, what)
+
+    def __call__(self, images: Any, *, top_k: int | None = None, threshold: float | None = None,
+                 batch_size: int | None = None) -> Any:
+        """Results for one image (one result) or for a list / a tensor batch [B, C, H, W] (a list).
+        ``top_k`` (classification): classes kept, default 5 or the class count if lower.
+        ``threshold`` (detection): minimum score, default the task's (``predict_threshold``).
+        ``batch_size``: images per forward pass (detection default 1, classification 64)."""
+        detection = self.kind == "detection"
+        if detection and top_k is not None:
+            raise ValueError(f"top_k applies to classification; {self._what()} is a detector (use threshold)")
+        if not detection and threshold is not None:
+            raise ValueError(f"threshold applies to detection; {self._what()} is a classifier (use top_k)")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k: must be >= 1, got {top_k}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+        single = not isinstance(images, (list, tuple)) and not (isinstance(images, torch.Tensor) and images.ndim == 4)
+        items = [images] if single else list(images)
+        step = batch_size or (DETECTION_BATCH if detection else CLASSIFICATION_BATCH)
+        results = []
+        for start in range(0, len(items), step):  # read a batch at a time: a long list is not held decoded
+            chunk = [self.read(img, "image" if single else f"image {start + i}")
+                     for i, img in enumerate(items[start:start + step])]
+            preds = self.task.predict(self.model, chunk, self.device)
+            results += [self._detections(p, img, threshold) if detection else self._classification(p, top_k)
+                        for p, img in zip(preds, chunk)]
+        return results[0] if single else results
+
+    def _what(self) -> str:
+        return self.checkpoint or f"task {self.task.name!r}"
+
+    def _classification(self, pred: dict[str, torch.Tensor], top_k: int | None) -> Classification:
+        probs = pred["probabilities"]
+        k = min(top_k or DEFAULT_TOP_K, probs.numel())
+        values, ids = probs.topk(k)
+        top = [ClassScore(i, self.class_names[i], p) for i, p in zip(ids.tolist(), values.tolist())]
+        return Classification(top, probs)
+
+    def _detections(self, pred: dict[str, torch.Tensor], image: torch.Tensor, threshold: float | None) -> Detections:
+        minimum = self.task.predict_threshold if threshold is None else threshold
+        order = pred["scores"].argsort(descending=True, stable=True)
+        order = order[pred["scores"][order] >= minimum]
+        boxes, scores, labels = pred["boxes"][order], pred["scores"][order], pred["labels"][order]
+        ids = self.info.get("category_ids") or list(range(len(self.class_names)))
+        return Detections(boxes, scores, labels, [self.class_names[i] for i in labels.tolist()],
+                          [int(ids[i]) for i in labels.tolist()], (int(image.shape[-2]), int(image.shape[-1])))
