@@ -46,6 +46,7 @@ import pytest
 
 from dataset_trees import build_coco, build_image_folder, build_voc, build_yolo
 from shipped import LENGTH_AND_SIZE
+from visiontrain.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -469,7 +470,7 @@ def test_cli_command_lines_parse_and_load(page_dirs):
 
 
 # --- config keys ------------------------------------------------------------------
-SECTIONS = ("seed", "task", "data", "optim", "schedules", "trainer", "ema", "eval", "checkpoint", "distributed")
+SECTIONS = tuple(f.name for f in dataclasses.fields(Config))  # seed, task, data, ..., logging
 KEY = re.compile(r"(?<![\w./-])(?:" + "|".join(SECTIONS) + r")\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 FILE_SUFFIXES = {"py", "pt", "pth", "yaml", "yml", "md", "json", "jsonl", "png", "txt", "safetensors", "onnx",
                  "html", "log", "sh"}

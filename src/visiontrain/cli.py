@@ -65,7 +65,9 @@ def _default_run_dir(recipe: str) -> Path:
 def cmd_fit(args: argparse.Namespace) -> int:
     from visiontrain.engine.checkpoint import removed_if_set_up_fails
     from visiontrain.engine.distributed import shutdown
+    from visiontrain.engine.provenance import Launch
     from visiontrain.engine.run_dir import checkpoint_in, resolve_resume
+    from visiontrain.engine.tracking import FINISHED, end_trackers, make_trackers, status_of
     from visiontrain.launch import exec_torchrun
     from visiontrain.engine.preemption import Preempted
     from visiontrain.engine.trainer import Trainer
@@ -75,6 +77,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(args.recipe)
     torchrun = args.nproc is not None and args.nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1
     rank0 = os.environ.get("RANK", "0") == "0"
+    # rank 0's trackers (MLflow): a missing package or a bad URI is an error now, before any process starts
+    trackers = make_trackers(cfg, run_dir, args.recipe)
     resume, notes = resolve_resume(run_dir, args.resume, is_main=rank0 and not torchrun)
     init = str(checkpoint_in(args.init)) if args.init else None
     if torchrun:
@@ -83,7 +87,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(f"visiontrain: {note}", file=sys.stderr)
     try:
         with removed_if_set_up_fails(run_dir):
-            trainer = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=init)
+            trainer = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=init, trackers=trackers,
+                              launch=Launch(args.recipe, list(args.overrides), args.command_line))
         done = resume is not None and trainer.step >= trainer.clock.total_steps
         summary = _finished(trainer, resume, run_dir) if done else trainer.fit()
         del trainer
@@ -91,7 +96,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         err = err.with_traceback(None)  # its frames hold the trainer (and DDP): drop them before shutdown
         shutdown()  # every rank stopped at the same, agreed step
         raise err
-    except BaseException:
+    except BaseException as err:
+        end_trackers(trackers, status_of(err))  # fit ended them already if it raised: this does nothing then
         shutdown(barrier=False)  # other ranks may be gone: leave without waiting for them
         raise
     shutdown()
@@ -99,6 +105,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         report = (str(run_dir / "report.html") if (run_dir / "report.html").is_file() else None) if done \
             else _final_report(run_dir)
         print(dumps_json({"run_dir": str(run_dir), "report": report, **summary}))
+    end_trackers(trackers, FINISHED)  # after the report: it reaches the tracker with the final status
     return 0
 
 
@@ -199,14 +206,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from visiontrain.compare import compare
+    from visiontrain.compare import compare, config_diff
 
     out = Path(args.out)
-    columns, rows = compare(args.runs, out, args.metrics)
-    table = Table(*columns, title="runs side by side (metrics: the last evaluation)")
-    for row in rows:
-        table.add_row(*row)
-    Console(width=max(120, 14 * len(columns))).print(table)
+    tables = [("runs side by side (metrics: the last evaluation)", compare(args.runs, out, args.metrics)),
+              ("config keys that differ", config_diff(args.runs))]
+    console = Console(width=max(120, 14 * len(tables[0][1][0])))
+    for title, (columns, rows) in tables:
+        if rows:  # equal configs: no second table
+            table = Table(*columns, title=title)
+            for row in rows:
+                table.add_row(*row)
+            console.print(table)
     print(f"curves on shared axes: {out}")
     return 0
 
@@ -330,8 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     from visiontrain.engine.guards import NonFiniteLossError, OutOfMemory
     from visiontrain.models import PretrainedUnavailable
     import visiontrain.tasks  # noqa: F401  (registers every task's config section)
-    from visiontrain.launch import import_user_module
+    from visiontrain.launch import command_line, import_user_module
 
+    args.command_line = command_line(sys.argv[1:] if argv is None else argv)  # recorded in provenance.json
     try:
         for module in args.imports:
             import_user_module(module)
