@@ -5,9 +5,10 @@
 #   bash scripts/setup.sh test   # set up, then run the test suite
 #   bash scripts/setup.sh        # set up only
 #
-# Idempotent: a stamp of pyproject.toml + constraints.txt skips pip when nothing changed.
-# torch is installed first and pinned through constraints.txt so that no package can pull in a
-# CUDA build of torch on a CPU-only machine.
+# Idempotent: a stamp of pyproject.toml + constraints.txt (one per set of extras) skips pip when
+# nothing changed. torch is installed first and pinned through constraints.txt so that no package
+# can pull in a CUDA build of torch on a CPU-only machine. `test` also installs the mlflow extra,
+# so the suite tests the MLflow tracker for real; `fit` does not need it.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -18,13 +19,16 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "[setup] creating virtual environment $venv"
   "$py" -m venv "$venv"
 fi
-stamp="$venv/.visiontrain-stamp"
+extras=test
+if [ "${1:-}" = test ]; then extras=test,mlflow; fi
+stamp="$venv/.visiontrain-stamp-${extras//,/-}"
 want="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+full="$venv/.visiontrain-stamp-test-mlflow"  # a venv set up for the tests has everything fit needs
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] && [ "$(cat "$full" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing packages (torch first, then the rest under constraints.txt)"
   torch_pin="$(grep -E '^torch==' constraints.txt)"
   "$venv/bin/pip" install -q --disable-pip-version-check "$torch_pin"
-  "$venv/bin/pip" install -q --disable-pip-version-check -c constraints.txt -e ".[test]"
+  "$venv/bin/pip" install -q --disable-pip-version-check -c constraints.txt -e ".[$extras]"
   # deepforest ships the NEON tree photos and boxes; its own requirements would pull a CUDA torch.
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "$(grep -E '^deepforest==' constraints.txt)"
   echo "$want" > "$stamp"

@@ -41,7 +41,7 @@ def test_two_ranks_equal_one_process_with_twice_the_batch(tmp_path, accum):
                    if p.is_file() and "tb/" not in p.as_posix())
     assert files == ["checkpoints/best.pt", "checkpoints/last.pt", "config.yaml", "metrics.jsonl",
                      "model.safetensors", "plots/eval.png", "plots/losses.png", "plots/schedules.png",
-                     "plots/throughput.png", "summary.json"]
+                     "plots/throughput.png", "provenance.json", "summary.json"]
 
 
 @pytest.mark.parametrize("world", [2, 3])

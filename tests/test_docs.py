@@ -46,6 +46,7 @@ import pytest
 
 from dataset_trees import build_coco, build_image_folder, build_voc, build_yolo
 from shipped import LENGTH_AND_SIZE
+from visiontrain.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -470,7 +471,7 @@ def test_cli_command_lines_parse_and_load(page_dirs):
 
 
 # --- config keys ------------------------------------------------------------------
-SECTIONS = ("seed", "task", "data", "optim", "schedules", "trainer", "ema", "eval", "checkpoint", "distributed")
+SECTIONS = tuple(f.name for f in dataclasses.fields(Config))  # seed, task, data, ..., logging
 KEY = re.compile(r"(?<![\w./-])(?:" + "|".join(SECTIONS) + r")\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 FILE_SUFFIXES = {"py", "pt", "pth", "yaml", "yml", "md", "json", "jsonl", "png", "txt", "safetensors", "onnx",
                  "html", "log", "sh"}
@@ -638,7 +639,7 @@ def test_claims_that_once_disagreed_with_the_code():
     assert "changes no file" in checkpoints  # tests/test_cli.py::test_refuses_to_overwrite_and_resume_auto_continues
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "the gradient norm when `trainer.clip_grad` is set" in readme  # the step computes it only to clip
-    from visiontrain.cli import _recipe_summary
+    from visiontrain.commands import _recipe_summary
     from visiontrain.config import RECIPES_DIR
 
     summary = _recipe_summary(RECIPES_DIR / "classify-fashion.yaml")

@@ -7,6 +7,8 @@ the rows come from ``engine.metrics_file.read_metrics``, the one reader of that 
 The figure puts every run on shared axes: the training total loss, then each evaluation metric
 the runs have in common, one panel each, against the optimizer step. A task's per-class table is
 neither a column nor a panel (``Metrics.eval_keys`` leaves it out); ``visiontrain report`` shows it.
+A second table lists the config keys whose values differ between the runs (``config.yaml``,
+flattened to dotted keys).
 """
 from __future__ import annotations
 
@@ -16,6 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from visiontrain.config import flatten
 from visiontrain.engine.metrics_file import Metrics, Row, is_ema, is_per_class, nan_for_null, read_metrics, series
 
 
@@ -55,16 +60,36 @@ def read_run(run_dir: str | Path) -> RunRecord:
     return RunRecord(Path(run_dir).resolve().name, metrics, summary)
 
 
-def _unique_names(runs: list[RunRecord], dirs: list[str]) -> None:
-    """Two run dirs with the same last component are told apart by their parent directory."""
-    names = [r.name for r in runs]
-    for run, d in zip(runs, dirs):
-        if names.count(run.name) > 1:
-            run.name = f"{Path(d).resolve().parent.name}/{run.name}"
-    names = [r.name for r in runs]
-    for run, d in zip(runs, dirs):
-        if names.count(run.name) > 1:  # the same parent's name too: the whole path
-            run.name = str(Path(d).resolve())
+def unique_names(dirs: list[str]) -> list[str]:
+    """The runs' names: the run dir's; two with the same name are told apart by their parent
+    directory, and by their whole path when that is the same too."""
+    names = [Path(d).resolve().name for d in dirs]
+    names = [f"{Path(d).resolve().parent.name}/{n}" if names.count(n) > 1 else n for n, d in zip(names, dirs)]
+    return [str(Path(d).resolve()) if names.count(n) > 1 else n for n, d in zip(names, dirs)]
+
+
+def config_diff(run_dirs: list[str]) -> tuple[list[str], list[list[str]]]:
+    """(columns, one row per config key whose value is not the same in every run): each run's
+    config.yaml flattened to dotted keys, a key a run lacks shown as ``-``. No rows when the configs
+    are equal; a run without config.yaml (a metrics file given alone) is left out."""
+    configs: dict[str, dict[str, Any]] = {}
+    for name, run_dir in zip(unique_names(run_dirs), run_dirs):
+        path = Path(run_dir) / "config.yaml"
+        if path.is_file():
+            try:
+                configs[name] = flatten(yaml.safe_load(path.read_text()) or {})
+            except yaml.YAMLError as err:
+                raise ValueError(f"{path}: not valid YAML ({getattr(err, 'problem', None) or err})") from None
+    keys = sorted({k for flat in configs.values() for k in flat})
+    differ = [k for k in keys if len({repr(flat[k]) if k in flat else None for flat in configs.values()}) > 1]
+    return ["key", *configs], [[k, *(_config_value(flat, k) for flat in configs.values())] for k in differ]
+
+
+def _config_value(flat: dict[str, Any], key: str) -> str:
+    """A config value as YAML-like text (JSON's true, null, [1, 2]); ``-`` where the run lacks the key."""
+    if key not in flat:
+        return "-"
+    return flat[key] if isinstance(flat[key], str) else json.dumps(flat[key])
 
 
 def table_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
@@ -134,7 +159,8 @@ def plot_runs(runs: list[RunRecord], out: Path, metrics: list[str] | None = None
 
 def compare(run_dirs: list[str], out: Path, metrics: list[str] | None = None) -> tuple[list[str], list[list[str]]]:
     runs = [read_run(d) for d in run_dirs]
-    _unique_names(runs, run_dirs)
+    for run, name in zip(runs, unique_names(run_dirs)):
+        run.name = name
     if metrics:
         for m in metrics:
             if is_per_class(m):

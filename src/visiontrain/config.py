@@ -13,14 +13,15 @@ import difflib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 import yaml
 
 from visiontrain.typed_config import ConfigError, build_typed, type_name
 
-__all__ = ["Config", "ConfigError", "TaskConfig", "config_from_dict", "config_to_dict", "describe_keys", "doc",
-           "dump_config", "list_recipes", "load_config", "parse_overrides", "register_task_config"]
+__all__ = ["Config", "ConfigError", "LoggingConfig", "TaskConfig", "config_from_dict", "config_to_dict",
+           "describe_keys", "doc", "dump_config", "flatten", "list_recipes", "load_config", "parse_overrides",
+           "register_task_config"]
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -199,6 +200,19 @@ class DistributedConfig:
 
 
 @dataclass
+class LoggingConfig:
+    """Where a run's metrics go besides its run dir (metrics.jsonl, TensorBoard, the console)."""
+
+    mlflow: bool = doc("also record the run in MLflow: the config as params, every logged metric, the plots, "
+                       "report and summary as artifacts, the launch as tags, the final status (rank 0; needs "
+                       "pip install 'visiontrain[mlflow]')", False)
+    mlflow_uri: str | None = doc("MLflow tracking URI (sqlite:///PATH.db, http://HOST:PORT, ...); default "
+                                 "sqlite:///RUN_DIR/mlflow.db, a store of the run's own", None)
+    mlflow_experiment: str | None = doc("MLflow experiment name (default: the recipe's name, else the run "
+                                        "dir's)", None)
+
+
+@dataclass
 class TaskConfig:
     """Base of every task's `task` section; each task subclasses it with its own keys.
 
@@ -224,6 +238,7 @@ class Config:
     eval: EvalConfig = doc("evaluation section", factory=EvalConfig)
     checkpoint: CheckpointConfig = doc("checkpoint section", factory=CheckpointConfig)
     distributed: DistributedConfig = doc("multi-process section (torchrun)", factory=DistributedConfig)
+    logging: LoggingConfig = doc("experiment tracking section (MLflow)", factory=LoggingConfig)
 
 
 _TASK_CONFIGS: dict[str, type[TaskConfig]] = {}
@@ -330,6 +345,19 @@ def load_config(recipe: str, overrides: list[str] | None = None) -> Config:
 
 def config_to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
+
+
+def flatten(tree: Any, prefix: str = "", whole: Callable[[dict], bool] | None = None) -> dict[str, Any]:
+    """A nested mapping as ``{dotted.key: leaf}`` (``optim.lr``), the form compare's config diff, a
+    resume's config changes and MLflow's params all show a config in. ``whole(node)``, when given,
+    keeps a mapping it returns True for as one leaf (a mapping keyed by regexes, for a store that
+    cannot name a key after them); an empty mapping has no leaves."""
+    if not isinstance(tree, dict) or (prefix and whole is not None and whole(tree)):
+        return {prefix[:-1]: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(flatten(value, f"{prefix}{key}.", whole))
+    return out
 
 
 def dump_config(cfg: Config) -> str:

@@ -5,10 +5,20 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import sys
 from pathlib import Path
 
 from visiontrain.config import ConfigError
+
+#: The user's command line, passed to the ranks a ``--nproc`` launch starts (their own differs).
+COMMAND_ENV = "VISIONTRAIN_COMMAND"
+
+
+def command_line(argv: list[str]) -> str:
+    """The command as the user typed it, for provenance.json: ``visiontrain ARGS``, or the command
+    of the ``fit --nproc N`` that started this rank."""
+    return os.environ.get(COMMAND_ENV) or shlex.join(["visiontrain", *argv])
 
 
 def exec_torchrun(args: argparse.Namespace) -> None:
@@ -25,6 +35,7 @@ def exec_torchrun(args: argparse.Namespace) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
            "-m", "visiontrain", *argv]
     sys.stdout.flush()
+    os.environ[COMMAND_ENV] = args.command_line
     os.execv(sys.executable, cmd)
 
 

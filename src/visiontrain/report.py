@@ -82,6 +82,7 @@ def build_report(run_dir: str | Path) -> str:
         f"<h2>Plots ({len(plots)})</h2>",
         f'<div class="plots">{"".join(_figure(p, run_dir / "plots") for p in plots)}</div>' if plots
         else '<p class="muted">no plots</p>',
+        _provenance_html(run_dir),
         "<h2>Config</h2>",
         "<details><summary>config.yaml</summary>"
         f"<pre>{escape(config_text)}</pre></details>" if config_text else
@@ -240,6 +241,29 @@ def _model_html(run_dir: Path) -> str:
             else f"FLOPs: {escape(size['flops_note'])}")
     return (f"<h2>Model</h2><p class=\"sub\">{escape(size['model'])}: {note}</p>"
             f"<table>{head}{rows}</table>")
+
+
+def _provenance_html(run_dir: Path) -> str:
+    """Where the run came from (provenance.json): each launch, and the last one's code and machine."""
+    from visiontrain.engine.provenance import read_provenance
+
+    try:
+        launches = read_provenance(run_dir).get("launches") or []
+    except ValueError as err:  # the rest of the report still stands
+        return f'<h2>Provenance</h2><p class="muted">{escape(str(err))}</p>'
+    if not launches:
+        return '<h2>Provenance</h2><p class="muted">no provenance.json (a run of an older visiontrain)</p>'
+    last = launches[-1]
+    git = last.get("git") or {}
+    rows = [*((f"{la.get('started')} at step {la.get('step')}", la.get("command")) for la in launches),
+            ("recipe", last.get("recipe")),
+            ("git commit", f"{git['commit']}{' (dirty)' if git.get('dirty') else ''}" if git else "not a git checkout"),
+            ("host", f"{last.get('host')}: {last.get('platform')}, {last.get('cpu_count')} CPUs"),
+            ("GPUs", ", ".join(last.get("gpus") or []) or "none"),
+            ("versions", ", ".join(f"{k} {v}" for k, v in (last.get("versions") or {}).items()))]
+    body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in rows)
+    return (f'<h2>Provenance</h2><p class="muted">{len(launches)} launch{"es" if len(launches) > 1 else ""} '
+            f"(each command line), then the last launch's code and machine</p><table>{body}</table>")
 
 
 def _figure(path: Path, root: Path) -> str:

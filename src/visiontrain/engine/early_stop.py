@@ -19,6 +19,7 @@ from typing import Any
 
 from visiontrain.config import ConfigError
 from visiontrain.engine.distributed import DistInfo, broadcast_object
+from visiontrain.engine.parts import Progress
 from visiontrain.engine.metrics_file import ema_key, model_scalars
 
 
@@ -87,3 +88,13 @@ class EarlyStopping:
             return
         self.best = None if state["best"] is None else float(state["best"])
         self.best_step, self.since_best = int(state["best_step"]), int(state["since_best"])
+
+
+def end_reason(progress: Progress, max_steps: int | None, early_stop: EarlyStopping) -> dict[str, str]:
+    """Why a run ended, for summary.json: patience, ``trainer.max_steps`` or all its epochs."""
+    p = progress
+    if early_stop.fired():
+        return {"reason": "early_stopping", "message": early_stop.reason()}
+    if max_steps is not None and p.step >= max_steps and p.epoch < p.epochs:
+        return {"reason": "max_steps", "message": f"trainer.max_steps={max_steps} reached in epoch {p.epoch}"}
+    return {"reason": "epochs", "message": f"trained trainer.epochs={p.epochs} epochs"}

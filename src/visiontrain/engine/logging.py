@@ -1,8 +1,10 @@
-"""What a run writes as it goes: metrics.jsonl, TensorBoard under tb/, and the console.
+"""What a run writes as it goes: metrics.jsonl, TensorBoard under tb/, the console, and its trackers.
 
 On a terminal the console is a rich progress bar (epoch, step, loss, lr, samples/s, ETA); when
 stdout is not a terminal (CI, a log file) it is one plain line per log point. Only rank 0 writes.
 What a metrics.jsonl row holds, and the one reader of the file, are in ``metrics_file``.
+``RunLogger.log`` is the one funnel for metrics: every event also goes to each of its trackers
+(``engine.tracking``: MLflow), which start and end with the run, not with the logger.
 
 Plain lines start with the local wall-clock time (``2026-11-24 22:15:03``), not the time since
 start: a job that is preempted and resumed writes one log across several processes, and wall-clock
@@ -30,6 +32,7 @@ from typing import Any
 
 from visiontrain.engine.hooks import Hook
 from visiontrain.engine.metrics_file import METRICS_FILE, is_per_class, make_row, model_key, per_class_tables, rewind
+from visiontrain.engine.tracking import Tracker
 
 #: Plain lines wrap at this many columns; continuation lines are indented under the text.
 WIDTH = 100
@@ -159,9 +162,10 @@ def format_eta(seconds: float) -> str:
 
 class RunLogger:
     def __init__(self, run_dir: Path | None, *, total_steps: int, progress: str = "auto",
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, trackers: list[Tracker] = ()) -> None:
         self.enabled = enabled and run_dir is not None
         self.total_steps = total_steps
+        self.trackers = list(trackers) if self.enabled else []
         self._jsonl = open(run_dir / METRICS_FILE, "a", buffering=1) if self.enabled else None
         # TensorBoard's writer opens an events file as it is made: made at the first event, so a
         # run that logs nothing (a resume of a finished run) leaves tb/ as it was
@@ -183,11 +187,13 @@ class RunLogger:
         self._width = WIDTH if self._bar is not None else WIDTH - len(timestamp()) - 1
 
     def log(self, kind: str, step: int, epoch: int, values: dict[str, Any]) -> None:
-        """One event: a JSON line (``metrics_file.make_row``), TensorBoard scalars, and a console
-        line or bar update."""
+        """One event: a JSON line (``metrics_file.make_row``), TensorBoard scalars, each tracker, and a
+        console line or bar update."""
         if not self.enabled:
             return
         self._jsonl.write(dumps_json(make_row(kind, step, epoch, values)) + "\n")
+        for tracker in self.trackers:
+            tracker.log(kind, step, epoch, values)
         for key, value in values.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.tb().add_scalar(f"{kind}/{key}", value, step)

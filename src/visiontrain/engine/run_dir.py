@@ -14,12 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from visiontrain.config import ConfigError
+from visiontrain.config import ConfigError, flatten
 from visiontrain.engine.checkpoint import CheckpointError
+from visiontrain.engine.mlflow_tracker import RUN_DIR_FILES as MLFLOW_FILES
+from visiontrain.engine.provenance import PROVENANCE_FILE
 
 #: What a run writes beside its checkpoints.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "tb", "plots", "summary.json", "report.html", "model.safetensors",
-             "model_ema.safetensors", "profile")
+             "model_ema.safetensors", "profile", PROVENANCE_FILE, *MLFLOW_FILES)
 
 
 def checkpoint_in(target: str | os.PathLike, names: tuple[str, ...] = ("best.pt", "last.pt")) -> Path:
@@ -79,17 +81,8 @@ def resolve_resume(run_dir: Path, resume: str | None, *, is_main: bool = True) -
                   f"attempt ({', '.join(leftovers)}) are now in {aside}"]
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix[:-1]: tree}
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        out.update(_flat(value, f"{prefix}{key}."))
-    return out
-
-
 def config_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """One line per key whose value differs between the checkpoint's config and this run's."""
-    old, new = _flat(before), _flat(after)
+    old, new = flatten(before), flatten(after)
     return [f"config changed since the checkpoint: {key}: {old.get(key, '(unset)')!r} -> {new.get(key, '(unset)')!r}"
             for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)]

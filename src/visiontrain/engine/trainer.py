@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from visiontrain.config import Config, dump_config
+from visiontrain.config import Config, config_to_dict, dump_config
 from visiontrain.engine import build
 from visiontrain.engine.checkpoint import load_checkpoint, write_run_config
 from visiontrain.engine.checkpointer import Checkpointer
-from visiontrain.engine.early_stop import EarlyStopping
+from visiontrain.engine.early_stop import EarlyStopping, end_reason
 from visiontrain.engine.first_look import first_look
 from visiontrain.engine.evaluator import Evaluator
 from visiontrain.engine.guards import OutOfMemory, is_out_of_memory, out_of_memory_message
@@ -29,9 +29,11 @@ from visiontrain.engine.plots import PlotHook
 from visiontrain.engine.preemption import StopCheck, StopFlag
 from visiontrain.engine.prefetch import device_batches, prefetches
 from visiontrain.engine.profiling import profiler_hooks
+from visiontrain.engine.provenance import Launch
 from visiontrain.engine.run import build_training
 from visiontrain.engine.step import TrainStep
 from visiontrain.engine.task import Task
+from visiontrain.engine.tracking import FINISHED, Tracker, end_trackers, make_trackers, start_tracking, status_of
 
 #: How the loop takes the micro-batches of one step from the batch iterator (host-side loading,
 #: no device reads). ``benchmark`` passes its own to time the wait or replay a batch.
@@ -45,17 +47,23 @@ def next_micro_batches(batches: Iterator[Any], accum: int) -> list[Any]:
 class Trainer:
     def __init__(self, cfg: Config, task: Task, run_dir: str | Path | None, *, resume: str | None = None,
                  init: str | None = None, hooks: list[Hook] = (), fetch: Fetch = next_micro_batches,
-                 step_type: type[TrainStep] = TrainStep) -> None:
+                 step_type: type[TrainStep] = TrainStep, trackers: list[Tracker] | None = None,
+                 launch: Launch | None = None) -> None:
         """``fetch`` and ``step_type`` are the seams a benchmark times or replaces (the batch wait, the
-        step); a run leaves them as they are."""
+        step); a run leaves them as they are. ``trackers``: rank 0's (engine.tracking), ended by the
+        caller when ``fit`` succeeds; None makes them from ``cfg.logging`` (checked before anything is
+        built) and ``fit`` ends them. ``launch``: what provenance.json records of this launch."""
         self.cfg, self.task, self.fetch, t = cfg, task, fetch, cfg.trainer
+        self.launch, self.resumed_from, self._ends_trackers = launch or Launch(), resume, trackers is None
+        self.trackers = trackers = make_trackers(cfg, run_dir, self.launch.recipe) if trackers is None else trackers
         self.run = run = build_training(cfg, task, Path(run_dir) if run_dir is not None else None,
                                         resume=resume is not None, init=init)
         # what hooks read (detectron2's convention: a hook holds the trainer and reads what it needs)
         self.model, self.raw_model, self.ema, self.optimizer = run.model, run.raw_model, run.ema, run.optimizer
         self.dist, self.device, self.clock, self.scalars = run.dist, run.device, run.clock, run.scalars
         self.progress = p = Progress(run.clock, t.epochs)
-        self.log = RunLogger(run.run_dir, total_steps=p.total, progress=t.progress, enabled=run.writes)
+        self.log = RunLogger(run.run_dir, total_steps=p.total, progress=t.progress, enabled=run.writes,
+                             trackers=trackers)
         plots = [PlotHook(run.run_dir)] if run.writes and t.plots else []
         profile = profiler_hooks(t.profile, t.profile_start, t.profile_steps, run.run_dir, run.writes)
         self.hooks = HookList([*task.hooks(), *hooks, *self.log.hooks(), *plots, *profile], self)
@@ -97,9 +105,13 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         self.stop_flag.install()
         try:
-            return self._fit()
-        except Exception as err:
-            if not is_out_of_memory(err):
+            if self.run.writes:  # this launch in provenance.json, and the trackers started with it
+                start_tracking(self.trackers, self.run.run_dir, self.launch, config_to_dict(self.cfg), step=self.step,
+                               resumed_from=self.resumed_from, world_size=self.dist.world_size)
+            summary = self._fit()
+        except BaseException as err:
+            end_trackers(self.trackers, status_of(err))  # FAILED, or KILLED by a stop signal
+            if not (isinstance(err, Exception) and is_out_of_memory(err)):
                 raise
             last = self.run.ckpt_dir / "last.pt" if self.run.ckpt_dir is not None else None
             phase = "evaluation" if self.evaluator.running else "training"
@@ -109,6 +121,9 @@ class Trainer:
         finally:
             self.stop_flag.restore()
             build.stop_workers(self.run.train_loader)  # persistent workers end now, not at garbage collection
+        if self._ends_trackers:
+            end_trackers(self.trackers, FINISHED)
+        return summary
 
     def _fit(self) -> dict[str, Any]:
         p, run, t = self.progress, self.run, self.cfg.trainer
@@ -170,15 +185,6 @@ class Trainer:
         if self.early_stop.update(metrics, self.step):
             self.log.print(f"stopping: {self.early_stop.reason()}")
 
-    def _ended(self) -> dict[str, str]:
-        """Why the run ended, for summary.json."""
-        p, max_steps = self.progress, self.cfg.trainer.max_steps
-        if self.early_stop.fired():
-            return {"reason": "early_stopping", "message": self.early_stop.reason()}
-        if max_steps is not None and p.step >= max_steps and p.epoch < p.epochs:
-            return {"reason": "max_steps", "message": f"trainer.max_steps={max_steps} reached in epoch {p.epoch}"}
-        return {"reason": "epochs", "message": f"trained trainer.epochs={p.epochs} epochs"}
-
     def _where(self) -> str:
         ckpt = self.run.ckpt_dir
         return f"{ckpt / 'last.pt'} written; continue with --resume auto" if ckpt else "no run dir, nothing written"
@@ -186,7 +192,8 @@ class Trainer:
     def _finish(self, wall_s: float) -> dict[str, Any]:
         if self.evaluator.due_at_end():
             self.evaluator.run()
-        summary = self.checkpointer.finish(self.evaluator.last, wall_s, self._ended())
+        summary = self.checkpointer.finish(self.evaluator.last, wall_s,
+                                             end_reason(self.progress, self.cfg.trainer.max_steps, self.early_stop))
         self.hooks("after_train")
         self.log.close()
         return summary

@@ -1,0 +1,247 @@
+"""What each command of the CLI does: load the config or the checkpoint, call the engine or the app
+module that does the work, print the result (one JSON line for a program to read). Parsing the
+command line and turning errors into exit codes is ``visiontrain.cli``'s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from visiontrain import config as C
+from visiontrain.engine.logging import class_table_text, dumps_json
+from visiontrain.engine.metrics_file import per_class_tables
+
+EXIT_USAGE, EXIT_NONFINITE = 2, 3  # and engine.preemption: 4 preempted, 130 Ctrl-C (last.pt written: resume)
+EXIT_OUT_OF_MEMORY = 5
+
+
+def _recipe_summary(path: Path) -> str:
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def cmd_recipes(_: argparse.Namespace) -> int:
+    names = C.list_recipes()
+    width = max(len(n) for n in names)
+    for name in names:
+        print(f"{name:<{width}}  {_recipe_summary(C.RECIPES_DIR / f'{name}.yaml')}")
+    return 0
+
+
+def cmd_show_config(args: argparse.Namespace) -> int:
+    cfg = C.load_config(args.recipe, args.overrides)
+    if args.docs:
+        rows = C.describe_keys(cfg)
+        key_w, type_w = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+        for key, tp, text in rows:
+            print(f"{key:<{key_w}}  {tp:<{type_w}}  {text}")
+    else:
+        print(C.dump_config(cfg), end="")
+    return 0
+
+
+def _default_run_dir(recipe: str) -> Path:
+    return Path("runs") / Path(recipe).stem
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from visiontrain.engine.checkpoint import removed_if_set_up_fails
+    from visiontrain.engine.distributed import shutdown
+    from visiontrain.engine.provenance import Launch
+    from visiontrain.engine.run_dir import checkpoint_in, resolve_resume
+    from visiontrain.engine.tracking import FINISHED, end_trackers, make_trackers, status_of
+    from visiontrain.launch import exec_torchrun
+    from visiontrain.engine.preemption import Preempted
+    from visiontrain.engine.trainer import Trainer
+    from visiontrain.tasks import build_task
+
+    cfg = C.load_config(args.recipe, args.overrides)  # errors surface here, before any process starts
+    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(args.recipe)
+    torchrun = args.nproc is not None and args.nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1
+    rank0 = os.environ.get("RANK", "0") == "0"
+    # rank 0's trackers (MLflow): a missing package or a bad URI is an error now, before any process starts
+    trackers = make_trackers(cfg, run_dir, args.recipe)
+    resume, notes = resolve_resume(run_dir, args.resume, is_main=rank0 and not torchrun)
+    init = str(checkpoint_in(args.init)) if args.init else None
+    if torchrun:
+        exec_torchrun(args)
+    for note in notes if rank0 else ():
+        print(f"visiontrain: {note}", file=sys.stderr)
+    try:
+        with removed_if_set_up_fails(run_dir):
+            trainer = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=init, trackers=trackers,
+                              launch=Launch(args.recipe, list(args.overrides), args.command_line))
+        done = resume is not None and trainer.done()
+        summary = _finished(trainer, resume, run_dir) if done else trainer.fit()
+        del trainer
+    except Preempted as err:
+        err = err.with_traceback(None)  # its frames hold the trainer (and DDP): drop them before shutdown
+        shutdown()  # every rank stopped at the same, agreed step
+        raise err
+    except BaseException as err:
+        end_trackers(trackers, status_of(err))  # fit ended them already if it raised: this does nothing then
+        shutdown(barrier=False)  # other ranks may be gone: leave without waiting for them
+        raise
+    shutdown()
+    if summary:  # rank 0 of a run with a run dir
+        report = (str(run_dir / "report.html") if (run_dir / "report.html").is_file() else None) if done \
+            else _final_report(run_dir)
+        print(dumps_json({"run_dir": str(run_dir), "report": report, **summary}))
+    end_trackers(trackers, FINISHED)  # after the report: it reaches the tracker with the final status
+    return 0
+
+
+def _finished(trainer: Any, resume: str, run_dir: Path) -> dict[str, Any]:
+    """A resumed checkpoint already at the run's last step: nothing to train, and nothing in the
+    run dir is rewritten (evaluating again would append a second final row). Every rank takes this
+    branch: they loaded the same step."""
+    if trainer.early_stop.fired():
+        trainer.log.print(f"{resume} stopped at step {trainer.step}: {trainer.early_stop.reason()}; nothing to "
+                          f"train (raise eval.patience, or set it to 0, to train further)")
+    else:
+        trainer.log.print(f"{resume} is at step {trainer.step}, this run's last: nothing to train (raise "
+                          f"trainer.epochs or trainer.max_steps to train further)")
+    trainer.log.close()
+    summary = run_dir / "summary.json"
+    return json.loads(summary.read_text()) if trainer.dist.is_main and summary.is_file() else {}
+
+
+def _final_report(run_dir: Path) -> str | None:
+    """RUN_DIR/report.html at the end of every fit. The run is done and saved by now: a report
+    that cannot be written is a warning, not a failed run (``visiontrain report`` can retry)."""
+    from visiontrain.report import write_report
+
+    try:
+        return str(write_report(run_dir)[0])
+    except Exception as err:  # noqa: BLE001
+        print(f"visiontrain: warning: no report written to {run_dir}: {type(err).__name__}: {err}", file=sys.stderr)
+        return None
+
+
+def cmd_preview(args: argparse.Namespace) -> int:
+    from visiontrain.engine.first_look import preview
+    from visiontrain.tasks import build_task
+
+    cfg = C.load_config(args.recipe, args.overrides)
+    out = Path(args.out) if args.out else Path("runs") / f"{Path(args.recipe).stem}-preview"
+    written = preview(cfg, build_task(cfg), out)
+    print(json.dumps({"recipe": args.recipe, "out": str(out), "plots": [str(p) for p in written]}))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from visiontrain.engine.evaluator import evaluate_models
+    from visiontrain.engine.run import build_evaluation
+    from visiontrain.trained import load_trained
+
+    trained = load_trained(args.target, args.overrides, split=args.split)
+    ema = trained.model(ema=True) if trained.has_ema else None
+    run = build_evaluation(trained.cfg, trained.task, trained.model(), ema, trained.info)
+    metrics = evaluate_models(run, trained.cfg.eval.models)
+    for key, table in per_class_tables(metrics).items():  # for a person; the JSON line below holds them too
+        print(class_table_text(key, table))
+    split = {"split": args.split, "data_split": trained.cfg.data.val_split} if args.split == "test" else {}
+    print(dumps_json({"checkpoint": trained.path, "step": trained.state["progress"]["step"], **split, **metrics}))
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """A classifier's top-k classes (predictions.json, --sheet: sheet.png) or a detector's boxes
+    (drawings and detections.json), through the Python API (``visiontrain.inference``)."""
+    from visiontrain.inference import Predictor
+    from visiontrain.predict import classify_images, predict_images
+
+    if args.top_k is not None and args.top_k < 1:
+        raise C.ConfigError(f"--top-k: must be an integer >= 1 (classes written per image), got {args.top_k}")
+    predictor = Predictor.load(args.checkpoint, ema=args.ema, device=args.device)
+    out, what = Path(args.out), f"{predictor.checkpoint} is a {predictor.task.name} checkpoint"
+    if predictor.kind == "detection":
+        if args.top_k is not None or args.sheet:
+            raise C.ConfigError(f"--top-k and --sheet apply to classification checkpoints; {what} "
+                                f"(a detector: its drawings are written, --threshold sets their minimum score)")
+        written = predict_images(predictor, args.images, out, score_threshold=args.threshold)
+        print(json.dumps({"out": args.out, "images": len(args.images), "detections": written}))
+        return 0
+    if args.threshold is not None:
+        raise C.ConfigError(f"--threshold applies to detection checkpoints; {what} (a classifier: --top-k)")
+    written = classify_images(predictor, args.images, out, top_k=args.top_k, sheet=args.sheet)
+    print(json.dumps({"out": args.out, "images": len(args.images), **written}))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from visiontrain.engine.task import ExportUnsupported
+    from visiontrain.export import export_checkpoint
+
+    try:
+        result = export_checkpoint(args.checkpoint, args.format, args.out, use_ema=args.ema)
+    except ExportUnsupported as err:
+        print(f"visiontrain: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    print(dumps_json(result))
+    return 0
+
+
+def cmd_consolidate(args: argparse.Namespace) -> int:
+    from visiontrain.engine.checkpoint import CheckpointError, atomic_save, load_checkpoint
+
+    src = Path(args.checkpoint)
+    if "sharded" not in load_checkpoint(src, resolve_sharded=False, mmap=True):
+        raise CheckpointError(f"{src} is already a single-file checkpoint (it names no sharded directory); "
+                              f"validate, predict, export and --init read it as it is")
+    state = load_checkpoint(src)  # the sharded tensors, gathered whole in this one process
+    out = Path(args.out) if args.out else src.with_name(f"{src.stem}-full.pt")
+    atomic_save(state, out)
+    print(json.dumps({"checkpoint": str(src), "out": str(out), "tensors": len(state["model"]),
+                      "bytes": out.stat().st_size}))
+    return 0
+
+
+def cmd_benchmark(args: argparse.Namespace) -> int:
+    from visiontrain.benchmark import format_report, run_benchmark
+    from visiontrain.engine.distributed import shutdown
+    from visiontrain.tasks import build_task
+
+    cfg = C.load_config(args.recipe, args.overrides)
+    try:
+        result = run_benchmark(cfg, build_task(cfg), steps=args.steps, warmup=args.warmup, synthetic=args.synthetic)
+    finally:
+        shutdown(barrier=False)
+    print(format_report(args.recipe, result))
+    print(dumps_json({"recipe": args.recipe, **result}))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from visiontrain.compare import compare, config_diff
+
+    out = Path(args.out)
+    tables = [("runs side by side (metrics: the last evaluation)", compare(args.runs, out, args.metrics)),
+              ("config keys that differ", config_diff(args.runs))]
+    console = Console(width=max(120, 14 * len(tables[0][1][0])))
+    for title, (columns, rows) in tables:
+        if rows:  # equal configs: no second table
+            table = Table(*columns, title=title)
+            for row in rows:
+                table.add_row(*row)
+            console.print(table)
+    print(f"curves on shared axes: {out}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from visiontrain.report import write_report
+
+    path, plots = write_report(args.run_dir, args.out)
+    print(json.dumps({"run_dir": args.run_dir, "report": str(path), "plots": plots,
+                      "bytes": path.stat().st_size}))
+    return 0

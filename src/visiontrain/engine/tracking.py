@@ -1,0 +1,80 @@
+"""Trackers: where a run's metrics go besides its run dir (an experiment tracker such as MLflow).
+
+``RunLogger.log`` is the one funnel for metrics: it writes metrics.jsonl, TensorBoard and the
+console, and hands every event to each tracker in its list. A tracker is started once per launch
+of a run (with the resolved config, the run's provenance and the step it starts at), logs what the
+log point and the evaluator already read on the host (it adds no host sync), and is ended once with
+the run's status. Only rank 0 has trackers.
+
+Who makes the trackers ends them: a ``Trainer`` given none makes them from ``cfg.logging`` and ends
+them when ``fit`` returns; the CLI makes its own, so that it ends them after it wrote report.html
+and the report reaches the tracker with the final status. A failure inside ``fit`` ends them at
+once, FAILED, or KILLED when the run was stopped (a stop signal, Ctrl-C); ``end`` is idempotent.
+Torch-free, as ``engine.logging`` is.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+from visiontrain.config import Config
+from visiontrain.engine.provenance import Launch, record_launch
+
+FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
+
+
+class Tracker(Protocol):
+    """What a tracker does (``engine.mlflow_tracker.MlflowTracker`` is one). ``packages`` are the
+    distributions whose versions the run's provenance records when this tracker is used."""
+
+    packages: tuple[str, ...] = ()
+
+    def start(self, config: dict[str, Any], provenance: dict[str, Any], step: int) -> None:
+        """At the start of ``fit``: the resolved config (nested), the provenance record (its last
+        launch is this one) and the optimizer step the run starts at (0, or a resume's step)."""
+
+    def log(self, kind: str, step: int, epoch: int, values: dict[str, Any]) -> None:
+        """One event of ``RunLogger.log`` (kind ``train`` or ``eval``); values may hold non-numbers."""
+
+    def end(self, status: str) -> None:
+        """Once: the run's files as they are now, and its status (FINISHED, FAILED or KILLED).
+        A second call, or one before ``start``, does nothing."""
+
+
+def status_of(err: BaseException) -> str:
+    """The status a run ends with when ``err`` stopped it: KILLED when it was asked to stop (a
+    stop signal: last.pt is written and ``--resume auto`` continues; Ctrl-C), FAILED otherwise."""
+    from visiontrain.engine.preemption import Preempted  # torch: engine.logging (and the CLI) import this module
+
+    return KILLED if isinstance(err, (Preempted, KeyboardInterrupt)) else FAILED
+
+
+def start_tracking(trackers: list[Tracker], run_dir: Path, launch: Launch, config: dict[str, Any], *, step: int,
+                   resumed_from: str | None, world_size: int) -> None:
+    """At the start of ``fit`` on rank 0: this launch appended to provenance.json (with the versions
+    of the trackers' packages), then each tracker started with the config, the provenance and the
+    step the run starts at."""
+    record = record_launch(run_dir, launch, step=step, resumed_from=resumed_from, world_size=world_size,
+                           packages=tuple(p for t in trackers for p in t.packages))
+    for tracker in trackers:
+        tracker.start(config, record, step)
+
+
+def end_trackers(trackers: list[Tracker], status: str) -> None:
+    for tracker in trackers:
+        tracker.end(status)
+
+
+def make_trackers(cfg: Config, run_dir: str | Path | None, recipe: str | None = None) -> list[Tracker]:
+    """The trackers ``cfg.logging`` asks for: rank 0's, when there is a run dir (``RANK``, as the
+    process group is made later). A tracker whose package is missing, or a bad setting, is a
+    ConfigError here, before anything is built or written. ``recipe`` names the default experiment
+    (the run dir's name when there is none)."""
+    trackers: list[Tracker] = []
+    if cfg.logging.mlflow and run_dir is not None and os.environ.get("RANK", "0") == "0":
+        from visiontrain.engine.mlflow_tracker import MlflowTracker  # imports mlflow only when asked for
+
+        experiment = Path(recipe).stem if recipe else Path(run_dir).resolve().name
+        trackers.append(MlflowTracker(cfg.logging, Path(run_dir), experiment))
+    return trackers
