@@ -40,7 +40,7 @@ def test_two_ranks_equal_one_process_with_twice_the_batch(tmp_path, accum):
     files = sorted(p.relative_to(tmp_path / "ddp").as_posix() for p in (tmp_path / "ddp").rglob("*")
                    if p.is_file() and "tb/" not in p.as_posix())
     assert files == ["checkpoints/best.pt", "checkpoints/last.pt", "config.yaml", "metrics.jsonl",
-                     "model.safetensors", "plots/eval.png", "plots/losses.png", "plots/schedules.png",
+                     "model.safetensors", "model_summary.json", "plots/eval.png", "plots/losses.png", "plots/schedules.png",
                      "plots/throughput.png", "provenance.json", "summary.json"]
 
 

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from procs import run_cli
 from toy_task import ToyTask, toy_config, train
 from visiontrain.config import ConfigError
 from visiontrain.engine.trainer import Trainer
@@ -64,3 +65,18 @@ def test_patience_needs_a_metric_the_task_reports(run_dir):
         train(toy_config(eval__metric="nope", eval__patience=2), None)
     with pytest.raises(ConfigError, match="eval.min_delta: expected a number >= 0"):
         toy_config(eval__min_delta=-1.0)
+
+
+def test_patience_from_the_command_line(tmp_path):
+    """`visiontrain fit ... eval.patience=1` as a user runs it; a min_delta no epoch can beat makes the
+    second evaluation the last. Resumed as it is, the run has nothing to train and says why."""
+    run = tmp_path / "run"
+    args = ["fit", "classify-fashion", "data.name=digits", "trainer.epochs=6", "eval.patience=1",
+            "eval.min_delta=100", "--run-dir", str(run)]
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["ended"]["reason"] == "early_stopping" and summary["epochs"] == 2, summary["ended"]
+    assert "stopping: early stopping: top1 did not improve by more than 100" in proc.stdout
+    again = run_cli(*args, "--resume", "auto")
+    assert again.returncode == 0 and "nothing to train (raise eval.patience" in again.stdout, again.stderr[-2000:]

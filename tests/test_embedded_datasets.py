@@ -87,7 +87,7 @@ def test_mosaic_boxes_are_tight_around_visible_items(tmp_path, fake, monkeypatch
     # a black texture: every non-zero pixel belongs to an item
     monkeypatch.setattr(embedded, "_texture", lambda rng, h, w: np.zeros((h, w, 3), np.uint8))
     root = build_fashion_mosaic(tmp_path, **SMALL, min_size=64, max_size=160)
-    assert root.name == "fashion-mosaic-s0-20-8-64-160"
+    assert root.name == "fashion-mosaic-s0-20-8-400-64-160"
     for split in ("train", "val"):
         coco = check_coco(root, split, fashion_mnist.CLASS_NAMES)
         for im in coco["images"]:
@@ -116,7 +116,7 @@ def test_mosaic_deterministic_cached_and_atomic(tmp_path, fake, monkeypatch, cap
     assert [r.message for r in caplog.records if "building fashion-mosaic" in r.message]
     b = build_fashion_mosaic(tmp_path / "b", **SMALL)
     c = build_fashion_mosaic(tmp_path / "c", **SMALL, seed=1)
-    assert a.name == "fashion-mosaic-s0-20-8" and c.name == "fashion-mosaic-s1-20-8"
+    assert a.name == "fashion-mosaic-s0-20-8-400" and c.name == "fashion-mosaic-s1-20-8-400"
     for split in ("train", "val"):
         ja, jb = (r / "annotations" / f"{split}.json" for r in (a, b))
         assert ja.read_bytes() == jb.read_bytes()

@@ -157,5 +157,5 @@ def test_two_ranks_agree_to_stop_at_a_log_point_and_resume_exactly(tmp_path):
     a, b = load_file(str(full / "model.safetensors")), load_file(str(run / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     files = sorted(p.name for p in run.iterdir() if p.is_file())
-    assert files == ["config.yaml", "metrics.jsonl", "model.safetensors", "provenance.json", "report.html",
-                     "summary.json"]  # rank 0 only
+    assert files == ["config.yaml", "metrics.jsonl", "model.safetensors", "model_summary.json", "provenance.json",
+                     "report.html", "summary.json"]  # rank 0 only

@@ -58,7 +58,7 @@ def write_previews(task: Task, batch: Any, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, fig in task.preview_figures(batch).items():
-        save_figure(fig, out_dir / f"{name}.png")
+        save_figure(fig, out_dir / f"{name}.png", fast=True)
         written.append(out_dir / f"{name}.png")
     return written
 

@@ -92,7 +92,9 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def losses(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         """Named, unweighted losses on the device; extra terms (e.g. accuracy) are logged only.
-        Runs inside the step: it must not read device values on the host. The engine keeps the
+        Runs inside the step: it must not read device values on the host. At the start of a fresh
+        run it is also called once under no_grad to count the model's FLOPs (``engine.first_look``),
+        which puts back what ``state_dict`` holds: keep any state it changes there. The engine keeps the
         returned tensors (detached) until the next log point without copying them, so a term must
         not be a buffer the task later changes in place (return ``buf.clone()`` for such a one)."""
 
@@ -117,7 +119,8 @@ class Task(abc.ABC):
         return {}
 
     def preview_figures(self, batch: Any) -> dict[str, Any]:
-        """Named matplotlib Figures of the first training batch as the model receives it (after the
+        """Named matplotlib Figures (or RGB uint8 images [H, W, 3]) of the first training batch as the
+        model receives it (after the
         loader's transforms and collate; before ``device_transform`` and what ``losses`` does on the
         device) and of the training labels: RUN_DIR/plots/train_batch.png, labels.png. Drawn at the
         start of a fresh run (``trainer.plots``) and by ``visiontrain preview``, after ``build_data``."""

@@ -216,15 +216,15 @@ class ClassificationTask(Task):
         return metrics
 
     def preview_figures(self, batch: Any) -> dict[str, Any]:
-        from visiontrain.evaluation.previews import Tile, display_pixels, grid, tiles_figure
+        from visiontrain.evaluation.previews import Tile, display_pixels, grid, tiles_image
 
         images, labels = batch
         n = min(PREVIEW_IMAGES, len(images))
         mean, std = getattr(self, "normalisation", (None, None))
         tiles = [Tile(display_pixels(images[i], mean, std), str(self.class_names[int(labels[i])])) for i in range(n)]
-        mixed = " (mixup/cutmix are applied on the device, after this)" if self.mixing else ""
-        title = f"first training batch as the model receives it: {n} of {len(images)} images{mixed}"
-        return {"train_batch": tiles_figure(grid(tiles, 8), title=title, size=1.6)}
+        mixed = ", before mixup/cutmix (applied on the device)" if self.mixing else ""
+        title = f"first training batch as the model receives it ({n} of {len(images)} images){mixed}"
+        return {"train_batch": tiles_image(grid(tiles, 8), title=title, cell=112)}
 
     def eval_figures(self) -> dict[str, Any]:
         if self.confusion is None:

@@ -166,20 +166,20 @@ class DetectionTask(Task):
 
         from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD
         from visiontrain.evaluation.previews import (Tile, boxes_caption, display_pixels, grid, labels_figure,
-                                                    tiles_figure)
+                                                    tiles_image)
 
         images, _, targets = batch[:3]
         n = min(PREVIEW_IMAGES, len(images))
         tiles = [Tile(display_pixels(images[i], IMAGENET_MEAN, IMAGENET_STD), boxes_caption(len(t["labels"])),
                       t["boxes"].numpy(), t["labels"].tolist()) for i, t in enumerate(targets[:n])]
         names = self.info["class_names"]
-        title = f"first training batch as the model receives it: {n} of {len(images)} images, {images.shape[-1]}x" \
-                f"{images.shape[-2]} px padded"
+        title = f"first training batch as the model receives it ({n} of {len(images)} images, padded to " \
+                f"{images.shape[-1]} x {images.shape[-2]} px)"
         records = self.train_set.records
         boxes = np.concatenate([r.boxes.reshape(-1, 4) for r in records]) if records else np.zeros((0, 4))
         labels = np.concatenate([r.labels.reshape(-1) for r in records]) if records else np.zeros(0, np.int64)
         sizes = np.array([(r.height, r.width) for r in records for _ in range(len(r.labels))]).reshape(-1, 2)
-        return {"train_batch": tiles_figure(grid(tiles, 4), title=title, class_names=names, size=3.0),
+        return {"train_batch": tiles_image(grid(tiles, 4), title=title, class_names=names, cell=240),
                 "labels": labels_figure(boxes, labels, sizes, names,
                                         title=f"training labels: {len(records)} images, {len(labels)} boxes")}
 

@@ -159,14 +159,14 @@ class DinoTask(Task):
 
     def preview_figures(self, batch: Any) -> dict[str, Any]:
         """The first samples' views side by side: the global crops, then the local ones."""
-        from visiontrain.evaluation.previews import Tile, display_pixels, tiles_figure
+        from visiontrain.evaluation.previews import Tile, display_pixels, tiles_image
 
         crops, _ = batch
         n, (mean, std) = min(4, len(crops[0])), self.normalisation
         rows = [[Tile(display_pixels(view[i], mean, std), f"{'global' if v < N_GLOBAL else 'local'} {v}")
                  for v, view in enumerate(crops)] for i in range(n)]
-        title = f"first training batch as the model receives it: the views of {n} of {len(crops[0])} samples"
-        return {"train_batch": tiles_figure(rows, title=title, size=1.6)}
+        title = f"first training batch as the model receives it (the views of {n} of {len(crops[0])} samples)"
+        return {"train_batch": tiles_image(rows, title=title, cell=96)}
 
     def hooks(self) -> list[Hook]:
         return [BindTeacher(), FreezeLastLayer()]
