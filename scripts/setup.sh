@@ -62,7 +62,9 @@ export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_
 
 case "${1:-}" in
   fit)  shift; exec "$venv/bin/visiontrain" fit classify-fashion --run-dir "runs/classify-fashion-$(date +%Y%m%d-%H%M%S)" "$@" ;;
-  test) shift; exec "$venv/bin/python" -m pytest -q "$@" ;;
+  # Two workers, each file on one of them (its module fixtures built once): most tests run one
+  # thread and wait on subprocesses, so two at a time fill 2 cores (VISIONTRAIN_TEST_WORKERS=1: serial).
+  test) shift; exec "$venv/bin/python" -m pytest -q -n "${VISIONTRAIN_TEST_WORKERS:-2}" --dist loadfile "$@" ;;
   "")   echo "[setup] done: activate with 'source $venv/bin/activate'" ;;
   *)    echo "usage: bash scripts/setup.sh [fit|test] [extra args]" >&2; exit 2 ;;
 esac

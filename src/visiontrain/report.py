@@ -58,7 +58,7 @@ def build_report(run_dir: str | Path) -> str:
     metric, mode = _checkpoint_metric(run, config)
     if run.train and not (run_dir / "plots" / "losses.png").is_file():
         write_curves(run_dir)  # trained with trainer.plots=false, or stopped before its first evaluation
-    plots = sorted(p for p in (run_dir / "plots").rglob("*.png") if p.is_file()) \
+    plots = sorted((p for p in (run_dir / "plots").rglob("*.png") if p.is_file()), key=_plot_order) \
         if (run_dir / "plots").is_dir() else []
     task = config.get("task") or {}
     facts = [("task", task.get("name")), ("model", task.get("model")),
@@ -91,6 +91,16 @@ def build_report(run_dir: str | Path) -> str:
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(run.name)}: visiontrain report</title><style>{CSS}</style></head>\n"
             "<body><main>\n" + "\n".join(parts) + "\n</main></body></html>\n")
+
+
+#: The plots in the order a reader wants them: the data as the model saw it, how training went, how
+#: the model does per class; then the rest, by name.
+PLOT_ORDER = ("train_batch", "labels", "losses", "eval", "pr_curves", "confusion_matrix", "val_detections",
+              "schedules", "throughput")
+
+
+def _plot_order(path: Path) -> tuple[int, str]:
+    return (PLOT_ORDER.index(path.stem) if path.stem in PLOT_ORDER else len(PLOT_ORDER), path.name)
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Path, int]:
