@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from toy_task import toy_config, train
-from visiontrain import cli
+from visiontrain import cli, report
 
 RED = (1.0, 0.0, 0.0)  # the test plot's bars: found again in the screenshot, so the PNG was drawn
 
@@ -75,8 +75,11 @@ def test_report_holds_metrics_config_and_plots_and_nothing_external(run, tmp_pat
                    "wall time", "config.yaml", "poison_step: -1", "batch_size: 32"):  # the config, verbatim
         assert needle in html, needle
     assert html.count('src="data:image/png;base64,') == len(pngs)
-    assert [html.index(f"<figcaption>{name}</figcaption>") for name in pngs] == \
-        sorted(html.index(f"<figcaption>{name}</figcaption>") for name in pngs)  # sorted by name
+    # the reading order: the data, the training curves, the evaluation's figures; then the rest by name
+    shown = sorted(pngs, key=lambda name: html.index(f"<figcaption>{name}</figcaption>"))
+    known = [n for n in shown if n[:-4] in report.PLOT_ORDER]
+    assert known == sorted(known, key=lambda n: report.PLOT_ORDER.index(n[:-4])) and "eval.png" in known
+    assert shown == known + sorted(n for n in pngs if n not in known)
     assert not re.search(r"""(src|href|url)\s*[=(]\s*["']?\s*(https?:)?//""", html, re.I), "an external resource"
     assert "<script" not in html.lower() and "<link" not in html.lower()
 
@@ -93,7 +96,7 @@ def test_report_renders_in_headless_chromium(run, tmp_path, capsys):
     shot = tmp_path / "screenshot.png"
     cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
            f"--user-data-dir={tmp_path / 'chromium-profile'}", f"--screenshot={shot}",
-           "--window-size=1200,1600", html.as_uri()]
+           "--window-size=1200,4000", html.as_uri()]  # the whole page of a toy run
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0 and shot.is_file(), \
         f"chromium failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}"
@@ -102,7 +105,7 @@ def test_report_renders_in_headless_chromium(run, tmp_path, capsys):
     from PIL import Image
 
     pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
-    assert pixels.shape[:2] == (1600, 1200)
+    assert pixels.shape[:2] == (4000, 1200)
     ink = (pixels.min(axis=2) < 200).mean()  # text, rules and plots; the page itself is (near) white
     colours = len(np.unique(pixels.reshape(-1, 3), axis=0))
     red = ((pixels[..., 0] > 200) & (pixels[..., 1] < 60) & (pixels[..., 2] < 60)).sum()
