@@ -119,8 +119,9 @@ def engine_loop(steps: int, nonfinite: str = "raise") -> float:
     cfg = C.config_from_dict({
         "task": {"name": "bench-mlp"}, "data": {"batch_size": BATCH},
         "optim": {"name": "adamw", "lr": LR, "no_decay_bias_norm": False},
+        # summary off: the start-up's parameter and FLOP count, as Lightning's enable_model_summary=False
         "trainer": {"epochs": 10**6, "max_steps": steps, "log_every": 50, "progress": "plain",
-                    "nonfinite": nonfinite},
+                    "nonfinite": nonfinite, "summary": False},
         "eval": {"every": 0}, "checkpoint": {"every": 0}})
     torch.manual_seed(0)
     timer = LoopTimer()
@@ -178,7 +179,7 @@ def engine_parts(steps: int) -> dict[str, float]:
         cfg = C.config_from_dict({
             "task": {"name": "bench-mlp"}, "data": {"batch_size": BATCH},
             "optim": {"name": "adamw", "lr": LR, "no_decay_bias_norm": False},
-            "trainer": {"epochs": 10**6, "max_steps": steps, "log_every": 50, "progress": "plain"},
+            "trainer": {"epochs": 10**6, "max_steps": steps, "log_every": 50, "progress": "plain", "summary": False},
             "eval": {"every": 0}, "checkpoint": {"every": 0}})
         torch.manual_seed(0)
         return Trainer(cfg, MlpTask(cfg), None, hooks=list(hooks), step_type=step_type)
