@@ -236,3 +236,14 @@ def test_build_model_errors(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(RuntimeError, match="resnet18.*pretrained=false"):
         build_model("resnet18", num_classes=7, in_channels=1, image_size=32, pretrained=True)
+
+
+def test_small_cnn_with_a_flattened_head_is_the_plain_three_block_network():
+    """classify-fashion's network: 3 blocks of conv + BN + ReLU + pool (32-64-128), flatten, linear."""
+    m = build_model("small_cnn", num_classes=10, in_channels=1, image_size=28, dropout=0.2, double_last=False,
+                    head="flatten")
+    # convs 288 + 18,432 + 73,728, BN 64 + 128 + 256, linear 1,152 x 10 + 10
+    assert sum(p.numel() for p in m.parameters()) == 104_426 and m.num_features == 128 * 3 * 3
+    assert m(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+    with pytest.raises(ValueError, match="task.model_args"):
+        build_model("small_cnn", num_classes=10, in_channels=1, image_size=28, depth=3)

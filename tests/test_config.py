@@ -40,9 +40,10 @@ def test_load_builtin_recipe_values_from_yaml() -> None:
     assert isinstance(cfg.task, ClassificationConfig)
     assert cfg.task.model == raw["task"]["model"] == "small_cnn"
     assert cfg.optim.name == "adamw" and cfg.optim.lr == 0.003 and cfg.optim.weight_decay == 0.05
-    assert cfg.data.batch_size == 256 and cfg.trainer.epochs == 4
-    assert cfg.schedules == {"lr": ScheduleConfig(shape="cosine", warmup=0.3, unit="epochs",
-                                                  warmup_start=0.0003, end=0.0)}
+    assert cfg.data.batch_size == 256 and cfg.trainer.epochs == 11
+    assert cfg.task.model_args == {"double_last": False, "head": "flatten"}
+    assert cfg.schedules["lr"] == ScheduleConfig(shape="cosine", warmup=0.3, unit="run", warmup_shape="cosine",
+                                                 warmup_start=1.2e-4, end=1.2e-8)
     # keys the recipe leaves out keep their dataclass defaults
     assert cfg.trainer.max_steps is None and cfg.ema.enabled is False and cfg.optim.beta2 == 0.999
 
@@ -63,10 +64,10 @@ def test_overrides_apply_with_types() -> None:
     assert cfg.optim.weight_decay == 0.0 and cfg.schedules["lr"].warmup == 2.0
     assert cfg.optim.freeze == ["stem", "layer1\\."]
     # a null override of an optional key, and a new schedule
-    cfg = load_config(FASHION, ["trainer.max_steps=100", "schedules.momentum.shape=linear",
-                                "schedules.momentum.end=0.99"])
+    cfg = load_config(FASHION, ["trainer.max_steps=100", "schedules.weight_decay.shape=linear",
+                                "schedules.weight_decay.end=0.99"])
     assert cfg.trainer.max_steps == 100
-    assert cfg.schedules["momentum"] == ScheduleConfig(shape="linear", end=0.99)
+    assert cfg.schedules["weight_decay"] == ScheduleConfig(shape="linear", end=0.99)
 
 
 def test_override_exponent_float_without_dot() -> None:

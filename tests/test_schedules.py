@@ -383,3 +383,43 @@ def test_step_clock_validation() -> None:
         StepClock(10, 100).epoch_start(-1)
     with pytest.raises(ValueError, match="unknown unit 'iters'"):
         StepClock(10, 100).to_steps(3, "iters")
+
+
+def test_one_cycle_is_torchs_one_cycle_lr() -> None:
+    """``unit: run`` + ``warmup_shape: cosine``: OneCycleLR's lr and Adam beta1 at every step,
+    whatever the run's length (positions are fractions of the run)."""
+    import torch
+
+    for epochs in (4, 11):
+        total = 234 * epochs  # classify-fashion's steps per epoch
+        clock = StepClock(234, total)
+        lr = build_schedule(ScheduleConfig(shape="cosine", warmup=0.3, unit="run", warmup_shape="cosine",
+                                           warmup_start=3e-3 / 25, end=3e-3 / 25e4), 3e-3, clock)
+        beta1 = build_schedule(ScheduleConfig(shape="cosine", base=0.85, end=0.95, warmup=0.3, unit="run",
+                                              warmup_shape="cosine", warmup_start=0.95), 0.9, clock)
+        opt = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=3e-3)
+        ref = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=total)
+        for step in range(total):
+            group = opt.param_groups[0]
+            # OneCycleLR ends its rise one step earlier (at pct_start * total - 1): within one step's change
+            one_step = math.pi / (2 * 0.3 * total)  # the steepest change per step, as a share of the range
+            assert lr(step) == pytest.approx(group["lr"], abs=3e-3 * one_step)
+            assert beta1(step) == pytest.approx(group["betas"][0], abs=0.1 * one_step)
+            opt.step()
+            ref.step()
+        assert lr(0) == 3e-3 / 25 and lr(round(0.3 * total)) == pytest.approx(3e-3)
+
+
+def test_cosine_warmup_rises_along_half_a_cosine() -> None:
+    sched = build(total=20, warmup=4, warmup_start=0.0, warmup_shape="cosine")
+    # (1 - cos(pi * s / 4)) / 2 at s = 1, 2, 3: 0.1464, 0.5, 0.8536
+    assert values(sched, [0, 1, 2, 3, 4]) == pytest.approx([0.0, 0.14645, 0.5, 0.85355, 1.0], abs=1e-5)
+    with pytest.raises(ValueError, match="warmup_inclusive is a linspace"):
+        build(total=20, warmup=4, warmup_shape="cosine", warmup_inclusive=True)
+
+
+def test_run_unit_is_a_fraction_of_the_run() -> None:
+    # warmup 0.25 of 40 steps = 10; milestones at 0.5 and 0.75 = steps 20 and 30
+    assert build(total=40, warmup=0.25, unit="run", warmup_start=0.0)(5) == pytest.approx(0.5)
+    sched = build(total=40, shape="multistep", milestones=[0.5, 0.75], unit="run", gamma=0.1)
+    assert values(sched, [19, 20, 29, 30]) == pytest.approx([1.0, 0.1, 0.1, 0.01])

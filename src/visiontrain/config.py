@@ -37,7 +37,7 @@ def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasse
 
 
 ScheduleShape = Literal["constant", "cosine", "linear", "step", "multistep", "poly"]
-ScheduleUnit = Literal["steps", "epochs"]
+ScheduleUnit = Literal["steps", "epochs", "run"]
 #: What ``schedules.<name>`` may name besides ``loss.<term>`` and ``task.<scalar>``: the engine's own scalars.
 SCHEDULED_SCALARS: tuple[str, ...] = ("lr", "weight_decay", "momentum", "ema_decay", "bn_momentum")
 
@@ -56,11 +56,14 @@ class ScheduleConfig:
     step_size: float = doc("step: value *= gamma every step_size units", 0.0)
     gamma: float = doc("decay factor of step / multistep", 0.1)
     power: float = doc("exponent of poly", 0.9)
-    warmup: float = doc("linear warmup length in `unit` (0 = none)", 0.0)
+    warmup: float = doc("warmup length in `unit` (0 = none)", 0.0)
+    warmup_shape: Literal["linear", "cosine"] = doc(
+        "linear, or cosine: the half-cosine rise of OneCycleLR (anneal_strategy='cos')", "linear")
     warmup_start: float | None = doc("value at step 0 of the warmup (default 0)", None)
     warmup_factor: float | None = doc("warmup starts at this fraction of the value it ramps to (instead of "
                                       "warmup_start)", None)
-    unit: ScheduleUnit = doc("steps | epochs: unit of warmup, milestones, step_size", "steps")
+    unit: ScheduleUnit = doc("steps | epochs | run (a fraction of the run's optimizer steps, as OneCycleLR's "
+                             "pct_start): unit of warmup, milestones, step_size", "steps")
     base: float | None = doc("start value of the main schedule (default: the configured value, e.g. optim.lr)", None)
     warmup_inclusive: bool = doc("warmup = np.linspace(start, base, W): base at its last step W-1 (DINO), not at "
                                  "step W", False)

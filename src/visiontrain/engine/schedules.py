@@ -14,6 +14,8 @@ Semantics (``W`` = warmup in steps, ``T`` = total steps of the run):
   is overridden or scaled by ``optim.base_batch``. ``warmup_inclusive`` makes the warmup
   ``np.linspace(warmup_start, base, ceil(W))``: its last step, ``ceil(W) - 1``, already has
   the target value (DINO's ``utils.cosine_scheduler``); a one-step warmup is ``warmup_start``.
+  ``warmup_shape: cosine`` rises along a half cosine instead of a line, as OneCycleLR's
+  ``anneal_strategy='cos'`` does (not with ``warmup_inclusive``).
   A warmup longer than the run is allowed (a smoke run, a step budget): the run ends still
   in its warmup, and the engine says so once at start-up.
 * The main schedule runs over ``[W, T]`` with ``t = (step - W) / (T - W)``, so cosine,
@@ -34,6 +36,9 @@ Semantics (``W`` = warmup in steps, ``T`` = total steps of the run):
 * ``unit: epochs`` converts warmup, milestones and step_size with :class:`StepClock`, so
   epoch 3 means the first optimizer step of epoch 3, also when gradient accumulation
   changes the number of optimizer steps per epoch partway through the run.
+* ``unit: run`` reads warmup, milestones and step_size as fractions of the run's optimizer steps
+  (``warmup: 0.3`` is OneCycleLR's ``pct_start=0.3``), so a recipe keeps its shape when
+  ``trainer.epochs`` is overridden.
 * ``per_epoch`` (with ``unit: epochs``): one value per epoch, as schedules indexed by the
   epoch are written (DINO's teacher temperature). Every formula above is evaluated at the
   epoch index ``e`` in place of the step, with ``W``, milestones, ``S`` and ``T`` in epochs.
@@ -132,6 +137,8 @@ class StepClock:
             return float(value)
         if unit == "epochs":
             return self.epoch_start(value)
+        if unit == "run":
+            return float(value) * self.total_steps
         raise ValueError(f"unknown unit {unit!r}; expected one of {', '.join(UNITS)}")
 
 
@@ -156,6 +163,7 @@ class Schedule:
     name: str = "value"
     warmup_factor: float | None = None  # if set, the warmup starts at this fraction of its target
     warmup_inclusive: bool = False  # np.linspace(start, target, ceil(W)): the target at step ceil(W) - 1
+    warmup_cosine: bool = False  # a half-cosine rise (OneCycleLR) instead of a straight line
     # per-epoch schedules: the first step of each epoch; positions (W, T, milestones) are then epochs
     epoch_starts: tuple[float, ...] = ()
 
@@ -175,7 +183,10 @@ class Schedule:
             if self.warmup_inclusive:
                 n = math.ceil(w)
                 return start + (target - start) * (pos / (n - 1) if n > 1 else 0.0)
-            return start + (target - start) * (pos / w)
+            frac = pos / w
+            if self.warmup_cosine:
+                frac = (1.0 - math.cos(math.pi * frac)) / 2.0
+            return start + (target - start) * frac
         return self._main(pos, 1.0 if total <= w else (pos - w) / (total - w))
 
     def _main(self, step: float, t: float) -> float:
@@ -212,8 +223,8 @@ def _decay_points(cfg: ScheduleConfig, name: str, step_size: float, warmup: floa
     milestones: tuple[float, ...] = ()
     if cfg.shape == "step" and step_size <= 0:
         raise ValueError(f"schedule {name!r}: shape 'step' needs step_size > 0, got {step_size}")
-    if cfg.shape == "step" and (cfg.unit == "steps" or cfg.per_epoch):
-        step_size_steps = step_size
+    if cfg.shape == "step" and (cfg.unit != "epochs" or cfg.per_epoch):
+        step_size_steps = position(step_size)
     elif cfg.shape == "step":
         # Decay at epochs warmup + k * step_size, each mapped through the clock, so
         # "every 30 epochs" stays epoch-aligned when steps per epoch change mid-run.
@@ -256,6 +267,9 @@ def build_schedule(
         raise ValueError(f"schedule {name!r}: give warmup_start (absolute) or warmup_factor (relative), not both")
     warmup_factor = None if cfg.warmup_factor is None else _finite(name, "warmup_factor", cfg.warmup_factor,
                                                                    min_value=0.0)
+    if cfg.warmup_shape == "cosine" and cfg.warmup_inclusive:
+        raise ValueError(f"schedule {name!r}: warmup_inclusive is a linspace (a straight line); "
+                         f"it does not go with warmup_shape: cosine")
     gamma = _finite(name, "gamma", cfg.gamma, min_value=0.0)
     power = _finite(name, "power", cfg.power, min_value=0.0)
     warmup = _finite(name, "warmup", cfg.warmup, min_value=0.0)
@@ -284,6 +298,7 @@ def build_schedule(
         warmup_steps=warmup_steps, warmup_start=warmup_start, step_size=step_size_steps,
         milestones=milestones, gamma=gamma, power=power, name=name, warmup_factor=warmup_factor,
         warmup_inclusive=cfg.warmup_inclusive, epoch_starts=epoch_starts,
+        warmup_cosine=cfg.warmup_shape == "cosine",
     )  # fmt: skip
 
 

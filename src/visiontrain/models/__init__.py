@@ -119,7 +119,7 @@ def build_model(
     pretrained: bool = False,
     **kwargs: Any,
 ) -> nn.Module:
-    """``"small_cnn"`` -> :class:`SmallCNN` (kwargs: widths, dropout); anything else -> timm.
+    """``"small_cnn"`` -> :class:`SmallCNN` (kwargs: widths, dropout, double_last, head); anything else -> timm.
 
     timm models get ``num_classes``/``in_chans``, and ``img_size=image_size`` where the model accepts
     it (ViT-style models).  An unknown name raises ValueError with close names; pretrained weights that
@@ -128,7 +128,11 @@ def build_model(
     if name == "small_cnn":
         if pretrained:
             raise ValueError("small_cnn has no pretrained weights; use task.pretrained=false")
-        return SmallCNN(in_channels, num_classes, **kwargs)
+        try:
+            return SmallCNN(in_channels, num_classes, image_size=image_size, **kwargs)
+        except TypeError as err:  # a key SmallCNN does not take: name it, as for any config key
+            raise ValueError(f"small_cnn: {err} (its arguments: widths, dropout, double_last, head; "
+                             f"given as task.model_args)") from None
 
     timm = _timm()
     if not timm.is_model(name):

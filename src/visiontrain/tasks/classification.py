@@ -37,6 +37,8 @@ class ClassificationConfig(TaskConfig):
     name: str = doc("task name", "classification")
     model: str = doc("small_cnn or any timm model name (resnet18, mobilevit_xs, ...)", "small_cnn")
     pretrained: bool = doc("load timm's pretrained weights (needs them cached locally)", False)
+    model_args: dict[str, Any] = doc("extra arguments of the model: small_cnn's widths, double_last, head "
+                                     "(avgpool | flatten); timm.create_model's for a timm model", factory=dict)
     drop_rate: float = doc("dropout before the classifier (small_cnn and timm models)", 0.0)
     label_smoothing: float = doc("label smoothing of the cross-entropy targets", 0.0)
     mixup_alpha: float = doc("mixup Beta(alpha, alpha); 0 = off", 0.0)
@@ -166,7 +168,7 @@ class ClassificationTask(Task):
         # timm calls it drop_rate; SmallCNN's dropout is the same thing
         extra = {"dropout": t.drop_rate} if t.model == "small_cnn" else {"drop_rate": t.drop_rate}
         return build_model(t.model, num_classes=info["num_classes"], in_channels=info["in_channels"],
-                           image_size=info["image_size"], pretrained=t.pretrained, **extra)
+                           image_size=info["image_size"], pretrained=t.pretrained, **{**extra, **t.model_args})
 
     def losses(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         images, labels = batch
