@@ -8,17 +8,18 @@ normalised once with the dataset's mean/std; channels_last; the whole set as in-
 indexed by a random permutation each epoch; 2 threads; one evaluation of the 10k test images at
 the end. It writes nothing.
 
-The engine runs `classify-fashion` as shipped (``trainer.epochs`` set to the same number): its
+The engine runs `classify-fashion` as shipped (or with the pair's overrides): its
 evaluation after every epoch, checkpoints, metrics.jsonl, TensorBoard, plots, and the report
 `visiontrain fit` writes at the end, all inside its wall time.
 
 Both runners in one process, alternating (the order swaps every repeat, so machine load falls on
 both alike); each figure is the median over repeats.
 
-    python benchmarks/fashion_vs_raw.py [--epochs 11 4] [--repeats 3]
+    python benchmarks/fashion_vs_raw.py [--pair 11] [--pair 4 trainer.epochs=4] [--repeats 3]
 
-prints one line per run, then per epoch count the median test top-1 and wall time of each runner
-and `ratio engine/raw wall: X`.
+Each ``--pair`` is the loop's epoch count and the engine's overrides of the recipe (none: the
+recipe as shipped). It prints one line per run, then per pair the median test top-1 and wall time
+of each runner and `ratio engine/raw wall: X`.
 """
 from __future__ import annotations
 
@@ -85,11 +86,11 @@ def raw_run(epochs: int, seed: int = 0) -> tuple[float, float]:
     return 100.0 * hits / len(x_test), time.perf_counter() - t0
 
 
-def engine_run(epochs: int) -> tuple[float, float]:
-    """classify-fashion as shipped for ``epochs``: (final test top-1, wall seconds of fit + report)."""
+def engine_run(overrides: list[str]) -> tuple[float, float]:
+    """classify-fashion as shipped, with ``overrides``: (final test top-1, wall seconds of fit + report)."""
     from visiontrain.report import write_report
 
-    cfg = C.load_config("classify-fashion", [f"trainer.epochs={epochs}", "trainer.progress=plain"])
+    cfg = C.load_config("classify-fashion", [*overrides, "trainer.progress=plain"])
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         t0 = time.perf_counter()
@@ -100,25 +101,29 @@ def engine_run(epochs: int) -> tuple[float, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, nargs="+", default=[11, 4])
+    p.add_argument("--pair", nargs="+", action="append", metavar=("RAW_EPOCHS", "OVERRIDE"),
+                   help="the loop's epoch count, then the engine's overrides of the recipe (none: as shipped); "
+                        "default: --pair 11 --pair 4 trainer.epochs=4")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
+    pairs = [(int(p[0]), p[1:]) for p in (args.pair or [["11"], ["4", "trainer.epochs=4"]])]
     torch.set_num_threads(2)
-    runners = {"raw": raw_run, "engine": engine_run}
     results: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for repeat in range(args.repeats):
-        for epochs in args.epochs:
-            order = list(runners) if repeat % 2 == 0 else list(reversed(runners))
-            for name in order:
-                top1, wall = runners[name](epochs)
-                results.setdefault((name, epochs), []).append((top1, wall))
-                print(f"repeat {repeat} {epochs:>2} epochs {name:<6} top1 {top1:.2f} %  wall {wall:.1f} s", flush=True)
-    for epochs in args.epochs:
-        med = {name: (statistics.median(t for t, _ in results[(name, epochs)]),
-                      statistics.median(w for _, w in results[(name, epochs)])) for name in runners}
-        for name, (top1, wall) in med.items():
-            print(f"{epochs} epochs, {name}: median top1 {top1:.2f} %, median wall {wall:.1f} s")
-        print(f"{epochs} epochs: ratio engine/raw wall: {med['engine'][1] / med['raw'][1]:.3f}")
+        for n, (raw_epochs, overrides) in enumerate(pairs):
+            runners = {"raw": lambda: raw_run(raw_epochs), "engine": lambda: engine_run(overrides)}
+            for name in (list(runners) if repeat % 2 == 0 else list(reversed(runners))):
+                top1, wall = runners[name]()
+                results.setdefault((name, n), []).append((top1, wall))
+                label = f"{raw_epochs} epochs" if name == "raw" else " ".join(overrides) or "as shipped"
+                print(f"repeat {repeat} {name:<6} {label:<22} top1 {top1:.2f} %  wall {wall:.1f} s", flush=True)
+    for n, (raw_epochs, overrides) in enumerate(pairs):
+        med = {name: (statistics.median(t for t, _ in results[(name, n)]),
+                      statistics.median(w for _, w in results[(name, n)])) for name in ("raw", "engine")}
+        engine_label = " ".join(overrides) or "as shipped"
+        print(f"raw {raw_epochs} epochs: median top1 {med['raw'][0]:.2f} %, median wall {med['raw'][1]:.1f} s; "
+              f"engine {engine_label}: median top1 {med['engine'][0]:.2f} %, median wall {med['engine'][1]:.1f} s; "
+              f"ratio engine/raw wall: {med['engine'][1] / med['raw'][1]:.3f}")
 
 
 if __name__ == "__main__":

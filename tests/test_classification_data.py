@@ -132,6 +132,27 @@ def test_fashion_mnist_resize_limit_and_basic_augment():
     assert all(torch.equal(x1, x2) and y1 == y2 for (x1, y1), (x2, y2) in zip(a, b))
 
 
+@needs_fashion
+def test_fashion_mnist_flip_is_the_plain_batch_with_half_the_images_mirrored():
+    flip = build_classification_data("fashion-mnist", root=None, image_size=None, augment="flip")
+    plain = build_classification_data("fashion-mnist", root=None, image_size=None, augment="none")
+    assert flip.random_train_transforms and not plain.random_train_transforms
+    idx = list(range(0, 60000, 30))  # 2,000 images
+    torch.manual_seed(7)
+    got = flip.train.__getitems__(idx)
+    want = plain.train.__getitems__(idx)
+    mirrored = [torch.equal(x, w.flip(-1)) and not torch.equal(x, w) for (x, _), (w, _) in zip(got, want)]
+    kept = [torch.equal(x, w) for (x, _), (w, _) in zip(got, want)]
+    assert all(m or k for m, k in zip(mirrored, kept))
+    assert [y for _, y in got] == [y for _, y in want]
+    assert 900 < sum(mirrored) < 1100  # p = 1/2: a 4.5-sigma band for n = 2,000
+    torch.manual_seed(7)
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(got, flip.train.__getitems__(idx)))
+    assert torch.equal(flip.val[0][0], plain.val[0][0])  # validation is never mirrored
+    with pytest.raises(ValueError, match="data.augment=flip.*not mirror-symmetric"):
+        digits(augment="flip")
+
+
 def test_fashion_missing_path_error(tmp_path):
     with pytest.raises(FileNotFoundError) as info:
         build_classification_data("fashion-mnist", root=str(tmp_path), image_size=None, augment="none")
@@ -194,6 +215,13 @@ def test_image_folder(tmp_path):
     torch.manual_seed(5)
     assert torch.equal(a, aug.train[0][0])
     assert build_classification_data("image-folder", root=str(tmp_path), image_size=None, augment="none").image_size == 224
+    flip = build_classification_data("image-folder", root=str(tmp_path), image_size=16, augment="flip")
+    seen = set()
+    for seed in range(12):
+        torch.manual_seed(seed)
+        x = flip.train[4][0]
+        seen.add("kept" if torch.equal(x, d.train[4][0]) else "mirrored" if torch.equal(x, d.train[4][0].flip(-1)) else "?")
+    assert seen == {"kept", "mirrored"}
 
 
 def test_image_folder_errors(tmp_path):
@@ -247,3 +275,15 @@ def test_small_cnn_with_a_flattened_head_is_the_plain_three_block_network():
     assert m(torch.randn(2, 1, 28, 28)).shape == (2, 10)
     with pytest.raises(ValueError, match="task.model_args"):
         build_model("small_cnn", num_classes=10, in_channels=1, image_size=28, depth=3)
+
+
+def test_small_cnn_init_kaiming_or_torch_defaults():
+    def first_conv_std(init):
+        torch.manual_seed(0)
+        return SmallCNN(1, 10, init=init).blocks[0][0][0].weight.std().item()
+
+    # He normal, fan-out (32 * 9): std sqrt(2 / 288) = 0.083; torch's uniform(+-1/sqrt(fan_in = 9)): 0.19
+    assert first_conv_std("kaiming") == pytest.approx((2 / 288) ** 0.5, rel=0.15)
+    assert first_conv_std("torch") == pytest.approx(1 / 3 / 3 ** 0.5, rel=0.15)
+    with pytest.raises(ValueError, match="task.model_args.init.*kaiming or torch.*'he'"):
+        SmallCNN(1, 10, init="he")

@@ -91,7 +91,7 @@ class DataConfig:
         "pin-memory thread's): such a fork can hang a worker forever. fork: faster start, and the "
         "dataset need not be picklable", "forkserver")
     image_size: int | None = doc("model input side; None = the dataset's native size", None, minimum=1)
-    augment: str = doc("train augmentation: none | basic | imagenet", "none")
+    augment: str = doc("train augmentation: none | flip | basic | imagenet", "none")
 
     def eval_batch(self) -> int:
         """The evaluation batch per process: ``eval_batch_size``, else twice the training batch

@@ -21,7 +21,8 @@ class SmallCNN(nn.Module):
     map below 2x2; then the head: global average pool, dropout, linear (``head="avgpool"``), or
     flatten, dropout, linear (``head="flatten"``: the spatial layout reaches the classifier, which
     on 28 px inputs learns as well with fewer convolutions). ``double_last``: the last block has a
-    second conv.
+    second conv. ``init``: "kaiming" draws the convolutions from He et al.'s normal (fan-out, for
+    ReLU); "torch" keeps PyTorch's layer defaults (uniform, smaller), as a hand-written model has.
 
     Works for any input side >= 8 (an 8x8 input pools 8 -> 4 -> 2, and the last pool is skipped);
     ``head="flatten"`` needs the input side, ``image_size``, to size the classifier.
@@ -29,13 +30,15 @@ class SmallCNN(nn.Module):
 
     def __init__(self, in_channels: int, num_classes: int, widths: Sequence[int] = (32, 64, 128),
                  dropout: float = 0.2, *, double_last: bool = True, head: str = "avgpool",
-                 image_size: int | None = None) -> None:
+                 image_size: int | None = None, init: str = "kaiming") -> None:
         super().__init__()
         if in_channels < 1 or num_classes < 1 or not widths:
             raise ValueError(f"SmallCNN needs in_channels>=1, num_classes>=1 and widths; got "
                              f"{in_channels}, {num_classes}, {tuple(widths)}")
         if head not in ("avgpool", "flatten"):
             raise ValueError(f"task.model_args.head: expected avgpool or flatten, got {head!r}")
+        if init not in ("kaiming", "torch"):
+            raise ValueError(f"task.model_args.init: expected kaiming or torch, got {init!r}")
         if head == "flatten" and not image_size:
             raise ValueError("SmallCNN with head=flatten needs the input size (image_size)")
         blocks, c = [], in_channels
@@ -54,7 +57,7 @@ class SmallCNN(nn.Module):
         self.num_features = c * side * side if self.flatten else c
         self.head = nn.Linear(self.num_features, num_classes)
         for m in self.modules():
-            if isinstance(m, nn.Conv2d):
+            if init == "kaiming" and isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def forward_features(self, x: Tensor) -> Tensor:

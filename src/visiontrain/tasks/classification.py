@@ -38,7 +38,8 @@ class ClassificationConfig(TaskConfig):
     model: str = doc("small_cnn or any timm model name (resnet18, mobilevit_xs, ...)", "small_cnn")
     pretrained: bool = doc("load timm's pretrained weights (needs them cached locally)", False)
     model_args: dict[str, Any] = doc("extra arguments of the model: small_cnn's widths, double_last, head "
-                                     "(avgpool | flatten); timm.create_model's for a timm model", factory=dict)
+                                     "(avgpool | flatten), init (kaiming | torch); timm.create_model's for a "
+                                     "timm model", factory=dict)
     drop_rate: float = doc("dropout before the classifier (small_cnn and timm models)", 0.0)
     label_smoothing: float = doc("label smoothing of the cross-entropy targets", 0.0)
     mixup_alpha: float = doc("mixup Beta(alpha, alpha); 0 = off", 0.0)

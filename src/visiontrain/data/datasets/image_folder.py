@@ -30,7 +30,7 @@ LAYOUT = "ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg (one sub-directory
 
 
 class ImageFolderClassification(Dataset):
-    """Items ``(float32 [3,S,S] normalised image, int label)``; ``mode`` is "val", "basic" or "imagenet"."""
+    """Items ``(float32 [3,S,S] normalised image, int label)``; ``mode`` is "val", "flip", "basic" or "imagenet"."""
 
     mean, std = IMAGENET_MEAN, IMAGENET_STD  # the normalisation, also for transforms built elsewhere
 
@@ -61,6 +61,8 @@ class ImageFolderClassification(Dataset):
             return
         if self.mode == "imagenet":
             geometry = [v2.RandomResizedCrop(s, antialias=True), v2.RandomHorizontalFlip()]
+        elif self.mode == "flip":  # the validation geometry, mirrored half of the time
+            geometry = [self.eval_transform.geometry, v2.RandomHorizontalFlip()]
         elif self.mode == "basic":
             geometry = [v2.Resize(int(s / VAL_CROP_RATIO), antialias=True), v2.RandomCrop(s), v2.RandomHorizontalFlip()]
         else:

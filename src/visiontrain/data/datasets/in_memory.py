@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401  (re-exported)
 
-AUGMENTS = ("none", "basic", "imagenet")
+AUGMENTS = ("none", "flip", "basic", "imagenet")
 VAL_CROP_RATIO = 0.875  # val: Resize(int(size / 0.875)) then CenterCrop(size)
 
 
@@ -101,7 +101,8 @@ class InMemoryClassification(Dataset):
         # the deterministic path (validation items, train items without augmentation): resize, centre
         # crop to image_size, normalise; its spec is the checkpoint's data_info["preprocess"]
         self.eval_transform = EvalTransform(self.image_size, self.mean, self.std, resize=resize_to)
-        # train_spec: {"kind": "basic", "padding": int, "flip": bool} or {"kind": "imagenet", "flip": bool}
+        # train_spec: {"kind": "flip"} (batched: the deterministic path, then a random mirror per image),
+        # {"kind": "basic", "padding": int, "flip": bool} or {"kind": "imagenet", "flip": bool} (per sample)
         self.train_spec = train_spec
         self._random_tf = None
         self._build_transforms()
@@ -111,7 +112,7 @@ class InMemoryClassification(Dataset):
         native = self.images.shape[-1]
         self._random_tf = None
         spec = self.train_spec
-        if spec is None:
+        if spec is None or spec["kind"] == "flip":  # flip: batched in __getitems__, no per-sample ops
             return
         v2 = tv_v2()
         size = self.image_size
@@ -140,7 +141,7 @@ class InMemoryClassification(Dataset):
 
     @property
     def random_transforms(self) -> bool:
-        return self._random_tf is not None
+        return self.train_spec is not None
 
     @property
     def targets(self) -> list[int]:
@@ -182,6 +183,9 @@ class InMemoryClassification(Dataset):
             return [self._random_item(int(i)) for i in indices]
         idx = torch.as_tensor(indices, dtype=torch.int64)
         x = self._batch(idx)
+        if self.train_spec is not None:  # "flip": each image mirrored with probability 1/2, the batch at once
+            flip = torch.rand(len(idx)) < 0.5
+            x = torch.where(flip[:, None, None, None], x.flip(-1), x)
         return list(zip(x.unbind(0), self.labels[idx].tolist()))
 
     def subset(self, n: int | None) -> "InMemoryClassification":
@@ -230,7 +234,10 @@ def make_in_memory_pair(
     else:
         mean, std = channel_stats(train_images, max_value)
         val_resize = None if size == native else size
-        train_spec = None if augment == "none" else {
+        if augment == "flip" and not flip_ok:
+            raise ValueError("data.augment=flip: this dataset's images are not mirror-symmetric (e.g. digits); "
+                             "expected none or basic")
+        train_spec = None if augment == "none" else {"kind": "flip"} if augment == "flip" else {
             "kind": "basic",
             "padding": max(1, round(basic_padding * size / native)),
             "flip": flip_ok,
