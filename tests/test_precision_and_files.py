@@ -19,6 +19,18 @@ def test_bf16_trains_and_logs_fp32_values(run_dir):
     assert t.run.scaler is None
 
 
+def test_bf16_on_a_cpu_without_bf16_instructions_says_fp32_is_faster(run_dir, monkeypatch, capsys):
+    from visiontrain.engine import precision
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    assert precision.precision_note("bf16", cpu) is None
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    assert precision.precision_note("fp32", cpu) is None and precision.precision_note("fp16", cpu) is None
+    Trainer(cfg := toy_config(trainer__precision="bf16", trainer__max_steps=1), ToyTask(cfg), run_dir)
+    assert "trainer.precision=bf16: this CPU has no native bf16" in capsys.readouterr().out
+
+
 def test_periodic_and_k_best_checkpoints(run_dir):
     cfg = toy_config(trainer__epochs=4, optim__lr=0.001, checkpoint__keep_every=8, checkpoint__keep_best=2,
                      checkpoint__every=4, checkpoint__unit="steps", eval__every=4, eval__unit="steps")

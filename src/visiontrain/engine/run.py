@@ -24,7 +24,7 @@ from visiontrain.engine.ema import ModelEma
 from visiontrain.engine.fsdp import ShardedCheckpoints
 from visiontrain.engine.param_groups import build_optimizer, build_param_groups, check_coverage
 from visiontrain.models.freezing import freeze_parameters
-from visiontrain.engine.precision import make_scaler
+from visiontrain.engine.precision import make_scaler, precision_note
 from visiontrain.engine.scalars import ScheduledScalars
 from visiontrain.engine.schedules import StepClock, scale_lr_by_batch
 from visiontrain.engine.task import Task
@@ -124,6 +124,8 @@ def build_training(cfg: Config, task: Task, run_dir: Path | None, *, resume: boo
     bases = {"lr": base_lr, "weight_decay": o.weight_decay, "momentum": o.momentum, "ema_decay": cfg.ema.decay,
              "bn_momentum": 0.1}
     scalars = ScheduledScalars(cfg.schedules, bases, clock, optimizer, model, task, ema)
+    if note := precision_note(cfg.trainer.precision, device):
+        notes.append(note)
     if stale:
         notes.append(f"removed {len(stale)} temporary files an interrupted write left: {', '.join(stale)}")
     if units is not None:
