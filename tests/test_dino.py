@@ -12,8 +12,9 @@ import torch
 
 from detection_helpers import vt
 from test_host_syncs import ALL_ON, run_counted
-from test_resume import Crash, CrashAt, assert_bit_identical
+from test_resume import Crash, CrashAt, assert_bit_identical, fit_and_crash_resume
 from visiontrain import config as C
+from visiontrain.data.samplers import SeededDataset
 from visiontrain.engine.hooks import Hook
 from visiontrain.engine.trainer import Trainer
 from visiontrain.evaluation.knn import knn_predict
@@ -77,8 +78,9 @@ def test_knn_weights_votes_by_similarity():
 
 
 def test_multicrop_gives_two_global_then_local_crops():
-    task = build_task(cfg_of("task.local_crops=3"))
+    task = build_task(cfg_of("task.local_crops=3", "task.multicrop=per_sample"))
     data = task.build_data()
+    assert task.device_transform() is None
     torch.manual_seed(0)
     crops, label = data.train[5]
     assert [tuple(c.shape) for c in crops] == [(1, 8, 8)] * 2 + [(1, 4, 4)] * 3
@@ -87,6 +89,30 @@ def test_multicrop_gives_two_global_then_local_crops():
     again, _ = data.train[5]
     assert all(torch.equal(a, b) for a, b in zip(crops, again))  # torch's RNG only: reproducible
     assert not torch.equal(crops[0], crops[1])
+
+
+def test_batched_multicrop_makes_the_same_views_in_the_loader_and_in_the_step():
+    """task.multicrop=batched: made in the loader's collate (auto on the CPU) or in the step's device
+    transform (auto on CUDA), a batch's seed gives the same crops, in the per-sample path's shapes
+    and order."""
+    keys = [(i, 7) for i in (5, 6, 7)]
+    in_loader = build_task(cfg_of("task.local_crops=3", "task.multicrop=batched", "task.multicrop_in=loader"))
+    data = in_loader.build_data()
+    assert in_loader.device_transform() is None
+    crops, labels = data.train_collate(SeededDataset(data.train).__getitems__(keys))
+    assert [tuple(c.shape) for c in crops] == [(3, 1, 8, 8)] * 2 + [(3, 1, 4, 4)] * 3
+    assert crops[0].dtype == torch.float32 and not torch.equal(crops[0], crops[1])
+    in_step = build_task(cfg_of("task.local_crops=3", "task.multicrop=batched", "task.multicrop_in=step"))
+    step_data = in_step.build_data()
+    raw = step_data.train_collate(SeededDataset(step_data.train).__getitems__(keys))
+    assert raw[0].dtype == torch.uint8 and tuple(raw[0].shape) == (3, 1, 8, 8) and torch.equal(raw[1], labels)
+    step_crops, same_labels = in_step.device_transform()(raw)
+    assert same_labels is raw[1] and all(torch.equal(a, b) for a, b in zip(crops, step_crops))
+    auto = build_task(cfg_of("task.multicrop=batched"))
+    auto.build_data()
+    assert (auto.device_transform() is not None) == torch.cuda.is_available()
+    with pytest.raises(C.ConfigError, match="task.multicrop_in: expected one of 'auto' | 'loader' | 'step'"):
+        cfg_of("task.multicrop_in=gpu")
 
 
 def test_recipe_schedules_reach_the_teacher_the_temperature_and_the_decayed_group():
@@ -221,8 +247,10 @@ def dino_state(trainer: Trainer) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_mid_epoch_resume_is_bit_exact_with_the_centre(tmp_path):
-    cfg = cfg_of("trainer.epochs=2", "data.limit_train=320", "checkpoint.every=4", "checkpoint.unit=steps",
+@pytest.mark.parametrize("multicrop", [["task.multicrop=batched"], ["task.multicrop=batched", "task.multicrop_in=step"],
+                                       ["task.multicrop=per_sample"]], ids=["batched", "batched-in-step", "per-sample"])
+def test_mid_epoch_resume_is_bit_exact_with_the_centre(tmp_path, multicrop):
+    cfg = cfg_of(*multicrop, "trainer.epochs=2", "data.limit_train=320", "checkpoint.every=4", "checkpoint.unit=steps",
                  "eval.every=1", "task.knn_bank=100", "data.limit_val=50", "schedules.lr.warmup=0.5",
                  "schedules.task.teacher_temp.warmup=0.5")
     full = Trainer(cfg, build_task(cfg), tmp_path / "full")
@@ -237,11 +265,44 @@ def test_mid_epoch_resume_is_bit_exact_with_the_centre(tmp_path):
     assert full.task.center.abs().sum() > 0
 
 
+def test_ssl_dino_as_shipped_resumes_bit_exact(tmp_path):
+    """ssl-dino's data path as shipped (the batched multi-crop made in its one forkserver worker on
+    the CPU, bf16), cut after step 4's checkpoint and resumed: the student, the teacher and the
+    centre equal an uninterrupted run's bit for bit, so every batch's views were drawn again from
+    its seed."""
+    cfg = C.load_config("ssl-dino", [
+        "data.limit_train=256", "data.batch_size=32", "trainer.max_steps=6", "task.knn_bank=64", "data.limit_val=64",
+        # a small network keeps the three runs to seconds; the subject is the data path and the state
+        "task.backbone_args={embed_dim: 32, depth: 1, num_heads: 2}", "task.out_dim=64", "task.hidden_dim=32",
+        "task.bottleneck_dim=16",
+        # a checkpoint mid-epoch to resume from (the recipe writes one per epoch)
+        "checkpoint.every=2", "checkpoint.unit=steps"])
+    d = cfg.data
+    assert (cfg.task.multicrop, d.num_workers, d.worker_start, cfg.trainer.precision) == \
+        ("batched", 1, "forkserver", "bf16")
+    full, resumed = fit_and_crash_resume(cfg, tmp_path, crash_at=4)
+    assert resumed.step == full.step == 6
+    assert_bit_identical(dino_state(full), dino_state(resumed))
+
+
 def test_dino_step_has_no_host_reads(monkeypatch):
+    """With the batched multi-crop in the step (CUDA's default, set here on the CPU: the device
+    transform is the part that must not read), the step reads nothing."""
     cfg = C.load_config("ssl-dino", TINY + ALL_ON + ["trainer.epochs=2", "data.batch_size=8", "eval.at_start=false",
-                                                     *NO_WARMUP])
+                                                     "task.multicrop_in=step", *NO_WARMUP])
     counter = run_counted(Trainer, cfg, build_task(cfg), monkeypatch)
     assert counter.calls == [], counter.calls[0][1]
+
+
+def test_attention_is_plain_on_the_cpu_and_computes_the_same_function():
+    task = build_task(cfg_of())
+    plain = task.build_model({"num_classes": 10, "in_channels": 1})
+    fused = build_task(cfg_of("task.fused_attention=true")).build_model({"num_classes": 10, "in_channels": 1})
+    fused.load_state_dict(plain.state_dict())
+    flags = [[m.fused_attn for m in model.modules() if hasattr(m, "fused_attn")] for model in (plain, fused)]
+    assert flags == [[torch.cuda.is_available()], [True]]  # null: fused on CUDA only; the one block of TINY
+    x = [torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))]
+    torch.testing.assert_close(plain.eval()(x), fused.eval()(x), atol=1e-5, rtol=1e-5)
 
 
 def test_dino_needs_the_ema_teacher():
@@ -309,9 +370,12 @@ def test_validate_and_export_the_teacher_backbone(fitted, tmp_path):
     assert proc.returncode == 2 and "task 'dino' makes no predictions on images" in proc.stderr, proc.stderr
 
 
-def test_image_folder_rgb_path_of_the_imagenet_recipe(tmp_path):
-    """The ImageNet recipe's data path (PIL RGB images, jitter with saturation and hue, 3-channel
-    ViT with 16 px patches) on a tiny folder, at reduced sizes."""
+@pytest.mark.parametrize("multicrop", ["per_sample", "batched"])
+def test_image_folder_rgb_path_of_the_imagenet_recipe(tmp_path, multicrop):
+    """The ImageNet recipe's data path (PIL RGB images of different sizes, jitter with saturation and
+    hue, 3-channel ViT with 16 px patches) on a tiny folder, at reduced sizes; batched (an option of
+    the recipe, which ships per_sample), the images of a batch are padded to the largest and cropped
+    in the loader."""
     from test_classification_data import _png_tree
 
     _png_tree(tmp_path, {"train": ["a", "b"], "val": ["a", "b"]}, n=8)
@@ -320,9 +384,15 @@ def test_image_folder_rgb_path_of_the_imagenet_recipe(tmp_path):
         "task.global_crop_size=32", "task.local_crop_size=16", "task.local_crops=2", "task.out_dim=32",
         "task.hidden_dim=16", "task.bottleneck_dim=8", "task.backbone_args={depth: 1, embed_dim: 24, num_heads: 2}",
         "trainer.precision=fp32", "trainer.sync_bn=false", "trainer.max_steps=2", "trainer.progress=plain",
-        "eval.every=0", *NO_WARMUP])
+        "eval.every=0", f"task.multicrop={multicrop}", *NO_WARMUP])
     trainer = Trainer(cfg, build_task(cfg), None)
-    crops, _ = trainer.run.train_loader.dataset.dataset[0]
+    loader = trainer.run.train_loader
+    if multicrop == "per_sample":
+        crops, _ = loader.dataset.dataset[0]
+    else:
+        crops, labels = loader.collate_fn(loader.dataset.__getitems__([(i, 7) for i in range(4)]))
+        assert labels.shape == (4,) and trainer.task.device_transform() is None
+        crops = [c[0] for c in crops]
     assert [tuple(c.shape) for c in crops] == [(3, 32, 32)] * 2 + [(3, 16, 16)] * 2
     trainer.fit()
     assert 0 <= trainer.evaluator.last["ema/knn_top1"] <= 100

@@ -107,6 +107,17 @@ class DataConfig:
     on_bad_annotation: Literal["error", "skip"] = doc(
         "detection: a bad box, category, or image file is an error naming it, or is skipped and counted",
         "error")
+    cache: Literal["none", "ram"] = doc(
+        "detection: ram keeps each image's decoded pixels after its first decode, in one file per split that "
+        "every DataLoader worker reads, so later epochs and evaluations decode nothing (3 x H x W bytes an image, "
+        "checked against data.cache_gb before training); none decodes every image each time it is loaded", "none")
+    cache_gb: float | None = doc(
+        "data.cache=ram: the most the decoded images may take, in GiB (2^30 bytes), per training process; "
+        "null: half of the memory available at the start, shared by torchrun's processes on a machine", None,
+        minimum=0)
+    cache_dir: str | None = doc(
+        "data.cache=ram: the directory of the cache files; null: /dev/shm (memory) where it exists, else the "
+        "temporary directory. On a disk the kernel's page cache keeps the files in memory while it can", None)
 
 
 @dataclass

@@ -40,7 +40,7 @@ class MultiCropSpec:
                              f"{self.global_size}, local_crop_size={self.local_size}, local_crops={self.local_crops}")
 
 
-def _blur_kernel(sigma_max: float, size: int) -> int:
+def blur_kernel_size(sigma_max: float, size: int) -> int:
     """Odd kernel covering +-3 sigma, no larger than the crop."""
     k = 2 * math.ceil(3 * sigma_max) + 1
     return max(1, min(k, size if size % 2 else size - 1))
@@ -63,7 +63,7 @@ class MultiCrop:
             ops = [v2.ToImage(), v2.RandomResizedCrop(size, scale=scale, interpolation=bicubic, antialias=True),
                    v2.ToDtype(torch.float32, scale=True), v2.RandomHorizontalFlip(),
                    v2.RandomApply([v2.ColorJitter(*s.jitter)], p=0.8), v2.RandomGrayscale(p=0.2)]
-            blur = v2.GaussianBlur(_blur_kernel(s.blur_sigma[1], size), sigma=s.blur_sigma)
+            blur = v2.GaussianBlur(blur_kernel_size(s.blur_sigma[1], size), sigma=s.blur_sigma)
             ops.append(blur if blur_p >= 1.0 else v2.RandomApply([blur], p=blur_p))
             if solarize_p > 0:
                 ops.append(v2.RandomSolarize(0.5, p=solarize_p))

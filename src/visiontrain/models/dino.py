@@ -39,6 +39,19 @@ def build_backbone(name: str, *, in_channels: int, image_size: int, patch_size: 
         return timm.create_model(name, **args)
 
 
+def set_fused_attention(module: nn.Module, fused: bool) -> int:
+    """Switch timm's attention layers (those with a ``fused_attn`` flag) between
+    ``F.scaled_dot_product_attention`` and the plain ``softmax(q k^T) v``: the same function, but on
+    the CPU the fused kernel's backward is the slower one for short token sequences. Returns how
+    many layers were switched."""
+    switched = 0
+    for m in module.modules():
+        if hasattr(m, "fused_attn"):
+            m.fused_attn = fused
+            switched += 1
+    return switched
+
+
 class DinoHead(nn.Module):
     """MLP (``layers`` linear layers, GELU) to a bottleneck, L2 normalisation, then a weight-normalised
     linear layer to ``out_dim`` prototypes. With ``norm_last_layer`` the weight norm's magnitude is

@@ -25,7 +25,10 @@ from visiontrain.engine.task import ExportSpec, Task, TaskData
 CLASSIFICATION_UNREAD = {
     "train_split": "classification datasets have fixed splits (image-folder: ROOT/train and ROOT/val)",
     "val_split": "classification datasets have fixed splits (image-folder: ROOT/train and ROOT/val)",
-    "on_bad_annotation": "an image that cannot be decoded stops the run with its path"}
+    "on_bad_annotation": "an image that cannot be decoded stops the run with its path",
+    **dict.fromkeys(("cache", "cache_gb", "cache_dir"), "the decoded-image cache is detection's: fashion-mnist "
+                    "and digits are held in memory as tensors already, and image-folder decodes each image when "
+                    "it is loaded")}
 
 
 PREVIEW_IMAGES = 32  # images of the first training batch drawn in train_batch.png

@@ -94,7 +94,8 @@ class DetectionTask(Task):
         d = self.cfg.data
         train, val = build_detection_splits(d.name, root=d.root, train_split=d.train_split,
                                             val_split=d.val_split, on_bad_annotation=d.on_bad_annotation,
-                                            limit_train=d.limit_train, limit_val=d.limit_val)
+                                            limit_train=d.limit_train, limit_val=d.limit_val, cache=d.cache,
+                                            cache_gb=d.cache_gb, cache_dir=d.cache_dir)
         for split, ds in (("train", train), ("val", val)):
             if ds.policy.skipped:
                 log.warning("%s %s: skipped bad data (data.on_bad_annotation=skip): %s", d.name, split,

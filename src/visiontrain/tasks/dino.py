@@ -12,7 +12,7 @@ The task owns only the centre (saved in every checkpoint through ``state_dict``)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -40,6 +40,10 @@ class DinoConfig(TaskConfig):
     patch_size: int | None = doc("ViT patch size (null: the model's own; e.g. 4 for 28 px images)", None)
     backbone_args: dict[str, Any] = doc("extra timm.create_model arguments (embed_dim, depth, num_heads...)",
                                         factory=dict)
+    fused_attention: bool | None = doc(
+        "ViT attention through F.scaled_dot_product_attention (true) or timm's plain matmul and softmax (false); "
+        "null: fused on CUDA only (on the CPU the fused kernel's backward costs more than the matmuls on a ViT's "
+        "few tokens: BENCHMARKS.md)", None)
     drop_path_rate: float = doc("stochastic depth of the student (the teacher, in eval mode, has none)", 0.1)
     out_dim: int = doc("prototypes K of the head's last layer", 65536)
     hidden_dim: int = doc("head MLP width", 2048)
@@ -53,6 +57,14 @@ class DinoConfig(TaskConfig):
     global_scale: list[float] = doc("RandomResizedCrop scale range of the global crops", factory=lambda: [0.4, 1.0])
     local_scale: list[float] = doc("RandomResizedCrop scale range of the local crops", factory=lambda: [0.05, 0.4])
     blur_sigma: list[float] = doc("Gaussian blur sigma range in pixels", factory=lambda: [0.1, 2.0])
+    multicrop: Literal["per_sample", "batched"] = doc(
+        "per_sample: torchvision v2 per image in the loader; batched: every crop of a batch made at once from "
+        "the uint8 images, with each batch's parameters drawn from its seed (the same distributions per view; "
+        "images of different sizes are padded to the batch's largest)", "per_sample")
+    multicrop_in: Literal["auto", "loader", "step"] = doc(
+        "where the batched multi-crop runs: loader (the collate, in the DataLoader workers, or in the training "
+        "process without them), step (the task's device transform, on the training device); "
+        "auto: step on CUDA, loader otherwise", "auto")
     student_temp: float = doc("student softmax temperature", 0.1)
     teacher_temp: float = doc("teacher temperature (warm it up with schedules.task.teacher_temp)", 0.04)
     center_momentum: float = doc("EMA momentum of the centre of the teacher outputs", 0.9)
@@ -102,11 +114,13 @@ class DinoTask(Task):
         self.center = torch.zeros(1, t.out_dim)
         self.bank: Any = None
         self.num_classes = 0
+        self.cropper: Any = None  # the batched multi-crop when the step makes the crops, set by build_data
 
     # ------------------------------------------------------------------ data and model
     def build_data(self) -> TaskData:
         from visiontrain.data.datasets import build_classification_data
         from visiontrain.data.multicrop import MultiCropDataset, MultiCropSpec
+        from visiontrain.data.multicrop_batched import BatchedMultiCrop, CropCollate, RawMultiCropDataset, collate_raw
 
         d, t = self.cfg.data, self.cfg.task
         data = build_classification_data(d.name, root=d.root, image_size=d.image_size, augment="none",
@@ -123,17 +137,43 @@ class DinoTask(Task):
         info = {"num_classes": data.num_classes, "class_names": data.class_names,
                 "in_channels": data.in_channels, "image_size": data.image_size,
                 "preprocess": data.eval_transform.spec()}
+        if t.multicrop == "batched":
+            in_step = t.multicrop_in == "step" or (t.multicrop_in == "auto" and self._on_cuda())
+            self.cropper = BatchedMultiCrop(spec) if in_step else None
+            return TaskData(RawMultiCropDataset(src, spec), data.val, info, random_transforms=True,
+                            train_collate=collate_raw if in_step else CropCollate(spec),
+                            worker_datasets={"k-NN bank": self.bank})
         return TaskData(MultiCropDataset(src, spec), data.val, info, random_transforms=True,
                         worker_datasets={"k-NN bank": self.bank})
 
+    def _on_cuda(self) -> bool:
+        device = self.cfg.trainer.device
+        return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+
+    def device_transform(self) -> Callable[[Any], Any] | None:
+        """When the step makes the batched crops (``task.multicrop_in``): (uint8 images, labels, view
+        parameters) -> (crops, labels) on the training device, so a GPU run's loader only reads images."""
+        if self.cropper is None:
+            return None
+        crop, channels_last = self.cropper, self.cfg.trainer.channels_last
+
+        def make_crops(batch: Any) -> tuple[list[torch.Tensor], torch.Tensor]:
+            images, labels, params = batch
+            crops = crop(images, params)
+            if channels_last:
+                crops = [c.contiguous(memory_format=torch.channels_last) for c in crops]
+            return crops, labels
+        return make_crops
+
     def build_model(self, info: dict[str, Any]) -> nn.Module:
-        from visiontrain.models.dino import DinoHead, MultiCropWrapper, build_backbone
+        from visiontrain.models.dino import DinoHead, MultiCropWrapper, build_backbone, set_fused_attention
 
         t = self.cfg.task
         self.num_classes = info["num_classes"]
         backbone = build_backbone(t.backbone, in_channels=info["in_channels"], image_size=t.global_crop_size,
                                   patch_size=t.patch_size, drop_path_rate=t.drop_path_rate,
                                   extra=dict(t.backbone_args))
+        set_fused_attention(backbone, self._on_cuda() if t.fused_attention is None else t.fused_attention)
         head = DinoHead(backbone.num_features, t.out_dim, hidden_dim=t.hidden_dim, bottleneck_dim=t.bottleneck_dim,
                         layers=t.head_layers, use_bn=t.head_bn, norm_last_layer=t.norm_last_layer)
         return MultiCropWrapper(backbone, head)
@@ -161,7 +201,7 @@ class DinoTask(Task):
         """The first samples' views side by side: the global crops, then the local ones."""
         from visiontrain.evaluation.previews import Tile, display_pixels, tiles_image
 
-        crops, _ = batch
+        crops = self.cropper(batch[0], batch[2]) if self.cropper is not None else batch[0]
         n, (mean, std) = min(4, len(crops[0])), self.normalisation
         rows = [[Tile(display_pixels(view[i], mean, std), f"{'global' if v < N_GLOBAL else 'local'} {v}")
                  for v, view in enumerate(crops)] for i in range(n)]

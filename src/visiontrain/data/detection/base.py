@@ -9,7 +9,9 @@ memory; images are decoded only when a sample is loaded. A sample is
              "image_id": int, "orig_size": int64 tensor [2] = (H, W) of the file}
 
 before transforms. Class names and their count come from the data; ``category_ids[label]`` is the
-original category id, used to write COCO-format results.
+original category id, used to write COCO-format results. With an ``ImageCache`` (``data.cache=ram``,
+``visiontrain.data.image_cache``) an image is decoded once per run and read back from the cache
+after that, as the same tensor; transforms run after it, so augmentation is unchanged.
 
 Bad data follows ``on_bad_annotation``: ``error`` raises ``BadAnnotationError`` naming the file
 and the annotation id; ``skip`` drops the annotation (or, for a missing / unreadable image file, the
@@ -27,6 +29,7 @@ import torch
 from torch.utils.data import Dataset
 
 from visiontrain.data.detection.images import BadAnnotationError
+from visiontrain.data.image_cache import ImageCache
 
 __all__ = ["BAD_POLICIES", "BadAnnotationError", "DetectionDataset", "ImageRecord"]
 
@@ -77,13 +80,15 @@ def check_box(policy: BadDataPolicy, box: np.ndarray, width: int, height: int, w
 
 
 class DetectionDataset(Dataset):
-    """Records in memory, images decoded per sample, an optional v2 transform on (image, target)."""
+    """Records in memory, images decoded per sample (or read from ``cache``, where one is kept), an
+    optional v2 transform on (image, target)."""
 
     def __init__(self, records: list[ImageRecord], class_names: list[str], category_ids: list[int], *,
                  source: str, policy: BadDataPolicy,
-                 transform: Callable[[Any, dict], tuple[Any, dict]] | None = None) -> None:
+                 transform: Callable[[Any, dict], tuple[Any, dict]] | None = None,
+                 cache: ImageCache | None = None) -> None:
         self.records, self.class_names, self.category_ids = records, class_names, category_ids
-        self.source, self.policy, self.transform = source, policy, transform
+        self.source, self.policy, self.transform, self.cache = source, policy, transform, cache
 
     @property
     def num_classes(self) -> int:
@@ -96,9 +101,20 @@ class DetectionDataset(Dataset):
         """width / height of every image, from the annotations (no decoding)."""
         return [r.width / r.height for r in self.records]
 
+    def image_shapes(self) -> np.ndarray:
+        """(3, height, width) of every image, from the annotations (no decoding): what a cache holds."""
+        return np.array([(3, r.height, r.width) for r in self.records], dtype=np.int64).reshape(-1, 3)
+
     def with_transform(self, transform: Callable | None) -> "DetectionDataset":
         return DetectionDataset(self.records, self.class_names, self.category_ids, source=self.source,
-                                policy=self.policy, transform=transform)
+                                policy=self.policy, transform=transform, cache=self.cache)
+
+    def with_cache(self, cache: ImageCache | None) -> "DetectionDataset":
+        """The same images, kept in ``cache`` once decoded (its slots are this dataset's indices)."""
+        if cache is not None and len(cache) != len(self.records):
+            raise ValueError(f"{self.source}: a cache of {len(cache)} images for {len(self.records)} images")
+        return DetectionDataset(self.records, self.class_names, self.category_ids, source=self.source,
+                                policy=self.policy, transform=self.transform, cache=cache)
 
     def load(self, index: int) -> tuple[Any, dict[str, Any]]:
         """The untransformed sample (see the module docstring)."""
@@ -109,7 +125,11 @@ class DetectionDataset(Dataset):
         from torchvision import tv_tensors
 
         r = self.records[index]
-        image = read_rgb(r.path)  # BadAnnotationError naming the file if it cannot be decoded
+        image = self.cache.get(index) if self.cache is not None else None
+        if image is None:
+            image = read_rgb(r.path)  # BadAnnotationError naming the file if it cannot be decoded
+            if self.cache is not None:
+                self.cache.put(index, image)
         h, w = image.shape[-2:]
         boxes = tv_tensors.BoundingBoxes(torch.as_tensor(r.boxes, dtype=torch.float32).reshape(-1, 4),
                                          format="XYXY", canvas_size=(h, w))

@@ -36,7 +36,10 @@ def check_not_empty(name: str, split: str, ds: DetectionDataset) -> None:
 
 def build_detection_splits(name: str, *, root: str | None, train_split: str, val_split: str,
                            on_bad_annotation: str, limit_train: int | None = None,
-                           limit_val: int | None = None) -> tuple[DetectionDataset, DetectionDataset]:
+                           limit_val: int | None = None, cache: str = "none", cache_gb: float | None = None,
+                           cache_dir: str | None = None) -> tuple[DetectionDataset, DetectionDataset]:
+    """(train, val) of any format; ``cache=ram`` gives both a decoded-image cache (``data.cache``),
+    refused before anything is written when they do not fit ``cache_gb``."""
     policy = dict(on_bad_annotation=on_bad_annotation)
     if name in ("coco", "fashion-mosaic", "neon-trees"):
         from visiontrain.data.detection.coco import read_coco
@@ -74,4 +77,12 @@ def build_detection_splits(name: str, *, root: str | None, train_split: str, val
         check_not_empty(name, split, ds)
     if train.class_names != val.class_names:
         raise ValueError(f"{name}: train and val classes differ: {train.class_names} vs {val.class_names}")
+    if cache == "ram":
+        from visiontrain.data.image_cache import open_caches
+
+        caches = open_caches({"train": train.image_shapes(), "val": val.image_shapes()}, budget_gb=cache_gb,
+                             directory=cache_dir)
+        train, val = train.with_cache(caches["train"]), val.with_cache(caches["val"])
+    elif cache != "none":
+        raise ValueError(f"data.cache: expected none or ram, got {cache!r}")
     return train, val
