@@ -149,8 +149,11 @@ def test_fashion_mnist_flip_is_the_plain_batch_with_half_the_images_mirrored():
     torch.manual_seed(7)
     assert all(torch.equal(a, b) for (a, _), (b, _) in zip(got, flip.train.__getitems__(idx)))
     assert torch.equal(flip.val[0][0], plain.val[0][0])  # validation is never mirrored
-    with pytest.raises(ValueError, match="data.augment=flip.*not mirror-symmetric"):
-        digits(augment="flip")
+    # digits: a mirrored digit is another symbol, so flip mirrors nothing there (as basic drops its flip)
+    mirrorless = digits(augment="flip")
+    assert not mirrorless.random_train_transforms
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(mirrorless.train.__getitems__(list(range(64))),
+                                                            digits().train.__getitems__(list(range(64)))))
 
 
 def test_fashion_missing_path_error(tmp_path):
@@ -275,6 +278,22 @@ def test_small_cnn_with_a_flattened_head_is_the_plain_three_block_network():
     assert m(torch.randn(2, 1, 28, 28)).shape == (2, 10)
     with pytest.raises(ValueError, match="task.model_args"):
         build_model("small_cnn", num_classes=10, in_channels=1, image_size=28, depth=3)
+
+
+def test_plain_cnn_is_the_preset_and_a_recipe_on_it_takes_another_model():
+    torch.manual_seed(0)
+    plain = build_model("plain_cnn", num_classes=10, in_channels=1, image_size=28, dropout=0.2)
+    torch.manual_seed(0)
+    spelled = SmallCNN(1, 10, dropout=0.2, double_last=False, head="flatten", init="torch", image_size=28)
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), spelled.state_dict().values()))
+    assert sum(p.numel() for p in plain.parameters()) == 104_426
+    # the preset is the model's name, not task.model_args, so the recipe's model can be swapped for a timm one
+    from visiontrain import config as C
+    from visiontrain.tasks import build_task
+
+    cfg = C.load_config("classify-fashion", ["task.model=resnet18", "data.name=digits"])
+    model = build_task(cfg).build_model({"num_classes": 10, "in_channels": 1, "image_size": 8})
+    assert type(model).__name__ == "ResNet"
 
 
 def test_small_cnn_init_kaiming_or_torch_defaults():

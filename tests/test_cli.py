@@ -104,10 +104,11 @@ def test_init_skips_mismatched_head(fitted, tmp_path):
               "data.batch_size=4", "trainer.epochs=1", "trainer.progress=plain", "schedules.lr.warmup=0",
               "--run-dir", str(tmp_path / "ft"), "--init", str(fitted / "checkpoints" / "last.pt"))
     assert proc.returncode == 0, proc.stderr
-    # the head has 3 classes instead of 10 (skipped); the first conv takes RGB instead of grey (adapted)
-    assert ("loaded 24/26 tensors; adapted blocks.0.0.0.weight 1 -> 3 input channels; "
+    # the head has 3 classes instead of 10 (skipped); the first conv takes RGB instead of grey (adapted);
+    # the recipe's network flattens its 128 x 2 x 2 features at 8 px
+    assert ("loaded 18/20 tensors; adapted blocks.0.0.0.weight 1 -> 3 input channels; "
             "skipped 2 with another shape: ") in proc.stdout
-    assert "head.weight (10, 128) -> (3, 128), head.bias (10,) -> (3,)" in proc.stdout
+    assert "head.weight (10, 512) -> (3, 512), head.bias (10,) -> (3,)" in proc.stdout
 
 
 def test_config_errors_name_the_key(tmp_path):

@@ -38,11 +38,10 @@ def test_load_builtin_recipe_values_from_yaml() -> None:
     raw = yaml.safe_load((C.RECIPES_DIR / f"{FASHION}.yaml").read_text())
     assert isinstance(cfg, C.Config)
     assert isinstance(cfg.task, ClassificationConfig)
-    assert cfg.task.model == raw["task"]["model"] == "small_cnn"
+    assert cfg.task.model == raw["task"]["model"] == "plain_cnn" and cfg.task.model_args == {}
     assert cfg.optim.name == "adamw" and cfg.optim.lr == 0.003 and cfg.optim.weight_decay == 0.05
     assert cfg.data.batch_size == 256 and cfg.trainer.epochs == 14
     assert cfg.data.augment == "flip" and cfg.trainer.precision == "bf16"
-    assert cfg.task.model_args == {"double_last": False, "head": "flatten", "init": "torch"}
     assert cfg.schedules["lr"] == ScheduleConfig(shape="cosine", warmup=0.3, unit="run", warmup_shape="cosine",
                                                  warmup_start=1.2e-4, end=1.2e-8)
     # keys the recipe leaves out keep their dataclass defaults

@@ -360,7 +360,7 @@ def test_resume_other_class_count_refused_suggests_init(digits_run: Path, tmp_pa
     assert f"--resume {ckpt}: the checkpoint is of another model or class count" in line
     assert "checkpoint: task classification (small_cnn), 10 classes; this run: task classification " \
            "(small_cnn), 2 classes" in line
-    assert "head.weight (10, 128) vs (2, 128)" in line and f"use --init {ckpt}" in line
+    assert "head.weight (10, 512) vs (2, 512)" in line and f"use --init {ckpt}" in line
     kept(before, digits_run)
 
 
@@ -380,8 +380,8 @@ def test_init_skips_mismatched_tensors_and_reports_them(digits_run: Path, tmp_pa
     proc = vt("fit", "classify-fashion", *FOLDER, f"data.root={root}", "--run-dir", str(tmp_path / "r"),
               "--init", str(ckpt))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (f"--init {ckpt}: loaded 24/26 tensors; adapted blocks.0.0.0.weight 1 -> 3 input channels; "
-            f"skipped 2 with another shape: head.weight (10, 128) -> (2, 128), head.bias (10,) -> (2,)") in proc.stdout
+    assert (f"--init {ckpt}: loaded 18/20 tensors; adapted blocks.0.0.0.weight 1 -> 3 input channels; "
+            f"skipped 2 with another shape: head.weight (10, 512) -> (2, 512), head.bias (10,) -> (2,)") in proc.stdout
 
 
 # ------------------------------------------------------ 10-11: truncated and pickled checkpoints

@@ -1,4 +1,4 @@
-"""Models: ``build_model(name, ...)`` -> ``SmallCNN`` for "small_cnn", else a timm model.
+"""Models: ``build_model(name, ...)`` -> ``SmallCNN`` for "small_cnn" / "plain_cnn", else a timm model.
 
 timm imports torchvision, so it is imported lazily, after ``ensure_torchvision()``.
 """
@@ -16,7 +16,10 @@ from visiontrain.models.small_cnn import SmallCNN
 
 __all__ = ["SmallCNN", "build_model"]
 
-LOCAL_MODELS = ("small_cnn",)
+#: The SmallCNN presets by name. "plain_cnn" is the network a user writes for 28 px images (three blocks,
+#: flatten, PyTorch's default initialisation): a name rather than task.model_args, so that a recipe built
+#: on it still runs with task.model=resnet18 (timm would refuse SmallCNN's arguments).
+LOCAL_MODELS = {"small_cnn": {}, "plain_cnn": {"double_last": False, "head": "flatten", "init": "torch"}}
 
 #: A detection narrower or lower than this (original-image pixels, after clipping to the image) is
 #: dropped by every detector's post-processing, before any top-k, NMS or ``max_detections`` cut
@@ -119,19 +122,20 @@ def build_model(
     pretrained: bool = False,
     **kwargs: Any,
 ) -> nn.Module:
-    """``"small_cnn"`` -> :class:`SmallCNN` (kwargs: widths, dropout, double_last, head); anything else -> timm.
+    """``"small_cnn"`` / ``"plain_cnn"`` -> :class:`SmallCNN` (kwargs: widths, dropout, double_last, head, init,
+    over the preset's); anything else -> timm.
 
     timm models get ``num_classes``/``in_chans``, and ``img_size=image_size`` where the model accepts
     it (ViT-style models).  An unknown name raises ValueError with close names; pretrained weights that
     cannot be had (not cached, hub unreachable) raise RuntimeError naming the model.
     """
-    if name == "small_cnn":
+    if name in LOCAL_MODELS:
         if pretrained:
-            raise ValueError("small_cnn has no pretrained weights; use task.pretrained=false")
+            raise ValueError(f"{name} has no pretrained weights; use task.pretrained=false")
         try:
-            return SmallCNN(in_channels, num_classes, image_size=image_size, **kwargs)
+            return SmallCNN(in_channels, num_classes, image_size=image_size, **{**LOCAL_MODELS[name], **kwargs})
         except TypeError as err:  # a key SmallCNN does not take: name it, as for any config key
-            raise ValueError(f"small_cnn: {err} (its arguments: widths, dropout, double_last, head; "
+            raise ValueError(f"{name}: {err} (its arguments: widths, dropout, double_last, head, init; "
                              f"given as task.model_args)") from None
 
     timm = _timm()
@@ -139,7 +143,7 @@ def build_model(
         hints = suggest_models(name)
         hint = f"; close names: {', '.join(hints)}" if hints else ""
         raise ValueError(
-            f"unknown model {name!r} (not 'small_cnn' and not a timm model){hint}. "
+            f"unknown model {name!r} (not {' or '.join(map(repr, LOCAL_MODELS))} and not a timm model){hint}. "
             "List timm models with timm.list_models('*pattern*')."
         )
     own_weights = "pretrained_cfg_overlay" in kwargs or "pretrained_cfg" in kwargs

@@ -38,7 +38,8 @@ PREVIEW_IMAGES = 32  # images of the first training batch drawn in train_batch.p
 class ClassificationConfig(TaskConfig):
     unread_data_keys: ClassVar[dict[str, str]] = CLASSIFICATION_UNREAD
     name: str = doc("task name", "classification")
-    model: str = doc("small_cnn or any timm model name (resnet18, mobilevit_xs, ...)", "small_cnn")
+    model: str = doc("small_cnn, plain_cnn (three blocks, flatten) or any timm model name (resnet18, "
+                     "mobilevit_xs, ...)", "small_cnn")
     pretrained: bool = doc("load timm's pretrained weights (needs them cached locally)", False)
     model_args: dict[str, Any] = doc("extra arguments of the model: small_cnn's widths, double_last, head "
                                      "(avgpool | flatten), init (kaiming | torch); timm.create_model's for a "
@@ -163,14 +164,14 @@ class ClassificationTask(Task):
         return lambda batch: (normalize(batch[0]), *batch[1:])
 
     def build_model(self, info: dict[str, Any]) -> nn.Module:
-        from visiontrain.models import build_model
+        from visiontrain.models import LOCAL_MODELS, build_model
 
         t = self.cfg.task
         self.num_classes = info["num_classes"]
         self.class_names = list(info.get("class_names") or range(self.num_classes))
         self.preprocess = info.get("preprocess")  # None in a checkpoint written before it was recorded
         # timm calls it drop_rate; SmallCNN's dropout is the same thing
-        extra = {"dropout": t.drop_rate} if t.model == "small_cnn" else {"drop_rate": t.drop_rate}
+        extra = {"dropout": t.drop_rate} if t.model in LOCAL_MODELS else {"drop_rate": t.drop_rate}
         return build_model(t.model, num_classes=info["num_classes"], in_channels=info["in_channels"],
                            image_size=info["image_size"], pretrained=t.pretrained, **{**extra, **t.model_args})
 

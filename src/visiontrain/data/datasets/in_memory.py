@@ -234,10 +234,10 @@ def make_in_memory_pair(
     else:
         mean, std = channel_stats(train_images, max_value)
         val_resize = None if size == native else size
-        if augment == "flip" and not flip_ok:
-            raise ValueError("data.augment=flip: this dataset's images are not mirror-symmetric (e.g. digits); "
-                             "expected none or basic")
-        train_spec = None if augment == "none" else {"kind": "flip"} if augment == "flip" else {
+        # a mirrored digit is another symbol: where flip_ok is False, "flip" mirrors nothing (as "basic"
+        # then crops without its flip), so a recipe's augment carries over to such a dataset
+        no_random = augment == "none" or (augment == "flip" and not flip_ok)
+        train_spec = None if no_random else {"kind": "flip"} if augment == "flip" else {
             "kind": "basic",
             "padding": max(1, round(basic_padding * size / native)),
             "flip": flip_ok,
