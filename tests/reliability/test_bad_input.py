@@ -358,8 +358,8 @@ def test_resume_other_class_count_refused_suggests_init(digits_run: Path, tmp_pa
     line = error_line(vt("fit", "classify-fashion", *FOLDER, f"data.root={root}", "--run-dir", str(tmp_path / "r"),
                          "--resume", str(ckpt)))
     assert f"--resume {ckpt}: the checkpoint is of another model or class count" in line
-    assert "checkpoint: task classification (small_cnn), 10 classes; this run: task classification " \
-           "(small_cnn), 2 classes" in line
+    assert "checkpoint: task classification (plain_cnn), 10 classes; this run: task classification " \
+           "(plain_cnn), 2 classes" in line
     assert "head.weight (10, 512) vs (2, 512)" in line and f"use --init {ckpt}" in line
     kept(before, digits_run)
 
@@ -369,7 +369,7 @@ def test_resume_other_recipe_refused_suggests_init(digits_run: Path, tmp_path: P
     root = good_coco(tmp_path / "coco")
     line = error_line(vt("fit", "detect-yolov3", *YOLO, f"data.root={root}", "--run-dir", str(tmp_path / "r"),
                          "--resume", str(ckpt)))
-    assert "checkpoint: task classification (small_cnn), 10 classes; this run: task yolo (darknet21), 2 classes" \
+    assert "checkpoint: task classification (plain_cnn), 10 classes; this run: task yolo (darknet21), 2 classes" \
         in line
     assert "missing tensors: backbone." in line and f"use --init {ckpt}" in line
 
