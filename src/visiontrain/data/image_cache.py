@@ -29,6 +29,7 @@ creator has gone. A file is created under a fresh name, so a leftover never coll
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import glob
 import logging
@@ -153,10 +154,7 @@ def _remove(path: str, fd: int, pid: int) -> None:
     """The creator's clean-up (a forked worker that drops its copy of the cache removes nothing)."""
     if os.getpid() != pid:
         return
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    Path(path).unlink(missing_ok=True)  # already gone: a clean-up that ran first
     os.close(fd)
 
 
@@ -182,14 +180,12 @@ def remove_stale(directory: str) -> list[str]:
             fd = os.open(path, os.O_RDONLY)
         except OSError:
             continue
-        try:
+        # OSError: locked (a process of its run still holds it) or not ours to remove: left as it is
+        with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.unlink(path)
             removed.append(path)
-        except OSError:  # locked: a process of its run still holds it; or not ours to remove
-            pass
-        finally:
-            os.close(fd)
+        os.close(fd)
     return removed
 
 
@@ -203,11 +199,9 @@ def available_memory() -> int:
     """Bytes of memory this process may still take: the kernel's MemAvailable, lowered to what the
     container's cgroup limit leaves; the physical memory where neither can be read."""
     sizes = []
-    try:
+    with contextlib.suppress(OSError):  # no /proc (not Linux): the limits below, or the physical memory
         with open("/proc/meminfo") as f:
             sizes += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
-    except OSError:
-        pass
     for group, limit, usage in (("/sys/fs/cgroup", "memory.max", "memory.current"),  # cgroup v2, then v1
                                 ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes")):
         try:
