@@ -112,6 +112,21 @@ def test_a_cache_that_does_not_fit_is_refused_before_anything_is_written(tmp_pat
     with pytest.raises(C.ConfigError, match=f"{tmp_path} has 4,096 bytes free.*data.cache_dir"):
         cached_splits(name, root, splits, tmp_path)
     assert cache_files(tmp_path) == []
+    # data.cache_dir unset: /dev/shm where it has room, else the temp directory; neither: refused naming both
+    shm, temp = tmp_path / "shm", tmp_path / "temp"
+    shm.mkdir(), temp.mkdir()
+    monkeypatch.setattr(image_cache, "default_directories", lambda: [str(shm), str(temp)])
+    monkeypatch.setattr(image_cache, "free_bytes", lambda directory: 4096 if directory == str(shm) else need)
+    train, val = build_detection_splits(name, root=str(root), train_split=splits[0], val_split=splits[1],
+                                        on_bad_annotation="error", cache="ram")
+    assert cache_files(shm) == [] and len(cache_files(temp)) == 2
+    del train, val
+    gc.collect()
+    monkeypatch.setattr(image_cache, "free_bytes", lambda directory: 4096)
+    with pytest.raises(C.ConfigError, match=f"{shm} has 4,096 bytes free .* and {temp} has 4,096 bytes free"):
+        build_detection_splits(name, root=str(root), train_split=splits[0], val_split=splits[1],
+                               on_bad_annotation="error", cache="ram")
+    assert cache_files(shm) == cache_files(temp) == []
 
 
 def test_files_are_removed_when_the_run_ends_and_after_a_kill(tmp_path):

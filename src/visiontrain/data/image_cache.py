@@ -51,10 +51,13 @@ _ALIGN = 4096  # the pixels start on a page boundary after the filled bytes
 GIB = 2 ** 30
 
 
-def default_directory() -> str:
-    """``/dev/shm`` (RAM-backed on Linux) where it exists and is writable, else the temp directory."""
+def default_directories() -> list[str]:
+    """Where a cache may go when ``data.cache_dir`` is unset, best first: ``/dev/shm`` (RAM-backed on
+    Linux) where it exists and is writable, then the temp directory, whose files the kernel's page
+    cache keeps in memory while it can (a container's ``/dev/shm`` is often only 64 MiB)."""
     shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else tempfile.gettempdir()
+    usable = os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK)
+    return [shm, tempfile.gettempdir()] if usable else [tempfile.gettempdir()]
 
 
 def size_text(n: float) -> str:
@@ -225,8 +228,8 @@ def budget(budget_gb: float | None) -> tuple[int, str]:
 def open_caches(splits: dict[str, np.ndarray], *, budget_gb: float | None, directory: str | None
                 ) -> dict[str, ImageCache]:
     """An empty cache per split (name -> image shapes [N, 3]). Refused before anything is written
-    when the images need more than the budget or than the directory has free: a ``ConfigError``
-    naming the key, the bytes needed and the budget."""
+    when the images need more than the budget or than the directory has free (unset: the first of
+    ``default_directories`` with room): a ``ConfigError`` naming the key, the bytes needed and the budget."""
     need = {name: layout(shapes)[1] for name, shapes in splits.items()}
     total = sum(need.values())
     parts = ", ".join(f"{name}: {len(splits[name]):,} images, {size_text(n)}" for name, n in need.items())
@@ -236,14 +239,16 @@ def open_caches(splits: dict[str, np.ndarray], *, budget_gb: float | None, direc
         raise ConfigError(f"{needs}, more than the budget of {allowed:,} bytes ({size_text(allowed)}; {why}); "
                           f"raise data.cache_gb if the memory is there, or set data.cache=none to decode every "
                           f"image each time")
-    directory = directory or default_directory()
-    if not os.path.isdir(directory):
+    if directory is not None and not os.path.isdir(directory):
         raise ConfigError(f"data.cache_dir={directory} is not a directory")
-    removed = remove_stale(directory)
-    if total > (free := free_bytes(directory)):
-        raise ConfigError(f"{needs}, and {directory} has {free:,} bytes free ({size_text(free)}); give it room "
-                          f"(in a container: docker run --shm-size), set data.cache_dir to a directory with "
-                          f"room, or data.cache=none")
+    candidates = [directory] if directory is not None else default_directories()
+    room = {place: (remove_stale(place), free_bytes(place)) for place in candidates}
+    directory = next((place for place, (_, free) in room.items() if free >= total), None)
+    if directory is None:
+        has = " and ".join(f"{place} has {free:,} bytes free ({size_text(free)})" for place, (_, free) in room.items())
+        raise ConfigError(f"{needs}, and {has}; give it room (in a container: docker run --shm-size), set "
+                          f"data.cache_dir to a directory with room, or data.cache=none")
+    removed = [path for stale, _ in room.values() for path in stale]
     caches = {name: ImageCache.create(directory, shapes) for name, shapes in splits.items()}
     log.info("%s, kept in %s as they are first decoded (budget %s: %s)%s", needs, directory, size_text(allowed),
              why, f"; removed {len(removed)} cache files of runs that were killed" if removed else "")
