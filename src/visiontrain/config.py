@@ -116,9 +116,8 @@ class DataConfig:
         "null: half of the memory available at the start, shared by torchrun's processes on a machine", None,
         minimum=0)
     cache_dir: str | None = doc(
-        "data.cache=ram: the directory of the cache files; null: /dev/shm (memory) where it exists and has room "
-        "for the images, else the temporary directory. On a disk the kernel's page cache keeps the files in "
-        "memory while it can", None)
+        "data.cache=ram: where the cache files go; null: /dev/shm (memory) where it has room for the images, else "
+        "the temporary directory (on a disk the kernel's page cache keeps them in memory while it can)", None)
 
 
 @dataclass
