@@ -16,6 +16,9 @@ from pathlib import Path
 # Every test process (and the subprocesses the CLI tests start) uses the same thread count:
 # bit-exact comparisons between two runs need identical reduction orders.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# cuBLAS reads this when it starts: with it, deterministic kernels (tests/devices.py) can be asked for
+# on CUDA. It changes nothing on the CPU.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import pytest
 import torch
@@ -28,6 +31,14 @@ ensure_torchvision()
 
 sys.path.insert(0, str(Path(__file__).parent))
 import toy_task  # noqa: E402,F401  (registers the "toy" task used by engine tests)
+from devices import check_required_device  # noqa: E402
+
+check_required_device()
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "cuda: a code path that differs on a GPU; benchmarks/gpu_check.py runs "
+                                       "these on CUDA (tests/devices.py)")
 
 
 @pytest.fixture

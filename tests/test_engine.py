@@ -1,5 +1,6 @@
 """The step pipeline through the real Trainer: accumulation, clipping, loss weights, the
-non-finite policy, max_steps, schedules applied to the optimizer."""
+non-finite policy, max_steps, schedules applied to the optimizer. The tests marked ``cuda`` run on
+the GPU too (tests/devices.py): there the optimizer is fused and fp16 scales on the device."""
 from __future__ import annotations
 
 import json
@@ -21,6 +22,7 @@ def max_diff(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+@pytest.mark.cuda
 def test_accumulation_equals_large_batch():
     common = dict(trainer__epochs=1, optim__lr=0.01, optim__momentum=0.0, trainer__log_every=1000)
     big = train(toy_config(data__batch_size=32, **common))
@@ -38,6 +40,24 @@ def test_accum_after_epoch_switches_on_later():
     # 8 batches/epoch: epoch 0 has 8 steps, epochs 1 and 2 have 4 each
     assert t.step == 16
     assert t.clock.total_steps == 16
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_each_precision_trains_with_clipping(run_dir, precision):
+    """The same regression in each precision, clipped, with AdamW: finite losses that fall, and
+    under fp16 the gradient scaler in the checkpoint (bf16 and fp32 need none)."""
+    t = train(toy_config(trainer__precision=precision, trainer__clip_grad=5.0, trainer__epochs=3,
+                         trainer__log_every=4, optim__name="adamw", optim__lr=0.05), run_dir)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    totals = [r["total"] for r in rows if r["kind"] == "train"]
+    assert len(totals) == 6 and all(torch.isfinite(torch.tensor(totals)))
+    assert totals[-1] < 0.25 * totals[0], totals
+    assert (t.run.scaler is not None) == (precision == "fp16")
+    state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert (state["scaler"] is not None) == (precision == "fp16")
+    if precision == "fp16":
+        assert state["scaler"]["scale"] > 0
 
 
 def test_max_steps_stops_mid_epoch(run_dir):
@@ -63,6 +83,7 @@ class GradProbe(Hook):
         self.per_param.append([g.norm().item() for g in grads])
 
 
+@pytest.mark.cuda
 def test_clip_by_global_norm():
     probe = GradProbe()
     cfg = toy_config(trainer__clip_grad=0.5, trainer__max_steps=6, optim__lr=0.001)
@@ -75,6 +96,7 @@ def test_clip_by_global_norm():
     assert max(probe.norms) == pytest.approx(0.5, abs=1e-4)  # the toy gradients are larger than 0.5
 
 
+@pytest.mark.cuda
 def test_clip_per_parameter():
     probe = GradProbe()
     cfg = toy_config(trainer__clip_grad=0.3, trainer__clip_mode="param", trainer__max_steps=4, optim__lr=0.001)
@@ -151,6 +173,7 @@ def test_scheduled_weight_of_a_single_term_logs_the_weighted_total(run_dir):
         assert r["total"] == pytest.approx(r["l1"] * i / 8, rel=1e-5, abs=1e-7)
 
 
+@pytest.mark.cuda
 def test_nonfinite_raise_names_step_epoch_terms(run_dir):
     cfg = toy_config(task__poison_step=10, trainer__log_every=4, checkpoint__every=1,
                      checkpoint__unit="steps", trainer__epochs=3)
@@ -164,6 +187,7 @@ def test_nonfinite_raise_names_step_epoch_terms(run_dir):
     assert all(torch.isfinite(v).all() for v in state["model"].values())
 
 
+@pytest.mark.cuda
 def test_nonfinite_skip_leaves_weights_untouched(run_dir):
     snapshots = {}
 
@@ -185,6 +209,7 @@ def test_nonfinite_skip_leaves_weights_untouched(run_dir):
     assert any(r.get("skipped_steps") == 1 for r in rows if r["kind"] == "train")
 
 
+@pytest.mark.cuda
 def test_nonfinite_skip_with_foreach_optimizer():
     cfg = toy_config(task__poison_step=0, trainer__nonfinite="skip", trainer__max_steps=3,
                      optim__impl="foreach", optim__name="adamw")

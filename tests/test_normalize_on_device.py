@@ -2,6 +2,7 @@
 
 The device path must give the model what the CPU path gives it (same augmentation, same pixels to
 float rounding, padding 0), for every recipe family that supports it, and a run must train the same.
+The tests marked ``cuda`` normalise on the GPU when there is one (tests/devices.py).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import pytest
 import torch
 
+from devices import TEST_DEVICE
 from visiontrain import config as C
 from visiontrain.data.normalize import NormalizeOnDevice
 from visiontrain.engine.trainer import Trainer
@@ -45,6 +47,19 @@ def first_batch(recipe: str, overrides: list[str], on_device: bool):
     return next(iter(loader)), task.device_transform()
 
 
+def on_test_device(batch):
+    from visiontrain.engine.step import to_device
+
+    return to_device(batch, TEST_DEVICE)
+
+
+def on_cpu(batch):
+    from visiontrain.engine.step import to_device
+
+    return to_device(batch, torch.device("cpu"))
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_device_normalisation_gives_the_cpu_pipelines_batch(recipe, coco_root):
     overrides = RECIPES[recipe] + ["data.name=coco", f"data.root={coco_root}"]
@@ -52,7 +67,7 @@ def test_device_normalisation_gives_the_cpu_pipelines_batch(recipe, coco_root):
     raw, transform = first_batch(recipe, overrides, on_device=True)
     assert none is None and transform is not None
     assert raw[0].dtype == torch.uint8 and cpu_images.dtype == torch.float32  # a quarter of the bytes to copy
-    images, mask, targets = transform(raw)
+    images, mask, targets = on_cpu(transform(on_test_device(raw)))
     assert torch.equal(mask, cpu_mask) and mask.any(), "the batch is padded: the padding must be checked too"
     torch.testing.assert_close(images, cpu_images, atol=2e-6, rtol=0)
     assert images[mask.unsqueeze(1).expand_as(images)].abs().max() == 0  # padding 0, as on the CPU
@@ -60,6 +75,7 @@ def test_device_normalisation_gives_the_cpu_pipelines_batch(recipe, coco_root):
         assert torch.equal(a["boxes"], b["boxes"]) and torch.equal(a["labels"], b["labels"])
 
 
+@pytest.mark.cuda
 def test_image_folder_normalises_on_the_device(tmp_path):
     from test_classification_data import _png_tree
 
@@ -69,7 +85,7 @@ def test_image_folder_normalises_on_the_device(tmp_path):
     (cpu_images, cpu_labels), _ = first_batch("classify-fashion", overrides, on_device=False)
     raw, transform = first_batch("classify-fashion", overrides, on_device=True)
     assert raw[0].dtype == torch.uint8
-    images, labels = transform(raw)
+    images, labels = on_cpu(transform(on_test_device(raw)))
     torch.testing.assert_close(images, cpu_images, atol=2e-6, rtol=0)
     assert torch.equal(labels, cpu_labels)
 
@@ -85,11 +101,14 @@ def test_float_input_is_refused_by_name():
         NormalizeOnDevice()(torch.zeros(1, 3, 4, 4))
 
 
+@pytest.mark.cuda
 def test_channels_last_is_kept():
-    x = torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    x = torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8, device=TEST_DEVICE)
+    x = x.contiguous(memory_format=torch.channels_last)
     assert NormalizeOnDevice()(x).is_contiguous(memory_format=torch.channels_last)
 
 
+@pytest.mark.cuda
 def test_a_yolo_run_trains_the_same_either_way(coco_root, tmp_path):
     from test_yolo import TINY
 

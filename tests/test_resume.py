@@ -1,10 +1,13 @@
 """Exact resume: "fit to N" and "fit to k, crash, --resume auto to N" give bit-identical weights,
-with shuffling, random augmentation, mixup, dropout and DataLoader workers on."""
+with shuffling, random augmentation, mixup, dropout and DataLoader workers on. The tests marked
+``cuda`` hold on a GPU too, with deterministic kernels (tests/devices.py): the CUDA random streams
+are in the checkpoint, and the workers start beside a CUDA context."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from devices import deterministic_kernels
 from toy_task import ToyTask, toy_config
 from visiontrain import config as C
 from visiontrain.engine.hooks import Hook
@@ -64,8 +67,15 @@ def fit_and_crash_resume(cfg: C.Config, base, crash_at: int, position: tuple[int
     return full, resumed
 
 
+@pytest.fixture
+def deterministic():
+    with deterministic_kernels():
+        yield
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("workers", [0, 2])
-def test_mid_epoch_resume_is_bit_exact(tmp_path, workers):
+def test_mid_epoch_resume_is_bit_exact(tmp_path, workers, deterministic):
     cfg = classification_cfg(workers)
     # 1437 train digits / 32 = 44 steps per epoch; crash at 50 (after the checkpoint at 50, mid-epoch 1)
     # and resume; the resumed run goes through an epoch-end evaluation and the mix switch-off.
@@ -79,7 +89,8 @@ def test_mid_epoch_resume_is_bit_exact(tmp_path, workers):
     assert full.checkpointer.best.best == resumed.checkpointer.best.best
 
 
-def test_resume_at_epoch_boundary_and_with_accumulation(tmp_path):
+@pytest.mark.cuda
+def test_resume_at_epoch_boundary_and_with_accumulation(tmp_path, deterministic):
     cfg = toy_config(data__batch_size=16, trainer__accum_steps=2, trainer__epochs=3, task__noise=True,
                      task__dropout=0.2, checkpoint__every=1, checkpoint__unit="epochs",
                      optim__name="adamw", optim__lr=0.01, trainer__nonfinite="skip")
@@ -106,7 +117,9 @@ def test_resume_refuses_other_batch_size(tmp_path):
 
 def test_detr_with_its_fast_options_resumes_bit_exact(tmp_path, tmp_path_factory):
     """detect-detr as shipped (focal loss, two-stage, groups, denoising copies drawn from the RNG,
-    deformable attention, bf16, one worker), crashed after step 4's checkpoint and resumed."""
+    deformable attention, bf16, one worker), crashed after step 4's checkpoint and resumed. Not
+    marked ``cuda``: the deformable attention's grid_sample has no deterministic CUDA backward
+    (torch.use_deterministic_algorithms refuses it), so on a GPU only the CPU's bit-exactness holds."""
     from detection_helpers import mosaic_coco
 
     root = mosaic_coco(tmp_path_factory, 8, 2)

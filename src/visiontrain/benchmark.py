@@ -51,7 +51,9 @@ class _StepTimer(Hook):
             raise _Done
 
 
-def run_benchmark(cfg: Config, task: Task, *, steps: int, warmup: int, synthetic: bool) -> dict[str, Any]:
+def run_benchmark(cfg: Config, task: Task, *, steps: int, warmup: int, synthetic: bool,
+                  hooks: list[Hook] = ()) -> dict[str, Any]:
+    """``hooks``: more of the run's hooks (e.g. a profiler over chosen steps)."""
     cfg.schedules = {}
     cfg.trainer.max_steps, cfg.trainer.epochs = warmup + steps, 10**6
     cfg.trainer.log_every = max(cfg.trainer.log_every, warmup + steps)  # no log point inside the window
@@ -70,7 +72,7 @@ def run_benchmark(cfg: Config, task: Task, *, steps: int, warmup: int, synthetic
             first.append(micro)
         return micro
 
-    trainer = Trainer(cfg, task, None, hooks=[timer], fetch=timed_fetch)
+    trainer = Trainer(cfg, task, None, hooks=[*hooks, timer], fetch=timed_fetch)  # (the timer ends the run)
     with contextlib.suppress(_Done):  # the window's last step ends the run: no final evaluation
         trainer.fit()
         raise ValueError(f"the recipe ran out of steps before {warmup + steps} (trainer.max_steps)")

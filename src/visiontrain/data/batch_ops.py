@@ -16,6 +16,19 @@ import torch.nn.functional as F
 GRAY_WEIGHTS = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale (ITU-R 601-2 luma)
 
 
+def channels_last(images: Tensor) -> Tensor:
+    """A [B, C, H, W] batch with NHWC strides, one channel too. For C = 1 both layouts hold the same
+    bytes, so ``contiguous(memory_format=channels_last)`` keeps the NCHW strides it has; a
+    convolution then takes its input, and the layers after it theirs, for NCHW while their weights
+    are channels_last, and converts at every layer (on an H200, ResNet-50 on grey images ran at 0.82
+    of the hand-written loop, whose input was made NHWC). Re-striding a one-channel batch is a view."""
+    images = images.contiguous(memory_format=torch.channels_last)
+    if images.shape[1] == 1 and images.stride(1) != 1:
+        b, _, h, w = images.shape
+        images = images.as_strided(images.shape, (h * w, 1, w, 1))
+    return images
+
+
 def _cubic_aa(x: Tensor) -> Tensor:
     """The bicubic filter of PIL and of torch's antialiased interpolation (a = -0.5), support 2."""
     a, x = -0.5, x.abs()

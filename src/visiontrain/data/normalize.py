@@ -29,9 +29,11 @@ class NormalizeOnDevice:
         consts = self._consts.get(images.device)
         if consts is None:  # made once per device: no per-step host-to-device copy
             c = images.shape[-3]
+            # non_blocking: a copy from pageable memory is staged at once and waits for nothing;
+            # a blocking one waits for every kernel queued before it (CUDA's sync debug mode says so)
             consts = self._consts[images.device] = (
-                torch.tensor(self.mean, device=images.device).view(c, 1, 1),
-                torch.tensor(self.std, device=images.device).view(c, 1, 1))
+                torch.tensor(self.mean).view(c, 1, 1).to(images.device, non_blocking=True),
+                torch.tensor(self.std).view(c, 1, 1).to(images.device, non_blocking=True))
         mean, std = consts
         x = images.float().div_(255).sub_(mean).div_(std)  # .float() keeps channels_last
         if mask is not None:

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from visiontrain.data.batch_ops import channels_last as to_channels_last
 from visiontrain.engine.distributed import grad_sync_paused
 from visiontrain.engine.fsdp import is_sharded, local
 from visiontrain.engine.guards import NonFiniteLossError  # noqa: F401  (raised for what the step records)
@@ -35,7 +36,7 @@ def to_device(batch: Any, device: torch.device, channels_last: bool = False) -> 
     if isinstance(batch, torch.Tensor):
         batch = batch.to(device, non_blocking=True)
         if channels_last and batch.ndim == 4:
-            batch = batch.contiguous(memory_format=torch.channels_last)
+            batch = to_channels_last(batch)
         return batch
     if isinstance(batch, dict):
         return {k: to_device(v, device, channels_last) for k, v in batch.items()}

@@ -181,10 +181,13 @@ class SetCriterion(nn.Module):
             return F.cross_entropy(logits.float().transpose(1, 2), target_classes, self.empty_weight)
         logits = logits.float()
         onehot = torch.zeros_like(logits)
+        # The value as a device tensor: a Python 1.0 is copied to the device with a wait for every
+        # kernel queued before it (CUDA's sync debug mode: 5 such waits a step in detect-detr)
+        one = onehot.new_ones(())
         if self.class_loss == "focal":
-            onehot[img, qry, tgt_labels] = 1.0
+            onehot[img, qry, tgt_labels] = one
             return sigmoid_focal_loss(logits, onehot, self.focal_alpha, self.focal_gamma, reduction="sum") / num_boxes
-        onehot[img, qry, tgt_labels] = 1.0  # varifocal: the matched class's target is the box's IoU
+        onehot[img, qry, tgt_labels] = one  # varifocal: the matched class's target is the box's IoU
         score = onehot * 0
         score[img, qry, tgt_labels] = iou.detach().clamp(min=0).to(score.dtype)
         weight = VFL_ALPHA * logits.detach().sigmoid() ** self.focal_gamma * (1 - onehot) + score

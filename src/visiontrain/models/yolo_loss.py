@@ -87,9 +87,10 @@ def build_targets(gt_boxes: torch.Tensor, gt_labels: torch.Tensor, gt_weights: t
     wh, labels = per_assignment(wh), per_assignment(gt_labels)
     centre = per_assignment((gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2)
     level = anchor_id // a
-    hw = torch.tensor(sizes, device=dev)                                          # [L, 2]
-    offsets = torch.tensor([0] + [a * h * w for h, w in sizes], device=dev).cumsum(0)[:-1]
-    strides = torch.tensor(STRIDES[:len(sizes)], device=dev, dtype=centre.dtype)[level]
+    # host-made constants, copied without waiting (a blocking copy waits for every queued kernel)
+    hw = torch.tensor(sizes).to(dev, non_blocking=True)                           # [L, 2]
+    offsets = torch.tensor([0] + [a * h * w for h, w in sizes]).cumsum(0)[:-1].to(dev, non_blocking=True)
+    strides = torch.tensor(STRIDES[:len(sizes)], dtype=centre.dtype).to(dev, non_blocking=True)[level]
     cell_xy = centre / strides[..., None]
     lh, lw = hw[level, 0], hw[level, 1]
     gx = cell_xy[..., 0].floor().long().clamp(min=0).minimum(lw - 1)
@@ -199,5 +200,5 @@ def rescale_batch(images: torch.Tensor, boxes: torch.Tensor, ratio: float
     if (nh, nw) == (h, w):
         return images, boxes
     images = F.interpolate(images, size=(nh, nw), mode="bilinear", align_corners=False)
-    factor = torch.tensor([nw / w, nh / h, nw / w, nh / h], device=boxes.device, dtype=boxes.dtype)
+    factor = torch.tensor([nw / w, nh / h, nw / w, nh / h], dtype=boxes.dtype).to(boxes.device, non_blocking=True)
     return images, boxes * factor

@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import Subset
 
 from visiontrain.config import ConfigError, TaskConfig, doc, register_task_config
+from visiontrain.data.batch_ops import channels_last as to_channels_last
 from visiontrain.engine.build import eval_loader, worker_context
 from visiontrain.engine.distributed import DistInfo
 from visiontrain.engine.ema import unwrap
@@ -161,7 +162,7 @@ class DinoTask(Task):
             images, labels, params = batch
             crops = crop(images, params)
             if channels_last:
-                crops = [c.contiguous(memory_format=torch.channels_last) for c in crops]
+                crops = [to_channels_last(c) for c in crops]
             return crops, labels
         return make_crops
 

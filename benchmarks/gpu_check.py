@@ -1,0 +1,464 @@
+"""visiontrain on a GPU: one command that runs every CUDA path and takes the GPU figures.
+
+    python benchmarks/gpu_check.py --out DIR             # on a GPU machine: about 6 minutes on an H100/H200
+    python benchmarks/gpu_check.py --dry-run --out DIR   # the same stages on the CPU, tiny sizes (the suite runs it)
+    python benchmarks/gpu_check.py --out DIR --stages tests,fsdp   # again, only these stages
+
+Each stage runs in its own process group with its own time budget, so one that fails, hangs or
+takes CUDA down loses only its own figures; each writes its results as they come, and a stage cut
+off by its budget keeps what it had. The stages that only check run side by side first, the timed
+ones alone after them:
+
+  env         the GPU, driver, CUDA, cuDNN and package versions; a bf16 matrix product's TFLOP/s;
+              builds fashion-mosaic (the small detection recipes' data) while the tests run
+  tests       `pytest -m cuda`: the suite's CUDA paths on the GPU (tests/devices.py): the step in
+              fp32 / bf16 / fp16 with clipping, accumulation and skipped steps (fused optimizers),
+              the side-stream prefetch from pinned memory, normalisation on the device, exact resume
+              with deterministic kernels and forkserver workers beside a CUDA context, and CUDA's
+              sync debug mode over the steps between log points of each small recipe's family
+  fsdp        FSDP2 in one process (torchrun, NCCL) with bf16 autocast on a ResNet-18, beside the
+              same run unsharded: finite or not
+  profile     ResNet-50's steps under torch.profiler, the loop's and the engine's side by side:
+              kernels, device time and the CUDA runtime calls that wait, per step
+  throughput  benchmarks/throughput.py: ResNet-50 and ViT-B/16 at 224 px and DETR-R50 at 800 px, bf16,
+              channels_last, the engine against the hand-written loop (img/s, ratio, MFU), then the
+              two classifiers torch.compile'd in both
+  recipes     each small recipe as shipped (its workers, forkserver, pinned memory, precision,
+              data cache) through `visiontrain benchmark`: samples/s, data-wait share, peak memory;
+              then on its first batch replayed (--synthetic): what the step alone could do, which
+              says whether loading (DINO's multi-crop, detection decoding) is the limit
+
+Writes DIR/gpu_check.json (every stage: status, seconds, results), DIR/summary.txt (a few lines
+a stage) and DIR/stages.log (every stage's own output).
+
+On the GPU machine: its own python3 (3.12, torch 2.11, torchvision 0.26, timm) runs the source tree
+(PYTHONPATH=src), nothing is installed from the network. Two things the checks need are not there
+and travel with the working tree in an ignored folder named in the call's carry list:
+pycocotools (the detection evaluation) as a wheel, and Fashion-MNIST's four idx files (every small
+recipe's data), as `data.root`-free runs find them under $VISIONTRAIN_DATA_CACHE/FashionMNIST/raw:
+
+    mkdir -p .gpu/whl .gpu/data/FashionMNIST/raw && cp /usr/share/datasets/fashion-mnist/*.gz .gpu/data/FashionMNIST/raw/
+    pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
+        --platform manylinux2014_x86_64 -d .gpu/whl pycocotools==2.0.11
+    # then, there:
+    pip install -q --no-index --no-deps --target /tmp/site .gpu/whl/*.whl
+    PYTHONPATH=src:/tmp/site python benchmarks/gpu_check.py --out "$OUT" --data .gpu/data
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- stage bookkeeping (any process)
+class Results:
+    """One stage's records, rewritten whole (atomically) after each one, so that a stage killed at
+    its budget leaves everything it had measured."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.records = path, []
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        print(json.dumps(record), flush=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.records, indent=1))
+        os.replace(tmp, self.path)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    timed: bool          # measures speed: runs alone, after the checks
+    budget_s: int        # on a GPU
+    dry_budget_s: int    # --dry-run on a 2-core CPU
+    run: Callable[[argparse.Namespace, Results], None]
+
+
+def child_env(args: argparse.Namespace) -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CI": "true"}  # CI: plain log lines, no progress bar
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
+    if args.data:
+        env["VISIONTRAIN_DATA_CACHE"] = str(Path(args.data).resolve())
+    return env
+
+
+def run_logged(cmd: list[str], args: argparse.Namespace, timeout: float, **env: str) -> tuple[int, str]:
+    """A command of a stage, in its own process group (killed whole at ``timeout``): (exit code,
+    output). Its output also goes to this stage's log."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**child_env(args), **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=max(timeout, 1))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        out += f"\n[gpu_check] killed after {timeout:.0f} s\n"
+    print(f"$ {' '.join(cmd)}\n{out}", flush=True)
+    return proc.returncode, out
+
+
+def last_json(output: str) -> dict[str, Any] | None:
+    for line in reversed(output.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return None
+
+
+def left(args: argparse.Namespace) -> float:
+    return args.deadline - time.time()
+
+
+# ---------------------------------------------------------------- the stages (each in its own process)
+def stage_env(args: argparse.Namespace, out: Results) -> None:
+    import platform
+
+    import torch
+
+    from visiontrain._tv_compat import ensure_torchvision
+
+    ensure_torchvision()
+    import timm
+    import torchvision
+
+    record: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                              "torchvision": torchvision.__version__, "timm": timm.__version__,
+                              "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
+    try:
+        import pycocotools  # noqa: F401
+        record["pycocotools"] = True
+    except ImportError:
+        record["pycocotools"] = False
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        record.update(device=p.name, capability=f"{p.major}.{p.minor}", sms=p.multi_processor_count,
+                      memory_gib=round(p.total_memory / 2**30, 1), cudnn=torch.backends.cudnn.version())
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True)
+        record["driver"] = smi.stdout.strip() or smi.stderr.strip()[-200:]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (512, torch.float32)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    sync()
+    tflops = 10 * 2 * n**3 / (time.perf_counter() - t0) / 1e12
+    record[f"matmul_{n}_{str(dtype).removeprefix('torch.')}_tflops"] = round(tflops, 1 if tflops > 10 else 4)
+    # The small recipes' detection set, built here while the tests run, not inside a timed stage
+    from visiontrain.data.detection.embedded import build_fashion_mosaic
+    from visiontrain.data.detection.splits import data_cache_dir
+
+    t0 = time.perf_counter()
+    build_fashion_mosaic(data_cache_dir())
+    record["fashion_mosaic_s"] = round(time.perf_counter() - t0, 1)
+    out.add(record)
+
+
+def stage_tests(args: argparse.Namespace, out: Results) -> None:
+    import xml.etree.ElementTree as ET
+
+    junit = Path(args.work) / "tests.xml"
+    workers = ["-n", "0"] if args.dry_run else ["-n", "4", "--dist", "loadfile"]
+    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", *workers,
+           f"--junitxml={junit}", "tests"]
+    env = {} if args.dry_run else {"VISIONTRAIN_REQUIRE_CUDA": "1"}
+    rc, output = run_logged(cmd, args, left(args) - 5, **env)
+    record: dict[str, Any] = {"exit": rc, "tail": output.strip().splitlines()[-1:]}
+    if junit.is_file():
+        cases = list(ET.parse(junit).getroot().iter("testcase"))
+        failed = []
+        for case in cases:
+            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+            if bad is not None:
+                failed.append({"test": f"{case.get('classname')}::{case.get('name')}",
+                               "message": (bad.get("message") or "")[:3000]})
+        skipped = [c for c in cases if c.find("skipped") is not None]
+        record.update(tests=len(cases), failed=len(failed), skipped=len(skipped),
+                      passed=len(cases) - len(failed) - len(skipped), failures=failed)
+    out.add(record)
+    if rc != 0:
+        raise SystemExit(rc)
+
+
+FSDP_RUN = ["classify-fashion", "task.model=resnet18", "data.name=digits", "data.limit_val=64", "trainer.log_every=1",
+            "eval.every=0", "checkpoint.every=0", "trainer.precision=bf16", "trainer.nonfinite=raise",
+            "trainer.plots=false"]
+
+
+def stage_fsdp(args: argparse.Namespace, out: Results) -> None:
+    """FSDP2 with bf16 autocast on a ResNet, one process, beside the same run unsharded. On the
+    CPU (gloo) the sharded one's strided convolutions went non-finite (docs/distributed.md)."""
+    steps = 4 if args.dry_run else 30
+    common = [*FSDP_RUN, f"trainer.max_steps={steps}", f"data.batch_size={16 if args.dry_run else 64}"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
+    runs = {"fsdp": [*torchrun, "-m", "visiontrain", "fit", *common, "distributed.strategy=fsdp"],
+            "unsharded": [sys.executable, "-m", "visiontrain", "fit", *common]}
+    for i, (name, cmd) in enumerate(runs.items()):
+        run_dir = Path(args.work) / f"fsdp-{name}"
+        rc, output = run_logged([*cmd, "--run-dir", str(run_dir)], args, left(args) / (len(runs) - i) - 2)
+        metrics = run_dir / "metrics.jsonl"
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+        totals = [r["total"] for r in rows if r.get("kind") == "train"]
+        weights = run_dir / "model.safetensors"
+        bad = nonfinite_tensors(weights) if weights.is_file() else None
+        finite = rc == 0 and bool(totals) and all(t is not None and abs(t) < float("inf") for t in totals) \
+            and bad == []
+        out.add({"run": name, "exit": rc, "finite": finite, "steps_logged": len(totals), "totals": totals[:6],
+                 "last_total": totals[-1] if totals else None, "nonfinite_weights": bad,
+                 "error": None if rc == 0 else output.strip().splitlines()[-3:]})
+
+
+def nonfinite_tensors(path: Path) -> list[str]:
+    """The names of the tensors in a safetensors file holding NaN or Inf (the final weights: the
+    losses can all be finite while the last update was not)."""
+    import torch
+    from safetensors.torch import load_file
+
+    return [k for k, v in load_file(path).items() if v.is_floating_point() and not torch.isfinite(v).all()]
+
+
+THROUGHPUT = {  # (model, image size, batch, compiled)
+    "gpu": [("resnet50", 224, 128, False), ("vit_base_patch16_224", 224, 128, False), ("detr_r50", 800, 8, False),
+            ("resnet50", 224, 128, True), ("vit_base_patch16_224", 224, 128, True)],
+    "dry": [("resnet18", 64, 16, False), ("vit_tiny_patch16_224", 64, 16, False), ("detr_small", 160, 8, False),
+            ("resnet18", 32, 16, True)],
+}
+
+
+def stage_throughput(args: argparse.Namespace, out: Results) -> None:
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import throughput
+
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    precision = "fp32" if args.dry_run else "bf16"
+    steps, warmup = (3, 1) if args.dry_run else (30, 8)
+    flops: dict[str, float] = {}
+    for model, size, batch, compiled in THROUGHPUT["dry" if args.dry_run else "gpu"]:
+        need = (60 if compiled else 25) * (0.3 if args.dry_run else 1)  # what a case takes, about
+        if left(args) < need:
+            out.add({"model": model, "compiled": compiled, "skipped": f"{left(args):.0f} s of the budget left"})
+            continue
+        repeats = 1 if compiled or args.dry_run else 2
+        r = throughput.measure(model, size, batch, device, precision, steps=steps, warmup=warmup, repeats=repeats,
+                               compiled=compiled, flops=flops.get(model))
+        if "gflop_per_step" in r:
+            flops[model] = r["gflop_per_step"] * 1e9
+        if device.type == "cuda":
+            r["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+            torch.cuda.reset_peak_memory_stats()
+        out.add(r)
+
+
+def stage_profile(args: argparse.Namespace, out: Results) -> None:
+    """ResNet-50 (ResNet-18 in the dry run) under torch.profiler, the loop's steps and the engine's:
+    kernels, device time and the runtime calls that wait, per step, side by side."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import throughput
+
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    case = ("resnet18", 32, 8, "fp32") if args.dry_run else ("resnet50", 224, 128, "bf16")
+    out.add(throughput.profile_case(*case[:3], device, case[3], steps=2 if args.dry_run else 5,
+                                    warmup=1 if args.dry_run else 5))
+
+
+SMALL_RECIPES = ["detect-faster-rcnn", "detect-detr", "detect-yolov3", "ssl-dino", "classify-fashion"]
+# --dry-run only: the run's size (tests/shipped.py's keys), so that five recipes fit in a CPU minute
+DRY_SIZES = {
+    "classify-fashion": ["data.batch_size=32"],
+    "ssl-dino": ["data.batch_size=16"],
+    "detect-yolov3": ["data.batch_size=2", "task.size=64", "task.multiscale_sizes=[64]"],
+    "detect-detr": ["data.batch_size=2", "task.train_scales=[96]", "task.max_size=128", "task.val_size=96",
+                    "task.crop_resize=[96]", "task.crop_min=64", "task.crop_max=96"],
+    "detect-faster-rcnn": ["data.batch_size=2", "task.train_scales=[96]", "task.max_size=128", "task.val_size=96"],
+}
+
+
+def stage_recipes(args: argparse.Namespace, out: Results) -> None:
+    """Each small recipe as shipped: real data (its loader as written), then its first batch replayed."""
+    real, synthetic = ((2, 1), (1, 1)) if args.dry_run else ((80, 10), (20, 5))
+    for recipe in args.recipes.split(",") if args.recipes else SMALL_RECIPES:
+        sizes = DRY_SIZES[recipe] if args.dry_run else []
+        record: dict[str, Any] = {"recipe": recipe}
+        for kind, (steps, warmup) in (("real", real), ("synthetic", synthetic)):
+            if left(args) < 10:
+                record[kind] = {"skipped": f"{left(args):.0f} s of the budget left"}
+                continue
+            cmd = [sys.executable, "-m", "visiontrain", "benchmark", recipe, *sizes, "--steps", str(steps),
+                   "--warmup", str(warmup), *(["--synthetic"] if kind == "synthetic" else [])]
+            rc, output = run_logged(cmd, args, min(left(args) - 2, 120))
+            r = last_json(output) if rc == 0 else None
+            record[kind] = r if r else {"exit": rc, "error": output.strip().splitlines()[-3:]}
+        if "samples_per_s" in record.get("real", {}) and "samples_per_s" in record.get("synthetic", {}):
+            r, s = record["real"], record["synthetic"]
+            record["data_wait_share"] = round(r["data_wait_ms"] / max(r["step_ms"], 1e-9), 3)
+            record["real_over_synthetic"] = round(r["samples_per_s"] / s["samples_per_s"], 3)
+        out.add(record)
+
+
+STAGES = {s.name: s for s in [
+    Stage("env", False, 60, 60, stage_env),
+    Stage("tests", False, 130, 240, stage_tests),
+    Stage("fsdp", False, 110, 120, stage_fsdp),
+    Stage("profile", True, 45, 60, stage_profile),
+    Stage("throughput", True, 180, 150, stage_throughput),
+    Stage("recipes", True, 160, 150, stage_recipes),
+]}
+
+
+# ---------------------------------------------------------------- the runner (the parent process)
+def start(stage: Stage, args: argparse.Namespace, work: Path) -> tuple[subprocess.Popen, float, Any]:
+    budget = args.budgets.get(stage.name) or (stage.dry_budget_s if args.dry_run else stage.budget_s)
+    deadline = time.time() + budget
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--stage", stage.name, "--work", str(work),
+           "--deadline", str(deadline), *(["--dry-run"] if args.dry_run else []),
+           *(["--data", args.data] if args.data else []), *(["--recipes", args.recipes] if args.recipes else [])]
+    log = open(work / f"{stage.name}.log", "w")  # noqa: SIM115  (closed by finish)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(args), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    print(f"[gpu_check] {stage.name}: started (budget {budget} s)", flush=True)
+    return proc, deadline, log
+
+
+def finish(stage: Stage, proc: subprocess.Popen, deadline: float, log: Any, work: Path, t0: float) -> dict[str, Any]:
+    try:
+        rc = proc.wait(timeout=max(deadline - time.time(), 0) + 10)  # the stage stops itself first
+        status = "ok" if rc == 0 else f"failed (exit {rc})"
+    except subprocess.TimeoutExpired:
+        status = "timed out"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever it left: workers, torchrun's ranks
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        log.close()
+    path = work / f"{stage.name}.json"
+    records = json.loads(path.read_text()) if path.is_file() else []
+    text = (work / f"{stage.name}.log").read_text(errors="replace")
+    result = {"status": status, "seconds": round(time.time() - t0, 1), "records": records}
+    if status != "ok":
+        result["log_tail"] = text.strip().splitlines()[-15:]
+    print(f"[gpu_check] {stage.name}: {status} in {result['seconds']} s", flush=True)
+    return result
+
+
+def summary_lines(name: str, result: dict[str, Any]) -> list[str]:
+    lines = [f"{name}: {result['status']} in {result['seconds']} s"]
+    for r in result["records"]:
+        if name == "throughput" and "engine_over_raw" in r:
+            lines.append(f"  {r['model']}{' compiled' if r['compiled'] else ''} {r['image_size']} px batch {r['batch']}: "
+                         f"engine {r['engine_images_per_s']} img/s, loop {r['raw_images_per_s']} img/s, "
+                         f"ratio {r['engine_over_raw']}" + (f", MFU {r['mfu']}" if "mfu" in r else ""))
+        elif name == "recipes" and "real_over_synthetic" in r:
+            real = r["real"]
+            memory = ", ".join(f"{v:.0f} MiB {k.removeprefix('peak_').removesuffix('_mib').replace('_', ' ')}"
+                               for k, v in real.items() if k.startswith("peak_"))
+            lines.append(f"  {r['recipe']}: {real['samples_per_s']:.0f} samples/s (step alone "
+                         f"{r['synthetic']['samples_per_s']:.0f}: {r['real_over_synthetic']}), data wait "
+                         f"{100 * r['data_wait_share']:.0f} % of a step, peak {memory}")
+        elif name == "tests" and "tests" in r:
+            lines.append(f"  {r['passed']} passed, {r['failed']} failed, {r['skipped']} skipped")
+            lines += [f"  FAILED {f['test']}: {f['message'][:300]}" for f in r["failures"]]
+        elif name == "profile" and "raw" in r:
+            for who in ("raw", "engine"):
+                x = r[who]
+                lines.append(f"  {r['model']} {who}: {x['wall_ms_per_step']} ms a step, device {x['device_ms_per_step']} ms, "
+                             f"host {x['host_ms_per_step']} ms, runtime calls {x['runtime_calls_per_step']}")
+        elif name == "fsdp":
+            lines.append(f"  {r['run']}: exit {r['exit']}, finite {r['finite']}, last total {r['last_total']}, "
+                         f"non-finite weights {r['nonfinite_weights']}")
+        else:
+            lines.append(f"  {json.dumps(r)[:400]}")
+    return lines
+
+
+def write_outputs(out: Path, work: Path, results: dict[str, Any], chosen: list[Stage]) -> list[str]:
+    """The three files, rewritten after each stage: a call cut off from outside keeps what ended."""
+    (out / "gpu_check.json").write_text(json.dumps(results, indent=1))
+    summary = [line for name, r in results["stages"].items() for line in summary_lines(name, r)]
+    (out / "summary.txt").write_text("\n".join(summary + [f"total {results['seconds']} s"]) + "\n")
+    with open(out / "stages.log", "w") as log:
+        for stage in chosen:
+            if (work / f"{stage.name}.log").is_file():
+                log.write(f"======== {stage.name}\n{(work / f'{stage.name}.log').read_text(errors='replace')}\n")
+    return summary
+
+
+def run_all(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    names = args.stages.split(",") if args.stages else list(STAGES)
+    unknown = [n for n in names if n not in STAGES]
+    if unknown:
+        raise SystemExit(f"--stages: unknown {unknown}; the stages are {', '.join(STAGES)}")
+    chosen = [STAGES[n] for n in names]
+    results: dict[str, Any] = {"dry_run": args.dry_run, "stages": {}, "seconds": 0.0}
+    t0 = time.time()
+
+    def record(stage: Stage, result: dict[str, Any]) -> None:
+        results["stages"][stage.name] = result
+        results["seconds"] = round(time.time() - t0, 1)
+        write_outputs(out, work, results, chosen)
+
+    checks = [(s, *start(s, args, work), time.time()) for s in chosen if not s.timed]  # side by side
+    for stage, proc, deadline, log, started in checks:
+        record(stage, finish(stage, proc, deadline, log, work, started))
+    for stage in (s for s in chosen if s.timed):  # alone: nothing else on the device while timed
+        started = time.time()
+        record(stage, finish(stage, *start(stage, args, work), work, started))
+    print("\n".join(write_outputs(out, work, results, chosen)), flush=True)
+    return 0 if all(r["status"] == "ok" for r in results["stages"].values()) else 1
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="folder for gpu_check.json, summary.txt and stages.log")
+    p.add_argument("--dry-run", action="store_true", help="the same stages on the CPU, with tiny sizes")
+    p.add_argument("--stages", help=f"comma-separated subset of: {', '.join(STAGES)}")
+    p.add_argument("--data", help="a folder holding FashionMNIST/raw/*.gz (becomes VISIONTRAIN_DATA_CACHE)")
+    p.add_argument("--recipes", help=f"the recipes stage's recipes (default: {', '.join(SMALL_RECIPES)})")
+    p.add_argument("--budgets", default="", help="seconds per stage instead of the defaults: throughput=150,recipes=60")
+    p.add_argument("--stage", help=argparse.SUPPRESS)     # the runner's own call of one stage
+    p.add_argument("--work", help=argparse.SUPPRESS)
+    p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    try:
+        args.budgets = {k: int(v) for k, v in (item.split("=") for item in args.budgets.split(",") if item)}
+    except ValueError:
+        p.error(f"--budgets {args.budgets!r}: expected STAGE=SECONDS[,STAGE=SECONDS...]")
+    if args.stage:
+        STAGES[args.stage].run(args, Results(Path(args.work) / f"{args.stage}.json"))
+        return
+    if not args.out:
+        p.error("--out is required")
+    if not args.dry_run:
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("no CUDA device here: use --dry-run for the CPU rehearsal")
+    sys.exit(run_all(args))
+
+
+if __name__ == "__main__":
+    main()
