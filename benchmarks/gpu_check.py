@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -428,6 +429,7 @@ def run_all(args: argparse.Namespace) -> int:
         started = time.time()
         record(stage, finish(stage, *start(stage, args, work), work, started))
     print("\n".join(write_outputs(out, work, results, chosen)), flush=True)
+    shutil.rmtree(work, ignore_errors=True)  # its logs are in stages.log, its results in gpu_check.json
     return 0 if all(r["status"] == "ok" for r in results["stages"].values()) else 1
 
 

@@ -111,8 +111,8 @@ class BatchedMultiCrop:
     def _mean_std(self, device: torch.device, channels: int) -> tuple[Tensor, Tensor]:
         stats = self._stats.get(device)
         if stats is None:  # made once per device (and copied without waiting for queued kernels)
-            mean = torch.tensor(self.spec.mean).to(device, non_blocking=True).expand(channels).reshape(1, channels, 1, 1)
-            std = torch.tensor(self.spec.std).to(device, non_blocking=True).expand(channels).reshape(1, channels, 1, 1)
+            mean, std = (torch.tensor(v).to(device, non_blocking=True).expand(channels).reshape(1, channels, 1, 1)
+                         for v in (self.spec.mean, self.spec.std))
             stats = self._stats[device] = (mean, std)
         return stats
 
