@@ -1,13 +1,50 @@
 """Tiny datasets in the real on-disk layouts a user points ``data.root`` at (docs/datasets.md):
 COCO 2017, Pascal VOC, YOLO txt, and an ImageNet-style class folder. Used by the docs' tested
-commands and by the tests that run the full-scale recipes as shipped."""
+commands and by the tests that run the full-scale recipes as shipped.
+
+``orientations`` stores the images as a phone stores its photos: turned, with the EXIF orientation
+tag that turns them upright again (image ``i`` takes ``orientations[i % len]``), while the
+annotations describe the upright image, as the annotation tools that show it upright write them."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Sequence
 
 CLASSES = ("square", "bar")
 SPLIT_IDS = (range(0, 8), range(8, 12))  # 8 training, 4 validation images
+ALL_ORIENTATIONS = (6, 8, 3, 1, 5, 7, 2, 4)  # the phone's usual ones first
+
+
+def save_photo(img: Any, path: Path, orientation: int = 1) -> None:
+    """A JPEG that a viewer shows as ``img``: stored turned by the inverse of what EXIF ``orientation``
+    asks, with that tag (0x0112), so that applying the tag gives ``img`` back."""
+    from PIL import Image
+
+    if orientation == 1:
+        img.save(path, quality=95)
+        return
+    t = Image.Transpose
+    stored_from_upright = {2: t.FLIP_LEFT_RIGHT, 3: t.ROTATE_180, 4: t.FLIP_TOP_BOTTOM, 5: t.TRANSPOSE,
+                           6: t.ROTATE_90, 7: t.TRANSVERSE, 8: t.ROTATE_270}
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    img.transpose(stored_from_upright[orientation]).save(path, quality=95, exif=exif)
+
+
+def upright_copy(photo: Path) -> Path:
+    """The photo as a viewer shows it (PIL's ``exif_transpose``), as a PNG beside it with no tag: the
+    same upright pixels, losslessly."""
+    from PIL import Image, ImageOps
+
+    copy = photo.with_name(f"{photo.stem}-upright.png")
+    with Image.open(photo) as im:
+        ImageOps.exif_transpose(im).save(copy)
+    return copy
+
+
+def _orientation(i: int, orientations: Sequence[int] | None) -> int:
+    return orientations[i % len(orientations)] if orientations else 1
 
 
 def _scene(i: int):
@@ -26,14 +63,14 @@ def _scene(i: int):
     return img, boxes
 
 
-def build_coco(root: Path) -> None:
+def build_coco(root: Path, orientations: Sequence[int] | None = None) -> None:
     (root / "annotations").mkdir(parents=True)
     for split, ids in zip(("train2017", "val2017"), SPLIT_IDS):
         (root / split).mkdir()
         images, anns = [], []
         for i in ids:
             img, boxes = _scene(i)
-            img.save(root / split / f"{i:06d}.jpg", quality=95)
+            save_photo(img, root / split / f"{i:06d}.jpg", _orientation(i, orientations))
             images.append({"id": i + 1, "file_name": f"{i:06d}.jpg", "width": img.width, "height": img.height})
             for x1, y1, x2, y2, c in boxes:
                 anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": c + 1, "iscrowd": 0,
@@ -43,13 +80,13 @@ def build_coco(root: Path) -> None:
             json.dumps({"images": images, "annotations": anns, "categories": cats}))
 
 
-def build_voc(root: Path) -> None:
+def build_voc(root: Path, orientations: Sequence[int] | None = None) -> None:
     for d in ("ImageSets/Main", "Annotations", "JPEGImages"):
         (root / d).mkdir(parents=True)
     for split, ids in zip(("trainval", "test"), SPLIT_IDS):
         for i in ids:
             img, boxes = _scene(i)
-            img.save(root / "JPEGImages" / f"{i:06d}.jpg", quality=95)
+            save_photo(img, root / "JPEGImages" / f"{i:06d}.jpg", _orientation(i, orientations))
             objects = "".join(f"<object><name>{CLASSES[c]}</name><difficult>0</difficult><bndbox>"
                               f"<xmin>{x1 + 1}</xmin><ymin>{y1 + 1}</ymin><xmax>{x2}</xmax><ymax>{y2}</ymax>"
                               f"</bndbox></object>" for x1, y1, x2, y2, c in boxes)
@@ -59,13 +96,13 @@ def build_voc(root: Path) -> None:
         (root / "ImageSets" / "Main" / f"{split}.txt").write_text("".join(f"{i:06d}\n" for i in ids))
 
 
-def build_yolo(root: Path) -> None:
+def build_yolo(root: Path, orientations: Sequence[int] | None = None) -> None:
     for split, ids in zip(("train", "val"), SPLIT_IDS):
         (root / "images" / split).mkdir(parents=True)
         (root / "labels" / split).mkdir(parents=True)
         for i in ids:
             img, boxes = _scene(i)
-            img.save(root / "images" / split / f"{i:06d}.jpg", quality=95)
+            save_photo(img, root / "images" / split / f"{i:06d}.jpg", _orientation(i, orientations))
             w, h = img.size
             (root / "labels" / split / f"{i:06d}.txt").write_text("".join(
                 f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}\n"

@@ -6,6 +6,11 @@ CMYK go through PIL's ``convert("RGB")``. 16-bit grey is first scaled to 8 bits 
 value above 255 to white; 32-bit integer grey, whose range is unknown, by the image's maximum.
 An image given in memory (a PIL image, a numpy array, a tensor) follows the same rule
 (:func:`image_tensor`, what ``visiontrain.inference`` reads its inputs with).
+
+Orientation: a file (or a PIL image) with an EXIF orientation tag, as every phone photo has, is
+turned upright as image viewers and annotation tools show it (PIL's ``exif_transpose``), so pixels,
+sizes and the boxes drawn on them are all in the frame a user sees. A reader that takes sizes from
+headers only uses :func:`upright_size`, which reads the tag without decoding the pixels.
 """
 from __future__ import annotations
 
@@ -14,9 +19,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, PngImagePlugin, UnidentifiedImageError
 
 WIDE_GREY_MODES = ("I;16", "I;16B", "I;16L", "I")
+ORIENTATION = ExifTags.Base.Orientation  # EXIF tag 0x0112: 1 as stored, 2-8 flipped and / or turned
+QUARTER_TURNS = (5, 6, 7, 8)  # the orientations whose upright image has width and height swapped
 
 
 class UnreadableImageError(ValueError):
@@ -33,11 +40,30 @@ def to_rgb(im: Image.Image) -> Image.Image:
     return im.convert("RGB")
 
 
+def exif_orientation(im: Image.Image) -> int:
+    """The EXIF orientation tag (1-8; 1 when there is none) of an opened, not yet decoded, file.
+
+    Read from the header only: JPEG, WebP and TIFF hold it there. PIL's PNG ``getexif`` decodes the
+    whole file to look for an eXIf chunk after the pixels; the PNG specification puts that chunk
+    before them, where opening the file has already read it, so the base ``getexif`` is asked."""
+    exif = Image.Image.getexif(im) if isinstance(im, PngImagePlugin.PngImageFile) else im.getexif()
+    return int(exif.get(ORIENTATION, 1))
+
+
+def upright_size(im: Image.Image) -> tuple[int, int]:
+    """(width, height) of an opened file as a viewer shows it (its EXIF orientation applied),
+    without decoding the pixels."""
+    w, h = im.size
+    return (h, w) if exif_orientation(im) in QUARTER_TURNS else (w, h)
+
+
 def open_rgb(path: str) -> Image.Image:
-    """The decoded RGB image; a missing, corrupt or truncated file raises ``UnreadableImageError``."""
+    """The decoded RGB image, upright (its EXIF orientation applied); a missing, corrupt or
+    truncated file raises ``UnreadableImageError``."""
     try:
         with Image.open(path) as im:
             im.load()  # decodes now: a truncated file fails here, not later inside a transform
+            ImageOps.exif_transpose(im, in_place=True)  # a no-op without the tag
             return to_rgb(im)
     except FileNotFoundError:
         raise UnreadableImageError(f"image file {path} does not exist") from None
@@ -50,6 +76,7 @@ GREY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601-2 luma, PIL's "L" conversion, 
 
 
 def _from_pil(im: Image.Image, channels: int) -> torch.Tensor:
+    """``im`` (decoded, upright) as uint8 [channels, H, W]."""
     rgb = to_rgb(im)
     arr = np.array(rgb.convert("L") if channels == 1 else rgb, dtype=np.uint8)
     return torch.from_numpy(arr.reshape(arr.shape[0], arr.shape[1], -1)).permute(2, 0, 1).contiguous()
@@ -83,14 +110,15 @@ def _from_tensor(x: torch.Tensor, channels: int, what: str) -> torch.Tensor:
 
 def image_tensor(image: Any, channels: int, what: str = "image") -> torch.Tensor:
     """One image as the tasks' ``predict`` takes it: [channels, H, W], uint8 (0..255) or float in
-    [0, 1]. ``image``: a file path (decoded by :func:`open_rgb`), a PIL image (any mode), a numpy
-    uint8 array (H, W), (H, W, 1), (H, W, 3) or (H, W, 4) (RGBA: alpha dropped), or a tensor [C, H, W]
-    (uint8, or float in [0, 1]). Colour becomes grey for a one-channel model (PIL's "L"), grey
+    [0, 1]. ``image``: a file path (decoded by :func:`open_rgb`), a PIL image (any mode; turned
+    upright by its EXIF orientation, as the file it was opened from would be), a numpy uint8 array
+    (H, W), (H, W, 1), (H, W, 3) or (H, W, 4) (RGBA: alpha dropped), or a tensor [C, H, W] (uint8,
+    or float in [0, 1]). Colour becomes grey for a one-channel model (PIL's "L"), grey
     becomes RGB for a three-channel one. Anything else is a ``ValueError`` that names ``what``."""
     if isinstance(image, (str, os.PathLike)):
         return _from_pil(open_rgb(str(image)), channels)
     if isinstance(image, Image.Image):
-        return _from_pil(image, channels)
+        return _from_pil(ImageOps.exif_transpose(image), channels)  # a copy: the caller's image stays as it is
     if isinstance(image, np.ndarray):
         shape_ok = image.ndim == 2 or (image.ndim == 3 and image.shape[2] in (1, 3, 4))
         if image.dtype != np.uint8 or not shape_ok:

@@ -128,14 +128,21 @@ def build_faster_rcnn(num_classes: int, *, backbone: str = "resnet50", pretraine
 
 class RcnnExport(nn.Module):
     """One prepared image [1,3,H,W] -> (boxes [N,4] XYXY in its pixels, labels [N] 0-based, scores [N]):
-    the full detector with its post-processing (NMS included), in tensors only."""
+    the full detector with its post-processing (NMS included), in tensors only.
 
-    def __init__(self, model: PreparedFasterRCNN) -> None:
+    The image is padded with 0 at the bottom and right to a multiple of ``size_divisible`` inside
+    the graph, with its own H and W kept as its size, as the detection collate pads it for
+    ``predict`` and evaluation: unpadded, a side that is not a multiple of 32 would give feature maps
+    whose strides the anchor generator rounds down, and other boxes."""
+
+    def __init__(self, model: PreparedFasterRCNN, size_divisible: int = 32) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.size_divisible = model, size_divisible
 
     def forward(self, image: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        size = (image.shape[-2], image.shape[-1])
-        detections, _ = self.model(image, [size])
+        h, w = image.shape[-2], image.shape[-1]
+        k = self.size_divisible
+        padded = nn.functional.pad(image, (0, (k - w % k) % k, 0, (k - h % k) % k))
+        detections, _ = self.model(padded, [(h, w)])
         det = detections[0]
         return det["boxes"], det["labels"] - 1, det["scores"]

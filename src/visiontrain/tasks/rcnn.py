@@ -148,20 +148,22 @@ class RcnnTask(DetectionTask):
 
     def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
         """The whole detector with post-processing on one prepared image (resized so its shorter
-        side is ``val_size``, ImageNet-normalised), of any height and width: boxes in that image's
-        pixels, 0-based labels, scores. torchvision's R-CNN exports to ONNX with its NMS (opset >= 11);
-        the export is checked on a second, wider image too."""
+        side is ``val_size``, ImageNet-normalised), of any height and width, padded inside the graph
+        as ``predict`` pads it: boxes in that image's pixels, 0-based labels, scores. torchvision's
+        R-CNN exports to ONNX with its NMS (opset >= 11); the export is checked on a second, wider
+        image too, whose width is no multiple of 32 (the padding is not a constant of the graph)."""
         from visiontrain.models.rcnn import RcnnExport
 
         t = self.cfg.task
         side = -(-t.val_size // 32) * 32
         seed = torch.Generator().manual_seed(0)
         example = torch.randn(1, 3, side, side, generator=seed)
-        wide = torch.randn(1, 3, side, side * 3 // 2, generator=seed)
+        wide = torch.randn(1, 3, side, side * 3 // 2 + 9, generator=seed)
         detections = {n: {0: "detections"} for n in ("boxes", "labels", "scores")}
         metadata = {**self.export_metadata(info), "input_size": {"height": "dynamic", "width": "dynamic"},
                     "resize": {"mode": "shorter_side", "shorter_side": t.val_size, "max_longer_side": t.max_size},
-                    "pad": "none: the graph takes the image's own height and width as its size",
+                    "pad": "in the graph: bottom and right to a multiple of 32 with 0, after normalising; "
+                           "feed the resized image unpadded",
                     "box_format": "xyxy", "box_frame": "pixels of the input image (the resized one): multiply by "
                                                       "original / resized width and height for the original image's",
                     "output": "boxes [N, 4], labels [N], scores [N] after NMS, best first; no score threshold "

@@ -131,6 +131,9 @@ class DetectionDataset(Dataset):
             if self.cache is not None:
                 self.cache.put(index, image)
         h, w = image.shape[-2:]
+        if (h, w) != (r.height, r.width):  # the boxes were checked and placed in the header's frame
+            raise BadAnnotationError(f"image file {r.path}: decoded as {w}x{h} (WxH), but its header said "
+                                     f"{r.width}x{r.height} when the dataset was read (the file changed since?)")
         boxes = tv_tensors.BoundingBoxes(torch.as_tensor(r.boxes, dtype=torch.float32).reshape(-1, 4),
                                          format="XYXY", canvas_size=(h, w))
         target = {"boxes": boxes, "labels": torch.as_tensor(r.labels, dtype=torch.int64).reshape(-1),

@@ -19,7 +19,7 @@ import numpy as np
 
 from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
                                              ImageRecord, check_box)
-from visiontrain.data.detection.images import image_size
+from visiontrain.data.detection.images import image_size, size_text
 
 Probe = tuple[tuple[int, int] | None, str, str]  # ((height, width) or None, reason, message)
 
@@ -156,7 +156,7 @@ def read_coco(ann_file: str, image_dir: str, *, on_bad_annotation: str = "error"
         if (img.get("height", height), img.get("width", width)) != (height, width):
             policy.bad("image size mismatch", f"image file {path}: the annotation says "
                                               f"{img.get('width')}x{img.get('height')} (WxH), the file "
-                                              f"is {width}x{height}")
+                                              f"is {size_text(path, width, height)}")
             continue
         xyxy, labels, ann_ids = [], [], []
         for ann in by_image.get(image_id, ()):

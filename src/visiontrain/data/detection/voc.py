@@ -20,6 +20,7 @@ import numpy as np
 from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
                                              ImageRecord, check_box)
 from visiontrain.data.detection.coco import probe_image
+from visiontrain.data.detection.images import size_text
 
 LAYOUT = ("expected the Pascal VOC layout root/ImageSets/Main/{split}.txt (one image id a line), "
           "root/Annotations/{id}.xml and root/JPEGImages/{id}.jpg")
@@ -73,7 +74,7 @@ def _parse(xml_path: str, image_id: int, stem: str, root: str,
         declared = (0, 0)
     if declared[0] and declared[1] and declared != (height, width):
         policy.bad("image size mismatch", f"image file {path}: {xml_path} says {declared[1]}x{declared[0]} "
-                                          f"(WxH), the file is {width}x{height}")
+                                          f"(WxH), the file is {size_text(path, width, height)}")
         return None
     objects = []
     for k, obj in enumerate(tree.findall("object"), 1):
