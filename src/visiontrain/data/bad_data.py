@@ -14,9 +14,13 @@ import logging
 import math
 from typing import Mapping, Sequence
 
-from visiontrain.data.image_check import listed
-
 log = logging.getLogger("visiontrain")
+
+
+def listed(items: Sequence[str], most: int = 5, sep: str = ", ") -> str:
+    """The first ``most`` items of a message's list, and how many there are when that is more."""
+    shown = sep.join(items[:most])
+    return shown + (f"{sep}... ({len(items):,} in all)" if len(items) > most else "")
 
 
 def likely_cause(causes: Mapping[str, int], skipped: int) -> str:

@@ -92,9 +92,3 @@ def unreadable_images(paths: Sequence[str], workers: int = 8, chunk: int = 1024)
                 if problem is not None:
                     found.append((i, problem))
     return found
-
-
-def listed(items: Sequence[str], most: int = 5, sep: str = ", ") -> str:
-    """The first ``most`` items of a message's list, and how many there are when that is more."""
-    shown = sep.join(items[:most])
-    return shown + (f"{sep}... ({len(items):,} in all)" if len(items) > most else "")

@@ -90,7 +90,7 @@ class DetectionTask(Task):
     def build_data(self) -> TaskData:
         from visiontrain.data.detection.splits import build_detection_splits
         from visiontrain.data.detection.transforms import collate_detection
-        from visiontrain.data.image_check import listed
+        from visiontrain.data.bad_data import listed
 
         d = self.cfg.data
         train, val = build_detection_splits(d.name, root=d.root, train_split=d.train_split,

@@ -28,10 +28,10 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from visiontrain.data.bad_data import check_skipped_share, class_difference
+from visiontrain.data.bad_data import check_skipped_share, class_difference, listed
 from visiontrain.data.datasets.in_memory import IMAGENET_MEAN, IMAGENET_STD, VAL_CROP_RATIO, check_augment, tv_v2
 from visiontrain.data.eval_transform import EvalTransform
-from visiontrain.data.image_check import listed, problem_kind, unreadable_images
+from visiontrain.data.image_check import problem_kind, unreadable_images
 
 DEFAULT_IMAGE_SIZE = 224
 LIMIT_SEED = 0  # the fixed seed of the class-balanced data.limit_* subsets (balanced_subset)

@@ -32,9 +32,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from visiontrain.data.bad_data import listed
 from visiontrain.data.detection.images import BadAnnotationError
 from visiontrain.data.image_cache import ImageCache
-from visiontrain.data.image_check import listed, problem_kind
+from visiontrain.data.image_check import problem_kind
 
 __all__ = ["BAD_POLICIES", "BadAnnotationError", "DetectionDataset", "ImageRecord"]
 

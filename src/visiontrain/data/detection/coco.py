@@ -19,11 +19,11 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from visiontrain.data import image_check
+from visiontrain.data.bad_data import warn_spelled_alike
 from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
                                              ImageRecord, check_box)
-from visiontrain.data.bad_data import warn_spelled_alike
 from visiontrain.data.detection.images import image_size
-from visiontrain.data.image_check import image_problem
 
 Probe = tuple[tuple[int, int] | None, str, str]  # ((height, width) or None, reason, message)
 
@@ -36,7 +36,7 @@ def probe_image(path: str) -> Probe:
     unreadable one (a truncated file included: its header alone reads)."""
     if not os.path.isfile(path):
         return None, "missing image", f"image file {path} does not exist"
-    problem = image_problem(path)
+    problem = image_check.image_problem(path)  # the whole file: a truncated one has a readable header
     if problem is not None:
         return None, "unreadable image", f"image file {path} {problem}"
     try:

@@ -19,11 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from visiontrain.data.bad_data import alike_in, warn_spelled_alike
+from visiontrain.data.bad_data import alike_in, listed, warn_spelled_alike
 from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
                                              ImageRecord, check_box)
 from visiontrain.data.detection.coco import probe_image
-from visiontrain.data.image_check import listed
 
 LAYOUT = ("expected the Pascal VOC layout root/ImageSets/Main/{split}.txt (one image id a line), "
           "root/Annotations/{id}.xml and root/JPEGImages/{id}.jpg")
