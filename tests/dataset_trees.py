@@ -125,3 +125,76 @@ def build_image_folder(root: Path) -> None:
                     draw.line([8, 8, 32, 32], fill=(0, 240, 240), width=4)
                     draw.line([8, 32, 32, 8], fill=(0, 240, 240), width=4)
                 img.save(root / split / name / f"{i:03d}.png")
+
+
+# ------------------------------------------------------------------ files a user's tree gets wrong
+
+def truncated_jpeg(path: Path, size: tuple[int, int] = (64, 48)) -> Path:
+    """A JPEG cut off half-way (an interrupted copy or download): its header, and so its size, reads."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(2).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path, quality=95)
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+    return path
+
+
+def broken_inside_jpeg(path: Path, size: tuple[int, int] = (64, 48)) -> Path:
+    """A JPEG whose Huffman table is overwritten: whole to the up-front check (header and end marker
+    are there), but its decoder fails on the pixel data, as it does only when the image is loaded."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(4).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path, quality=95)
+    data = bytearray(path.read_bytes())
+    table = data.find(b"\xff\xc4")  # DHT: the first Huffman table
+    data[table + 5:table + 25] = b"\xff" * 20
+    path.write_bytes(bytes(data))
+    return path
+
+
+def renamed_text(path: Path, text: str = "class notes, saved with the wrong extension\n") -> Path:
+    """A text file under an image's name (a .txt renamed .jpg; a git-LFS pointer is one too)."""
+    path.write_text(text)
+    return path
+
+
+GIT_LFS_POINTER = ("version https://git-lfs.github.com/spec/v1\n"
+                   "oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 12345\n")
+
+
+def build_voc_names(root: Path, names: dict[str, list[str]]) -> None:
+    """A VOC tree whose split ``trainval`` has one image per entry of ``names`` (its stem), holding
+    one object per class name given, written exactly as given (``"tree "`` keeps its space)."""
+    from PIL import Image
+
+    for d in ("ImageSets/Main", "Annotations", "JPEGImages"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    for stem, objects in names.items():
+        Image.new("RGB", (64, 48), (90, 120, 60)).save(root / "JPEGImages" / f"{stem}.jpg")
+        xml = "".join(f"<object><name>{name}</name><bndbox><xmin>{5 + 10 * k}</xmin><ymin>5</ymin>"
+                      f"<xmax>{14 + 10 * k}</xmax><ymax>20</ymax></bndbox></object>" for k, name in enumerate(objects))
+        (root / "Annotations" / f"{stem}.xml").write_text(f"<annotation><filename>{stem}.jpg</filename>{xml}"
+                                                          f"</annotation>")
+    (root / "ImageSets" / "Main" / "trainval.txt").write_text("".join(f"{stem}\n" for stem in names))
+
+
+def add_image_folder_split(root: Path, split: str, per_class: int = 3) -> None:
+    """Another split beside build_image_folder's train/ and val/ (e.g. test/), with the same classes;
+    or more images in one of them (named ``<split>-<i>.png``)."""
+    from PIL import Image, ImageDraw
+
+    for name in ("circle", "cross"):
+        (root / split / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            img = Image.new("RGB", (40, 40), (40 + 25 * i, 20, 50))
+            draw = ImageDraw.Draw(img)
+            if name == "circle":
+                draw.ellipse([10, 10, 30, 30], fill=(240, 240, 0))
+            else:
+                draw.line([10, 10, 30, 30], fill=(0, 240, 240), width=4)
+                draw.line([10, 30, 30, 10], fill=(0, 240, 240), width=4)
+            img.save(root / split / name / f"{split}-{i:03d}.png")

@@ -14,7 +14,8 @@ import torch
 from PIL import Image
 from torchvision import tv_tensors
 
-from visiontrain.data.detection.base import BadAnnotationError, DetectionDataset
+from dataset_trees import broken_inside_jpeg, truncated_jpeg
+from visiontrain.data.detection.base import IMAGE_FILE_REASONS, BadAnnotationError, DetectionDataset
 from visiontrain.data.detection.coco import read_coco
 from visiontrain.data.detection.voc import read_voc
 from visiontrain.data.detection.yolo import read_yolo
@@ -148,22 +149,36 @@ def test_coco_broken_file_always_raises(tmp_path: Path, content: str, missing: s
     assert missing in str(info.value)
 
 
-def test_truncated_image_skip_uses_next_error_raises(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    _img(tmp_path / "full.jpg")
-    data = (tmp_path / "full.jpg").read_bytes()
-    (tmp_path / "trunc.jpg").write_bytes(data[:len(data) // 2])   # header fine, pixel data cut
+def _two_image_coco(tmp_path: Path, first: str) -> str:
     _img(tmp_path / "good.png")
-    ann = _write_json(tmp_path / "i.json", {
-        "images": [{"id": 1, "file_name": "trunc.jpg"}, {"id": 2, "file_name": "good.png"}],
+    return _write_json(tmp_path / "i.json", {
+        "images": [{"id": 1, "file_name": first}, {"id": 2, "file_name": "good.png"}],
         "categories": [{"id": 1, "name": "x"}],
         "annotations": [{"id": 9, "image_id": 1, "category_id": 1, "bbox": [1, 1, 5, 5]}]})
+
+
+def test_truncated_image_is_found_when_the_split_is_read(tmp_path: Path) -> None:
+    """Its header reads, but the file is opened whole up front: dropped (skip) or named (error) when
+    the dataset is built, not mid-epoch."""
+    truncated_jpeg(tmp_path / "trunc.jpg")
+    ann = _two_image_coco(tmp_path, "trunc.jpg")
     ds = read_coco(ann, str(tmp_path), on_bad_annotation="skip")
-    assert len(ds) == 2                      # the header is valid: found only when decoding
+    assert len(ds) == 1 and dict(ds.policy.skipped) == {"unreadable image": 1}
+    with pytest.raises(BadAnnotationError, match=r"1 image file cannot be read: image file .*trunc.jpg cannot be "
+                                                 r"decoded \(corrupt or truncated\): image file is truncated"):
+        read_coco(ann, str(tmp_path), on_bad_annotation="error")
+
+
+def test_image_broken_inside_skip_uses_next_error_raises(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    broken_inside_jpeg(tmp_path / "broken.jpg")
+    ann = _two_image_coco(tmp_path, "broken.jpg")
+    ds = read_coco(ann, str(tmp_path), on_bad_annotation="skip")
+    assert len(ds) == 2                      # whole to the up-front check: found only when decoding
     with caplog.at_level(logging.WARNING, logger="visiontrain"):
         _, target = ds[0]
     assert target["image_id"] == 2
-    assert any("trunc.jpg" in r.getMessage() for r in caplog.records)
-    with pytest.raises(BadAnnotationError, match="trunc.jpg"):
+    assert any("broken.jpg" in r.getMessage() for r in caplog.records)
+    with pytest.raises(BadAnnotationError, match="broken.jpg.*set data.on_bad_image=skip"):
         read_coco(ann, str(tmp_path), on_bad_annotation="error")[0]
 
 
@@ -372,7 +387,8 @@ def test_bad_data_error_names_file_and_annotation(tmp_path: Path, reader: str, c
     with pytest.raises(BadAnnotationError) as info:
         load("error")
     message = str(info.value)
-    assert file_name in message and "on_bad_annotation=skip" in message
+    key = "on_bad_image" if IMAGE_CASES.get(case) in IMAGE_FILE_REASONS else "on_bad_annotation"
+    assert file_name in message and f"{key}=skip" in message
     if case not in IMAGE_CASES:
         assert ann_text in message
 

@@ -83,13 +83,23 @@ class DataConfig:
     download: bool = doc("allow torchvision to download the dataset if it is not found", False)
     limit_train: int | None = doc("use only the first N training samples (quick runs)", None, minimum=1)
     limit_val: int | None = doc("use only the first N validation samples", None, minimum=1)
-    train_split: str = doc("detection: split name of the training set (coco: train2017, voc: trainval)", "train")
-    val_split: str = doc("detection: split name of the validation set", "val")
-    test_split: str = doc("detection: split name of the test set, evaluated only by `visiontrain validate --split "
-                          "test`, never during training", "test")
+    train_split: str = doc("split name of the training set (detection: coco train2017, voc trainval; image-folder: "
+                           "the directory under data.root)", "train")
+    val_split: str = doc("split name of the validation set (detection; image-folder: the directory under data.root)",
+                         "val")
+    test_split: str = doc("split name of the test set (detection; image-folder: the directory under data.root), "
+                          "evaluated only by `visiontrain validate --split test`, never during training", "test")
     on_bad_annotation: Literal["error", "skip"] = doc(
-        "detection: a bad box, category, or image file is an error naming it, or is skipped and counted",
-        "error")
+        "detection: a bad box or category (or image file, unless data.on_bad_image says otherwise) is an error "
+        "naming it, or is skipped and counted", "error")
+    on_bad_image: Literal["error", "skip"] | None = doc(
+        "every dataset read from files: an image file that is missing, not an image, or truncated (all are "
+        "opened before the first step) is an error naming the files and their count, or is skipped and counted; "
+        "null: as data.on_bad_annotation (error unless that is set)", None)
+    max_skipped_share: float = doc(
+        "under skip, the largest share of a split's images (or of its boxes) that may be dropped: above it the "
+        "run stops with the count and the likely cause, since a split that loses that much is more often read "
+        "wrongly than dirty (COCO boxes written as x1,y1,x2,y2); 1 accepts any share", 0.1, minimum=0)
     cache: Literal["none", "ram"] = doc(
         "detection: ram keeps each image's decoded pixels after its first decode, in one file per split that "
         "every DataLoader worker reads, so later epochs and evaluations decode nothing (3 x H x W bytes an image, "
@@ -102,6 +112,11 @@ class DataConfig:
         "data.cache=ram: the directory of the cache files; null: /dev/shm (memory) where it exists and has room "
         "for the images, else the temporary directory. On a disk the kernel's page cache keeps the files in "
         "memory while it can", None)
+
+    def image_policy(self) -> str:
+        """What an image file that cannot be read does: ``on_bad_image``, or where it is unset
+        ``on_bad_annotation``, which says it for detection (classification leaves it at error)."""
+        return self.on_bad_image or self.on_bad_annotation
 
 
 @dataclass

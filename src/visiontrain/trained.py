@@ -69,6 +69,11 @@ def _on_test_split(tree: dict, path: str) -> tuple[C.Config, Task]:
     chosen best.pt by) during training."""
     from visiontrain.tasks import build_task
 
+    fixed = type(C.config_from_dict(tree, source=path).task).unread_data_keys.get("val_split")
+    if fixed:  # else its config check would say only that the task does not read data.val_split
+        raise C.ConfigError(f"--split test: this run's task has fixed splits, so there is no test split to "
+                            f"evaluate ({fixed}); `visiontrain validate RUN` without --split evaluates on its "
+                            f"validation split")
     data = tree.setdefault("data", {})
     test = data.get("test_split", C.DataConfig.test_split)  # a checkpoint from before the key: its default
     used = {"data.train_split": data.get("train_split", C.DataConfig.train_split),

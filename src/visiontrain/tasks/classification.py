@@ -23,9 +23,8 @@ from visiontrain.engine.task import ExportSpec, Task, TaskData
 
 #: The detection-only ``data.*`` keys, which no classifier reads (DINO's neither).
 CLASSIFICATION_UNREAD = {
-    "train_split": "classification datasets have fixed splits (image-folder: ROOT/train and ROOT/val)",
-    "val_split": "classification datasets have fixed splits (image-folder: ROOT/train and ROOT/val)",
-    "on_bad_annotation": "an image that cannot be decoded stops the run with its path",
+    "on_bad_annotation": "a classifier reads no annotations; an image file that cannot be read follows "
+                         "data.on_bad_image",
     **dict.fromkeys(("cache", "cache_gb", "cache_dir"), "the decoded-image cache is detection's: fashion-mnist "
                     "and digits are held in memory as tensors already, and image-folder decodes each image when "
                     "it is loaded")}
@@ -142,12 +141,14 @@ class ClassificationTask(Task):
         self.confusion: torch.Tensor | None = None  # the last evaluation's counts [true, predicted]
 
     def build_data(self) -> TaskData:
-        from visiontrain.data.datasets import build_classification_data
+        from visiontrain.data.datasets import build_classification_data, check_image_files
 
         d = self.cfg.data
         data = build_classification_data(d.name, root=d.root, image_size=d.image_size, augment=d.augment,
                                          limit_train=d.limit_train, limit_val=d.limit_val,
-                                         download=d.download, uint8_train=d.normalize_on_device)
+                                         download=d.download, uint8_train=d.normalize_on_device,
+                                         train_split=d.train_split, val_split=d.val_split)
+        check_image_files(data, on_bad_image=d.image_policy(), max_skipped_share=d.max_skipped_share)
         self.num_classes, self.class_names = data.num_classes, list(data.class_names)
         self.normalisation = (data.eval_transform.mean, data.eval_transform.std)  # the training images' too
         info = {"num_classes": data.num_classes, "class_names": data.class_names,

@@ -90,16 +90,22 @@ class DetectionTask(Task):
     def build_data(self) -> TaskData:
         from visiontrain.data.detection.splits import build_detection_splits
         from visiontrain.data.detection.transforms import collate_detection
+        from visiontrain.data.bad_data import listed
 
         d = self.cfg.data
         train, val = build_detection_splits(d.name, root=d.root, train_split=d.train_split,
                                             val_split=d.val_split, on_bad_annotation=d.on_bad_annotation,
+                                            on_bad_image=d.on_bad_image, max_skipped_share=d.max_skipped_share,
                                             limit_train=d.limit_train, limit_val=d.limit_val, cache=d.cache,
                                             cache_gb=d.cache_gb, cache_dir=d.cache_dir)
         for split, ds in (("train", train), ("val", val)):
             if ds.policy.skipped:
-                log.warning("%s %s: skipped bad data (data.on_bad_annotation=skip): %s", d.name, split,
-                            ", ".join(f"{n} {reason}" for reason, n in sorted(ds.policy.skipped.items())))
+                # the key that skipped them: under on_bad_annotation=error only image files can have been
+                key = "on_bad_annotation" if d.on_bad_annotation == "skip" else "on_bad_image"
+                files = ds.policy.unreadable if ds.policy.image_policy == "skip" else []
+                log.warning("%s %s: skipped bad data (data.%s=skip): %s%s", d.name, split, key,
+                            ", ".join(f"{n} {reason}" for reason, n in sorted(ds.policy.skipped.items())),
+                            f"; {listed(files, 3, sep='; ')}" if files else "")
         train_tf, val_tf = self.transforms()
         self.val_set = val.with_transform(val_tf)
         self.train_set = train  # its labels, for labels.png

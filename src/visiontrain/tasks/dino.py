@@ -33,6 +33,8 @@ from visiontrain.tasks.classification import CLASSIFICATION_UNREAD
 class DinoConfig(TaskConfig):
     unread_data_keys: ClassVar[dict[str, str]] = {
         **CLASSIFICATION_UNREAD,
+        **dict.fromkeys(("train_split", "val_split"), "DINO reads an image folder's train/ (its training images and "
+                        "k-NN bank) and val/ (the k-NN queries) only"),
         "augment": "its augmentation is the multi-crop: task.global_crop_size, task.local_crop_size, "
                    "task.local_crops, task.global_scale, task.local_scale"}
     name: str = doc("task name", "dino")
@@ -119,13 +121,14 @@ class DinoTask(Task):
 
     # ------------------------------------------------------------------ data and model
     def build_data(self) -> TaskData:
-        from visiontrain.data.datasets import build_classification_data
+        from visiontrain.data.datasets import build_classification_data, check_image_files
         from visiontrain.data.multicrop import MultiCropDataset, MultiCropSpec
         from visiontrain.data.multicrop_batched import BatchedMultiCrop, CropCollate, RawMultiCropDataset, collate_raw
 
         d, t = self.cfg.data, self.cfg.task
         data = build_classification_data(d.name, root=d.root, image_size=d.image_size, augment="none",
                                          limit_train=d.limit_train, limit_val=d.limit_val, download=d.download)
+        check_image_files(data, on_bad_image=d.image_policy(), max_skipped_share=d.max_skipped_share)
         src = data.train
         spec = MultiCropSpec(global_size=t.global_crop_size, local_size=t.local_crop_size,
                              local_crops=t.local_crops, global_scale=tuple(t.global_scale),

@@ -1,6 +1,7 @@
 """Datasets. Classification: ``build_classification_data(name, ...) -> ClassificationData``."""
 
 from visiontrain.data.datasets.classification import (DATASETS, ClassificationData, build_classification_data,
-                                                      classification_eval_transform)
+                                                      check_image_files, classification_eval_transform)
 
-__all__ = ["DATASETS", "ClassificationData", "build_classification_data", "classification_eval_transform"]
+__all__ = ["DATASETS", "ClassificationData", "build_classification_data", "check_image_files",
+           "classification_eval_transform"]

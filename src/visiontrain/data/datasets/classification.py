@@ -5,8 +5,12 @@ name           source
 =============  =========================================================================
 fashion-mnist  idx files (Debian ``dataset-fashion-mnist`` or ``root``), 60k/10k, 28x28 grey
 digits         ``sklearn.datasets.load_digits``: 1,797 8x8 grey, fixed stratified 80/20 split
-image-folder   ``root/train/<class>/*`` and ``root/val/<class>/*``, RGB
+image-folder   ``root/train/<class>/*`` and ``root/val/<class>/*``, RGB (``data.train_split`` / ``val_split``)
 =============  =========================================================================
+
+Only an image folder has split names to choose (and a test split, ``root/test``); the splits of
+``fashion-mnist`` and ``digits`` are fixed. Its files are checked before training by
+``check_image_files``.
 
 Augment policies: ``none`` (to float + normalise with the dataset mean/std), ``basic`` (RandomCrop
 with padding 2, or 1 for digits, + horizontal flip for Fashion-MNIST), ``imagenet``
@@ -28,6 +32,8 @@ from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.typed_config import did_you_mean
 
 DATASETS = ("fashion-mnist", "digits", "image-folder")
+FIXED_SPLITS = {"fashion-mnist": "val is Fashion-MNIST's official 10,000 test images",
+                "digits": "val is a fixed stratified 20 % of scikit-learn's 1,797 digits"}
 DIGITS_VAL_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 0
 
@@ -78,9 +84,12 @@ def build_classification_data(
     limit_val: int | None = None,
     download: bool = False,
     uint8_train: bool = False,
+    train_split: str = "train",
+    val_split: str = "val",
 ) -> ClassificationData:
     """Train/val datasets plus what a model needs to know about them (see the module doc).
-    ``uint8_train``: train images stay uint8, to be normalised on the device (image-folder only)."""
+    ``uint8_train``: train images stay uint8, to be normalised on the device (image-folder only).
+    ``train_split``, ``val_split``: an image folder's split directories."""
     if name not in DATASETS:
         raise ValueError(f"data.name: unknown classification dataset {name!r}{did_you_mean(name, list(DATASETS))}; "
                          f"expected one of {', '.join(DATASETS)}")
@@ -93,8 +102,16 @@ def build_classification_data(
 
         train, val, classes, size = build_image_folder(
             root, image_size=image_size, augment=augment, limit_train=limit_train, limit_val=limit_val,
-            uint8_train=uint8_train)
+            uint8_train=uint8_train, train_split=train_split, val_split=val_split)
         return ClassificationData(train, val, len(classes), classes, 3, size, augment != "none", val.eval_transform)
+    for key, split, fixed in (("train_split", train_split, "train"), ("val_split", val_split, "val")):
+        if split != fixed:
+            asked = ("`visiontrain validate --split test`, or data.val_split" if key == "val_split"
+                     else "data.train_split")
+            raise ValueError(f"{name} has no {split!r} split (asked for by {asked}): its two splits are fixed, "
+                             f"train and val ({FIXED_SPLITS[name]}), and `visiontrain validate RUN` evaluates on "
+                             f"val. Split names choose the directories of data.name=image-folder "
+                             f"(ROOT/<split>/<class>/) and the splits of detection datasets")
 
     if name == "fashion-mnist":
         from visiontrain.data.datasets.fashion_mnist import CLASS_NAMES, load_fashion_mnist
@@ -118,6 +135,16 @@ def build_classification_data(
         in_channels=int(tx.shape[1]), image_size=size, random_train_transforms=train.random_transforms,
         eval_transform=val.eval_transform,
     )
+
+
+def check_image_files(data: ClassificationData, *, on_bad_image: str, max_skipped_share: float) -> None:
+    """Open every image file of an image folder's splits before training, under ``data.on_bad_image``
+    (``ImageFolderClassification.check_files``); fashion-mnist and digits have no files to check."""
+    from visiontrain.data.datasets.image_folder import ImageFolderClassification
+
+    for split in (data.train, data.val):
+        if isinstance(split, ImageFolderClassification):
+            split.check_files(on_bad_image, max_skipped_share)
 
 
 def classification_eval_transform(name: str, *, root: str | None, image_size: int | None, augment: str,

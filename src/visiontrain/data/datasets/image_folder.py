@@ -1,19 +1,26 @@
 """``root/train/<class>/*.jpg`` + ``root/val/<class>/*.jpg``, scanned with torchvision's ``make_dataset``.
 
-Classes are the train split's sub-directories, and their indices label both splits; hidden entries
-(names starting with ".", such as Jupyter's ``.ipynb_checkpoints``) are neither classes nor images.
+The split directories are ``data.train_split`` and ``data.val_split`` (``train`` and ``val``;
+``visiontrain validate --split test`` puts ``data.test_split`` in val's place). Classes are the train
+split's sub-directories, and their indices label every split; hidden entries (names starting with
+".", such as Jupyter's ``.ipynb_checkpoints``) are neither classes nor images.
 
 Images are decoded with PIL to RGB (any mode: grey, palette, RGBA, 16-bit; ``data.images``) and
-transformed with ``torchvision.transforms.v2``; normalisation uses ImageNet mean/std. A file that
-cannot be decoded stops the run with its path when it is loaded (files are not all opened up front:
-ImageNet has 1.3M). An empty split or class directory is an error naming the directory. The
-dataset object keeps only the sample list and a transform spec (the v2 objects are rebuilt after
-unpickling), so spawned DataLoader workers do not import torchvision before the compatibility shim.
+transformed with ``torchvision.transforms.v2``; normalisation uses ImageNet mean/std. Every file is
+opened before training (``ImageFolderClassification.check_files``, ``data.image_check``): under
+``data.on_bad_image=error`` the files that cannot be read stop the run, named in one line with their
+count; under ``skip`` they are dropped and counted. A file that fails only when it is decoded in
+full is still caught when it is loaded: an error naming it, or under ``skip`` the next image in its
+place. An empty split or class directory is an error naming the directory. The dataset object keeps
+only the sample list and a transform spec (the v2 objects are rebuilt after unpickling), so spawned
+DataLoader workers do not import torchvision before the compatibility shim.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +28,15 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from visiontrain.data.bad_data import check_skipped_share, class_difference, listed
 from visiontrain.data.datasets.in_memory import IMAGENET_MEAN, IMAGENET_STD, VAL_CROP_RATIO, check_augment, tv_v2
 from visiontrain.data.eval_transform import EvalTransform
+from visiontrain.data.image_check import problem_kind, unreadable_images
 
 DEFAULT_IMAGE_SIZE = 224
 LIMIT_SEED = 0  # the fixed seed of the class-balanced data.limit_* subsets (balanced_subset)
 LAYOUT = "ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg (one sub-directory per class)"
+log = logging.getLogger("visiontrain")
 
 
 class ImageFolderClassification(Dataset):
@@ -35,8 +45,10 @@ class ImageFolderClassification(Dataset):
     mean, std = IMAGENET_MEAN, IMAGENET_STD  # the normalisation, also for transforms built elsewhere
 
     def __init__(self, samples: list[tuple[str, int]], classes: list[str], *, image_size: int, mode: str,
-                 uint8: bool = False) -> None:
+                 uint8: bool = False, source: str = "") -> None:
         self.samples = list(samples)
+        self.source = source  # the split directory, for messages
+        self.on_bad_image = "error"  # a file that fails when loaded: data.on_bad_image, set by check_files
         self.uint8 = uint8  # True: no ToDtype/Normalize here; the device does them (NormalizeOnDevice)
         self.classes = list(classes)
         self.image_size = int(image_size)
@@ -89,11 +101,44 @@ class ImageFolderClassification(Dataset):
 
     def raw_item(self, index: int) -> tuple[Any, int]:
         """The decoded RGB PIL image and its label, for transforms built elsewhere (DINO's multi-crop).
-        A corrupt or truncated file raises ``UnreadableImageError`` naming it."""
-        from visiontrain.data.images import open_rgb
+        A corrupt or truncated file raises ``UnreadableImageError`` naming it; under ``skip`` the next
+        image stands in (the same one every time, so a resumed run loads what it would have)."""
+        from visiontrain.data.images import UnreadableImageError, open_rgb
 
-        path, label = self.samples[index]
-        return open_rgb(path), int(label)
+        for offset in range(len(self.samples)):
+            path, label = self.samples[(index + offset) % len(self.samples)]
+            try:
+                return open_rgb(path), int(label)
+            except UnreadableImageError as err:
+                if self.on_bad_image != "skip":
+                    raise
+                log.warning("skipping %s (data.on_bad_image=skip: the next image stands in)", err)
+        raise UnreadableImageError(f"image-folder split {self.source}: no image of the split can be decoded")
+
+    def check_files(self, on_bad_image: str, max_skipped_share: float) -> None:
+        """Open every file now, before the first step (``visiontrain.data.image_check``). Under
+        ``error`` the files that cannot be read are one error naming the first few and their count;
+        under ``skip`` they leave the sample list, with one warning, unless they are more than
+        ``max_skipped_share`` of the split (then the error gives the likely cause)."""
+        self.on_bad_image = on_bad_image
+        where = f"image-folder split {self.source}"
+        if len(self.samples) >= 50_000:  # ImageNet's 1.28 M files take minutes: say why nothing moves
+            log.info("%s: checking that its %d image files can be read (data.on_bad_image)", where, len(self.samples))
+        bad = unreadable_images([path for path, _ in self.samples])
+        if not bad:
+            return
+        total, named = len(self.samples), [f"{self.samples[i][0]} {problem}" for i, problem in bad]
+        if on_bad_image == "error":
+            raise ValueError(f"{where}: {len(bad):,} of {total:,} image files cannot be read: "
+                             f"{listed(named, sep='; ')}; set data.on_bad_image=skip to train without them")
+        check_skipped_share(where, "image files cannot be read", len(bad), total, max_skipped_share,
+                            Counter(problem_kind(problem) for _, problem in bad))
+        dropped = {i for i, _ in bad}
+        if len(dropped) == total:
+            raise ValueError(f"{where}: none of its {total:,} image files can be read: {listed(named, sep='; ')}")
+        log.warning("%s: skipped %d of %d image files that cannot be read (data.on_bad_image=skip): %s", where,
+                    len(bad), total, listed([self.samples[i][0] for i, _ in bad]))
+        self.samples = [s for i, s in enumerate(self.samples) if i not in dropped]
 
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
         img, label = self.raw_item(index)
@@ -174,42 +219,47 @@ def balanced_subset(samples: list[tuple[str, int]], n: int | None,
     return [samples[i] for i in sorted(keep[:n])]
 
 
+def check_same_classes(train_dir: Path, train_classes: list[str], other_dir: Path, other_classes: list[str]) -> None:
+    """Another split must have the train split's class folders: the labels are the train split's
+    indices. The error names the classes missing from it and those the train split lacks."""
+    if train_classes != other_classes:
+        difference = class_difference(train_classes, other_classes, f"{train_dir.name}/", f"{other_dir.name}/")
+        raise ValueError(f"image-folder: the classes of {other_dir} ({len(other_classes):,}) must be those of "
+                         f"{train_dir} ({len(train_classes):,}), one sub-directory each; {difference}")
+
+
 def build_image_folder(
     root: str | None, *, image_size: int | None, augment: str, limit_train: int | None, limit_val: int | None,
-    uint8_train: bool = False,
+    uint8_train: bool = False, train_split: str = "train", val_split: str = "val",
 ) -> tuple[Dataset, Dataset, list[str], int]:
-    """``(train, val, class_names, image_size)``."""
+    """``(train, val, class_names, image_size)``; the splits are the directories ``root/train_split``
+    and ``root/val_split``."""
     check_augment(augment)
     if root is None:
         raise FileNotFoundError(f"data.name=image-folder needs data.root=ROOT with the layout {LAYOUT}")
     base = Path(root).expanduser()
-    for d in (base, base / "train", base / "val"):
+    train_dir, val_dir = base / train_split, base / val_split
+    for d in (base, train_dir, val_dir):
         if not d.is_dir():
-            raise FileNotFoundError(f"image-folder directory {d} does not exist; expected the layout {LAYOUT}")
-    train_classes, val_classes = find_classes(base / "train"), find_classes(base / "val")
-    for split, found in (("train", train_classes), ("val", val_classes)):
+            raise FileNotFoundError(f"image-folder directory {d} does not exist; expected the layout {LAYOUT}"
+                                    f"{'' if d == base else ' (data.train_split, data.val_split name the splits)'}")
+    train_classes, val_classes = find_classes(train_dir), find_classes(val_dir)
+    for d, found in ((train_dir, train_classes), (val_dir, val_classes)):
         if not found:
-            raise FileNotFoundError(f"no class sub-directories in {base / split}; expected the layout {LAYOUT}")
-    if train_classes != val_classes:
-        raise ValueError(
-            "image-folder: the val classes must equal the train classes.\n"
-            f"  train ({base / 'train'}): {train_classes}\n"
-            f"  val   ({base / 'val'}): {val_classes}\n"
-            f"  only in train: {sorted(set(train_classes) - set(val_classes))}; "
-            f"only in val: {sorted(set(val_classes) - set(train_classes))}"
-        )
+            raise FileNotFoundError(f"no class sub-directories in {d}; expected the layout {LAYOUT}")
+    check_same_classes(train_dir, train_classes, val_dir, val_classes)
     classes = train_classes
     class_to_idx = {name: i for i, name in enumerate(classes)}  # the train split's map, for val too
-    train_samples = scan_split(base / "train", class_to_idx)
-    val_samples = scan_split(base / "val", class_to_idx)
+    train_samples = scan_split(train_dir, class_to_idx)
+    val_samples = scan_split(val_dir, class_to_idx)
     size = DEFAULT_IMAGE_SIZE if image_size is None else int(image_size)
     for name, n in (("limit_train", limit_train), ("limit_val", limit_val)):
         if n is not None and n < 1:
             raise ValueError(f"{name} must be >= 1, got {n}")
     train_samples = balanced_subset(train_samples, limit_train)
     val_samples = balanced_subset(val_samples, limit_val)
-    train = ImageFolderClassification(
-        train_samples, classes, image_size=size, mode="val" if augment == "none" else augment, uint8=uint8_train
-    )
-    val = ImageFolderClassification(val_samples, classes, image_size=size, mode="val")
+    train = ImageFolderClassification(train_samples, classes, image_size=size,
+                                      mode="val" if augment == "none" else augment, uint8=uint8_train,
+                                      source=str(train_dir))
+    val = ImageFolderClassification(val_samples, classes, image_size=size, mode="val", source=str(val_dir))
     return train, val, classes, size

@@ -14,8 +14,12 @@ original category id, used to write COCO-format results. With an ``ImageCache`` 
 after that, as the same tensor; transforms run after it, so augmentation is unchanged.
 
 Bad data follows ``on_bad_annotation``: ``error`` raises ``BadAnnotationError`` naming the file
-and the annotation id; ``skip`` drops the annotation (or, for a missing / unreadable image file, the
-whole image) and counts it in ``skipped`` by reason. An image with no boxes is a valid negative.
+and the annotation id; ``skip`` drops the annotation (or the whole image, when its annotation file is
+unusable) and counts it in ``skipped`` by reason. An image file that is missing or cannot be read
+follows ``on_bad_image`` (``data.on_bad_image``, by default the same): the readers open every file
+up front (``visiontrain.data.image_check``) and under ``error`` name all such files in one error,
+with their count, once the split is read (``raise_unreadable``). An image with no boxes is a valid
+negative.
 """
 from __future__ import annotations
 
@@ -28,12 +32,17 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from visiontrain.data.bad_data import listed
 from visiontrain.data.detection.images import BadAnnotationError
 from visiontrain.data.image_cache import ImageCache
+from visiontrain.data.image_check import problem_kind
 
 __all__ = ["BAD_POLICIES", "BadAnnotationError", "DetectionDataset", "ImageRecord"]
 
 BAD_POLICIES = ("error", "skip")
+IMAGE_FILE_REASONS = ("missing image", "unreadable image")  # data.on_bad_image's
+#: What loses a whole image (the rest lose one box): the two shares data.max_skipped_share bounds.
+IMAGE_REASONS = (*IMAGE_FILE_REASONS, "image size mismatch", "missing annotation", "unreadable annotation")
 
 
 @dataclass
@@ -49,19 +58,46 @@ class ImageRecord:
 
 
 class BadDataPolicy:
-    """Applies ``error | skip`` and counts what was skipped, by reason."""
+    """Applies ``error | skip`` and counts what was skipped, by reason; ``image_policy`` (default:
+    ``policy``) is what an image file that is missing or cannot be read does."""
 
-    def __init__(self, policy: str, source: str) -> None:
-        if policy not in BAD_POLICIES:
-            raise ValueError(f"data.on_bad_annotation: expected one of {', '.join(BAD_POLICIES)}, got {policy!r}")
-        self.policy, self.source = policy, source
+    def __init__(self, policy: str, source: str, image_policy: str | None = None) -> None:
+        image_policy = image_policy or policy
+        for key, value in (("data.on_bad_annotation", policy), ("data.on_bad_image", image_policy)):
+            if value not in BAD_POLICIES:
+                raise ValueError(f"{key}: expected one of {', '.join(BAD_POLICIES)}, got {value!r}")
+        self.policy, self.image_policy, self.source = policy, image_policy, source
         self.skipped: Counter[str] = Counter()
+        self.causes: Counter[tuple[str, str]] = Counter()  # (images | boxes, likely cause) -> count
+        self.unreadable: list[str] = []  # the messages of the image files that cannot be read
 
     def bad(self, reason: str, message: str) -> None:
-        """Raise under ``error``; count under ``skip``. ``message`` names the file and annotation."""
+        """Raise under ``error``; count under ``skip``. ``message`` names the file and annotation.
+        An image file that cannot be read is kept for ``raise_unreadable`` instead of raising."""
+        if reason in IMAGE_FILE_REASONS:
+            self.unreadable.append(message)
+            self.note("images", problem_kind(message))
+            if self.image_policy == "skip":
+                self.skipped[reason] += 1
+            return
         if self.policy == "error":
             raise BadAnnotationError(f"{self.source}: {message} (set data.on_bad_annotation=skip to drop it)")
         self.skipped[reason] += 1
+
+    def note(self, unit: str, cause: str, count: int = 1) -> None:
+        """A likely cause of what was skipped (``unit``: images or boxes), for the error when a split
+        loses more than data.max_skipped_share (``visiontrain.data.bad_data``)."""
+        if count > 0:
+            self.causes[unit, cause] += count
+
+    def raise_unreadable(self) -> None:
+        """Under ``error``: every image file of the split that cannot be read, in one error (a reader
+        calls it once the split is read, so the count is the split's)."""
+        if self.unreadable and self.image_policy == "error":
+            n = len(self.unreadable)
+            raise BadAnnotationError(f"{self.source}: {n:,} image file{'s' if n > 1 else ''} cannot be read: "
+                                     f"{listed(self.unreadable, sep='; ')} (set data.on_bad_image=skip to drop "
+                                     f"{'them' if n > 1 else 'it'})")
 
 
 def check_box(policy: BadDataPolicy, box: np.ndarray, width: int, height: int, where: str) -> bool:
@@ -141,16 +177,16 @@ class DetectionDataset(Dataset):
         return tv_tensors.Image(image), target
 
     def __getitem__(self, index: int) -> tuple[Any, dict[str, Any]]:
-        # Readers check every file's header when indexing; what fails only on decoding (a
-        # truncated file) is raised under `error`, and under `skip` replaced by the next image
+        # Readers open every file when indexing (a truncated one is found there); what still fails
+        # when decoded in full is raised under `error`, and under `skip` replaced by the next image
         # (deterministic, so exact resume holds) with a warning naming the file.
         for offset in range(len(self.records)):
             try:
                 image, target = self.load((index + offset) % len(self.records))
                 break
             except BadAnnotationError as err:
-                if self.policy.policy == "error":  # raises, naming the split's file and the way out
-                    self.policy.bad("unreadable image", str(err))
+                if self.policy.image_policy == "error":
+                    raise BadAnnotationError(f"{self.source}: {err} (set data.on_bad_image=skip to drop it)") from None
                 logging.getLogger("visiontrain").warning("skipping %s", err)
         else:
             raise BadAnnotationError(f"{self.source}: no image of this split can be decoded")

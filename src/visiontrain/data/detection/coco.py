@@ -3,9 +3,11 @@
 Labels are the categories sorted by id, made contiguous (0..C-1); ``category_ids`` keeps the
 original ids so results can be written back in COCO format. Crowd annotations (``iscrowd=1``) are
 left out, as DETR and torchvision's references do: they mark regions, not countable objects, and
-are not bad data. Every image's header is read once here, so a missing or unreadable file is found
-when the dataset is built rather than hours into training; header reads run on a small thread pool
-because on network file systems they are latency-bound (118k files for COCO train).
+are not bad data. Every image file is opened once here (``visiontrain.data.image_check``: its header
+and that it is whole), so a missing, unreadable or truncated file is found when the dataset is built
+rather than hours into training; the checks run on a small thread pool because on network file
+systems they are latency-bound (118k files for COCO train). Category names are taken without the
+spaces around them; names equal but for case or spacing are a warning (``data.bad_data``).
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from visiontrain.data import image_check
+from visiontrain.data.bad_data import warn_spelled_alike
 from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
                                              ImageRecord, check_box)
 from visiontrain.data.detection.images import image_size, size_text
@@ -24,10 +28,17 @@ from visiontrain.data.detection.images import image_size, size_text
 Probe = tuple[tuple[int, int] | None, str, str]  # ((height, width) or None, reason, message)
 
 
+XYXY_CAUSE = "boxes look like x1,y1,x2,y2: COCO's bbox is x,y,w,h"
+
+
 def probe_image(path: str) -> Probe:
-    """(size, "", "") for a readable image; (None, reason, message) for a missing / unreadable one."""
+    """(size, "", "") for an image that can be read whole; (None, reason, message) for a missing or
+    unreadable one (a truncated file included: its header alone reads)."""
     if not os.path.isfile(path):
         return None, "missing image", f"image file {path} does not exist"
+    problem = image_check.image_problem(path)  # the whole file: a truncated one has a readable header
+    if problem is not None:
+        return None, "unreadable image", f"image file {path} {problem}"
     try:
         return image_size(path), "", ""
     except BadAnnotationError as err:
@@ -54,6 +65,14 @@ def keep_boxes(policy: BadDataPolicy, boxes: np.ndarray, width: int, height: int
     for i in np.flatnonzero(~ok):
         ok[i] = check_box(policy, boxes[i], width, height, where(int(i)))  # boxes[i] is a view
     return ok
+
+
+def count_xyxy(boxes: np.ndarray, width: int, height: int) -> int:
+    """How many of these rejected boxes (XYXY made from a COCO [x, y, w, h]) would be boxes inside
+    the image if the file's four numbers were x1, y1, x2, y2: the likely cause when most are."""
+    x1, y1 = boxes[:, 0], boxes[:, 1]
+    x2, y2 = boxes[:, 2] - x1, boxes[:, 3] - y1  # the file's third and fourth numbers
+    return int(((x2 > x1) & (y2 > y1) & (x2 <= width + 1) & (y2 <= height + 1)).sum())
 
 
 def ids_text(ids: Sequence[Any], most: int = 20) -> str:
@@ -102,7 +121,8 @@ def _categories(data: dict[str, Any], ann_file: str) -> tuple[list[int], list[st
     if not names:
         raise BadAnnotationError(f"{ann_file}: 'categories' is empty")
     ids = sorted(names)
-    return ids, [names[c] for c in ids]
+    warn_spelled_alike(ann_file, [(names[c], f"category id {c}") for c in ids])
+    return ids, [names[c].strip() for c in ids]
 
 
 def _images(data: dict[str, Any], ann_file: str) -> dict[int, dict[str, Any]]:
@@ -131,11 +151,11 @@ def _group(data: dict[str, Any], ann_file: str, images: dict[int, Any],
     return by_image
 
 
-def read_coco(ann_file: str, image_dir: str, *, on_bad_annotation: str = "error",
+def read_coco(ann_file: str, image_dir: str, *, on_bad_annotation: str = "error", on_bad_image: str | None = None,
               limit: int | None = None) -> DetectionDataset:
     """Read a COCO detection file. Images are taken in id order (as torchvision's CocoDetection);
     ``limit`` keeps the first N images that survive the checks. Boxes: [x, y, w, h] -> XYXY."""
-    policy = BadDataPolicy(on_bad_annotation, ann_file)  # an invalid policy name fails first
+    policy = BadDataPolicy(on_bad_annotation, ann_file, on_bad_image)  # an invalid policy name fails first
     data = _load(ann_file)
     category_ids, class_names = _categories(data, ann_file)
     label_of = {cid: label for label, cid in enumerate(category_ids)}
@@ -177,7 +197,10 @@ def read_coco(ann_file: str, image_dir: str, *, on_bad_annotation: str = "error"
             ann_ids.append(ann.get("id"))
         boxes = np.array(xyxy, dtype=np.float32).reshape(-1, 4)
         keep = keep_boxes(policy, boxes, width, height, lambda i: f"{path} annotation id {ann_ids[i]}")
+        if not keep.all():
+            policy.note("boxes", XYXY_CAUSE, count_xyxy(boxes[~keep], width, height))
         records.append(ImageRecord(path=path, image_id=image_id, height=height, width=width, boxes=boxes[keep],
                                    labels=np.array(labels, dtype=np.int64)[keep],
                                    ann_ids=[a for a, k in zip(ann_ids, keep) if k]))
+    policy.raise_unreadable()
     return DetectionDataset(records, class_names, category_ids, source=ann_file, policy=policy)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from visiontrain.data.detection.base import DetectionDataset
+from visiontrain.data.bad_data import check_skipped_share, class_difference
+from visiontrain.data.detection.base import IMAGE_REASONS, DetectionDataset
 from visiontrain.typed_config import did_you_mean
 
 FORMATS = ("coco", "voc", "yolo", "fashion-mosaic", "neon-trees")
@@ -34,13 +35,30 @@ def check_not_empty(name: str, split: str, ds: DetectionDataset) -> None:
                      f"expected at least one (data.train_split / data.val_split name the splits)")
 
 
+def check_skipped(name: str, split: str, ds: DetectionDataset, max_share: float) -> None:
+    """``data.max_skipped_share``, for the split's images and for its boxes apart: a split that loses
+    more is more likely read wrongly than dirty, and the error says what the readers think the cause is."""
+    where, skipped = f"{name} {split} ({ds.source})", ds.policy.skipped
+    lost_images = sum(n for reason, n in skipped.items() if reason in IMAGE_REASONS)
+    lost_boxes = sum(skipped.values()) - lost_images
+    kept_boxes = sum(len(r.boxes) for r in ds.records)
+    for unit, lost, total in (("images", lost_images, len(ds) + lost_images),
+                              ("boxes", lost_boxes, kept_boxes + lost_boxes)):
+        reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items())
+                            if (reason in IMAGE_REASONS) == (unit == "images"))
+        causes = {cause: n for (of, cause), n in ds.policy.causes.items() if of == unit}
+        check_skipped_share(where, f"{unit} are bad data", lost, total, max_share, causes, detail=reasons)
+
+
 def build_detection_splits(name: str, *, root: str | None, train_split: str, val_split: str,
-                           on_bad_annotation: str, limit_train: int | None = None,
-                           limit_val: int | None = None, cache: str = "none", cache_gb: float | None = None,
+                           on_bad_annotation: str, on_bad_image: str | None = None, max_skipped_share: float = 1.0,
+                           limit_train: int | None = None, limit_val: int | None = None, cache: str = "none",
+                           cache_gb: float | None = None,
                            cache_dir: str | None = None) -> tuple[DetectionDataset, DetectionDataset]:
     """(train, val) of any format; ``cache=ram`` gives both a decoded-image cache (``data.cache``),
-    refused before anything is written when they do not fit ``cache_gb``."""
-    policy = dict(on_bad_annotation=on_bad_annotation)
+    refused before anything is written when they do not fit ``cache_gb``. ``max_skipped_share``: see
+    ``check_skipped``."""
+    policy = dict(on_bad_annotation=on_bad_annotation, on_bad_image=on_bad_image)
     if name in ("coco", "fashion-mosaic", "neon-trees"):
         from visiontrain.data.detection.coco import read_coco
 
@@ -74,9 +92,12 @@ def build_detection_splits(name: str, *, root: str | None, train_split: str, val
         raise ValueError(f"data.name: unknown detection dataset {name!r}{did_you_mean(name, list(FORMATS))}; "
                          f"expected one of {', '.join(FORMATS)}")
     for split, ds in ((train_split, train), (val_split, val)):
+        check_skipped(name, split, ds, max_skipped_share)
         check_not_empty(name, split, ds)
     if train.class_names != val.class_names:
-        raise ValueError(f"{name}: train and val classes differ: {train.class_names} vs {val.class_names}")
+        raise ValueError(f"{name}: the classes of split {val_split!r} ({len(val.class_names):,}) must be those of "
+                         f"split {train_split!r} ({len(train.class_names):,}), in the same order: "
+                         f"{class_difference(train.class_names, val.class_names, train_split, val_split)}")
     if cache == "ram":
         from visiontrain.data.image_cache import open_caches
 

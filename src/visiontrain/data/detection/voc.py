@@ -7,7 +7,9 @@ Detectron2 does). Without it every VOC box would be shifted by a pixel against C
 
 Class names come from the data: by default the sorted set of object names found in this split, so
 the caller reads train first and passes ``train.class_names`` to val (a val-only name is then bad
-data instead of silently shifting every label). ``category_ids`` are 1..C, like COCO's.
+data instead of silently shifting every label). ``category_ids`` are 1..C, like COCO's. A name is
+taken without the spaces around it (``tree `` is ``tree``); names equal but for case or spacing
+(``Tree`` and ``tree``) stay two classes, with a warning naming both spellings and their files.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from visiontrain.data.bad_data import alike_in, listed, warn_spelled_alike
 from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
                                              ImageRecord, check_box)
 from visiontrain.data.detection.coco import probe_image
@@ -94,12 +97,21 @@ def _parse(xml_path: str, image_id: int, stem: str, root: str,
     return _Image(image_id, path, height, width, objects)
 
 
-def read_voc(root: str, split: str, *, on_bad_annotation: str = "error",
+def _name_files(parsed: list[_Image], xml_of: list[str]) -> dict[str, list[str]]:
+    """Each object name and the annotation files that use it, in split order."""
+    files: dict[str, list[str]] = {}
+    for image in parsed:
+        for name in dict.fromkeys(o.name for o in image.objects):
+            files.setdefault(name, []).append(xml_of[image.image_id - 1])
+    return files
+
+
+def read_voc(root: str, split: str, *, on_bad_annotation: str = "error", on_bad_image: str | None = None,
              class_names: list[str] | None = None, limit: int | None = None) -> DetectionDataset:
     """Read one VOC split. Image ids are 1-based positions in the split file; ``limit`` keeps the
     first N images that survive the checks; ``difficult`` flags go to ``ImageRecord.difficult``."""
     split_file = os.path.join(root, "ImageSets", "Main", f"{split}.txt")
-    policy = BadDataPolicy(on_bad_annotation, split_file)
+    policy = BadDataPolicy(on_bad_annotation, split_file, on_bad_image)
     if not os.path.isdir(root):
         raise FileNotFoundError(f"VOC root {root} does not exist; {LAYOUT}")
     if not os.path.isfile(split_file):
@@ -108,15 +120,19 @@ def read_voc(root: str, split: str, *, on_bad_annotation: str = "error",
         stems = [line.split()[0] for line in f if line.strip()]
 
     parsed: list[_Image] = []
+    xml_of = [os.path.join(root, "Annotations", f"{stem}.xml") for stem in stems]
     for image_id, stem in enumerate(stems, 1):
         if limit is not None and len(parsed) >= limit:
             break
-        image = _parse(os.path.join(root, "Annotations", f"{stem}.xml"), image_id, stem, root, policy)
+        image = _parse(xml_of[image_id - 1], image_id, stem, root, policy)
         if image is not None:
             parsed.append(image)
+    policy.raise_unreadable()
 
     if class_names is None:
-        class_names = sorted({o.name for image in parsed for o in image.objects})
+        files = _name_files(parsed, xml_of)
+        warn_spelled_alike(split_file, [(name, listed(f, 3)) for name, f in sorted(files.items())])
+        class_names = sorted(files)
         if not class_names:
             raise BadAnnotationError(f"{split_file}: no objects in this split to take class names from; "
                                      f"pass class_names")
@@ -128,8 +144,8 @@ def read_voc(root: str, split: str, *, on_bad_annotation: str = "error",
             if o.name in label_of:
                 kept.append(o)
             else:
-                policy.bad("unknown category", f"{o.where}: unknown category {o.name!r} "
-                                               f"(known: {', '.join(class_names)})")
+                policy.bad("unknown category", f"{o.where}: unknown category {o.name!r}"
+                                               f"{alike_in(o.name, class_names)} (known: {', '.join(class_names)})")
         records.append(ImageRecord(
             path=image.path, image_id=image.image_id, height=image.height, width=image.width,
             boxes=np.array([o.box for o in kept], dtype=np.float32).reshape(-1, 4),

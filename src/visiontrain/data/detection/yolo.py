@@ -4,7 +4,8 @@ Each label line is ``cls cx cy w h`` with the box normalised to [0, 1] by the im
 size is read from each image's header here (which also finds missing / unreadable files up front).
 A label file that does not exist means the image has no objects: Ultralytics treats it as a
 background (negative) image, and so do we. Class names come from ``data.yaml`` (``names:`` as a
-list or an ``{id: name}`` dict) or ``classes.txt``; ``category_ids`` are YOLO's own class indices.
+list or an ``{id: name}`` dict) or ``classes.txt``, without the spaces around them (names equal but
+for case or spacing are a warning); ``category_ids`` are YOLO's own class indices.
 Segmentation lines (polygons, more than 5 fields) are not converted: they are malformed here.
 """
 from __future__ import annotations
@@ -15,17 +16,28 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from visiontrain.data.bad_data import warn_spelled_alike
 from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
                                              ImageRecord)
 from visiontrain.data.detection.coco import ids_text, keep_boxes, probe_images
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
+PIXELS_CAUSE = "labels look like pixel coordinates: YOLO's cx cy w h are divided by the image width and height"
+ONE_BASED_CAUSE = "class indices look 1-based: YOLO's first class (the first name in data.yaml) is 0"
 LAYOUT = ("expected the YOLO layout root/images/{split}/*.jpg|png, root/labels/{split}/<stem>.txt "
           "and root/data.yaml (names: [...]) or root/classes.txt")
 
 
 def _class_names(root: str) -> tuple[list[int], list[str]]:
-    """(sorted class indices, names). A dict with gaps keeps its indices; labels are made contiguous."""
+    """(sorted class indices, names as written but for the spaces around them, with a warning for
+    names equal but for case or spacing). A dict with gaps keeps its indices; labels are made contiguous."""
+    ids, names, source = _written_class_names(root)
+    warn_spelled_alike(source, [(name, f"class {i}") for i, name in zip(ids, names)])
+    return ids, [name.strip() for name in names]
+
+
+def _written_class_names(root: str) -> tuple[list[int], list[str], str]:
+    """(sorted class indices, names as written, the file they come from)."""
     yaml_path, txt_path = os.path.join(root, "data.yaml"), os.path.join(root, "classes.txt")
     if os.path.isfile(yaml_path):
         try:
@@ -35,7 +47,7 @@ def _class_names(root: str) -> tuple[list[int], list[str]]:
             raise BadAnnotationError(f"{yaml_path}: not valid YAML: {err}") from None
         names = data.get("names") if isinstance(data, dict) else None
         if isinstance(names, list) and names:
-            return list(range(len(names))), [str(n) for n in names]
+            return list(range(len(names))), [str(n) for n in names], yaml_path
         if isinstance(names, dict) and names:
             try:
                 by_id = {int(k): str(v) for k, v in names.items()}
@@ -43,15 +55,15 @@ def _class_names(root: str) -> tuple[list[int], list[str]]:
                 raise BadAnnotationError(f"{yaml_path}: 'names' keys must be class indices, got "
                                          f"{list(names)[:10]}") from None
             ids = sorted(by_id)
-            return ids, [by_id[i] for i in ids]
+            return ids, [by_id[i] for i in ids], yaml_path
         raise BadAnnotationError(f"{yaml_path}: 'names' is missing or empty (expected a list of class "
                                  f"names or an {{index: name}} mapping)")
     if os.path.isfile(txt_path):
         with open(txt_path, encoding="utf-8") as f:
-            names_txt = [line.strip() for line in f if line.strip()]
+            names_txt = [line.rstrip("\r\n") for line in f if line.strip()]
         if not names_txt:
             raise BadAnnotationError(f"{txt_path}: no class names (expected one a line)")
-        return list(range(len(names_txt))), names_txt
+        return list(range(len(names_txt))), names_txt, txt_path
     raise FileNotFoundError(f"no class names: neither {yaml_path} nor {txt_path} exists; {LAYOUT}")
 
 
@@ -83,7 +95,7 @@ def _read_labels(label_path: str, width: int, height: int, label_of: dict[int, i
         policy.bad("unreadable annotation", f"label file {label_path} cannot be read: {err}")
         return None
     boxes: list[tuple[float, ...]] = []
-    labels, line_numbers = [], []
+    labels, line_numbers, in_pixels = [], [], []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -97,21 +109,25 @@ def _read_labels(label_path: str, width: int, height: int, label_of: dict[int, i
         if cls not in label_of:
             policy.bad("unknown category", f"{where}: unknown class index {cls} "
                                            f"(valid: {ids_text(category_ids)})")
+            if cls == category_ids[-1] + 1:
+                policy.note("boxes", ONE_BASED_CAUSE)
             continue
         boxes.append(((cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height))
         labels.append(label_of[cls])
         line_numbers.append(n)
+        in_pixels.append(max(cx, cy, w, h) > 1.0)
     xyxy = np.array(boxes, dtype=np.float32).reshape(-1, 4)
     keep = keep_boxes(policy, xyxy, width, height, lambda i: f"{label_path} line {line_numbers[i]}")
+    policy.note("boxes", PIXELS_CAUSE, int((~keep & np.array(in_pixels, dtype=bool)).sum()))
     return xyxy[keep], np.array(labels, dtype=np.int64)[keep], [n for n, k in zip(line_numbers, keep) if k]
 
 
-def read_yolo(root: str, split: str, *, on_bad_annotation: str = "error",
+def read_yolo(root: str, split: str, *, on_bad_annotation: str = "error", on_bad_image: str | None = None,
               limit: int | None = None) -> DetectionDataset:
     """Read one YOLO split. Images (searched recursively) are taken in sorted path order and their
     ids are 1-based positions in that order; ``limit`` keeps the first N that survive the checks."""
     image_dir, label_dir = os.path.join(root, "images", split), os.path.join(root, "labels", split)
-    policy = BadDataPolicy(on_bad_annotation, label_dir)
+    policy = BadDataPolicy(on_bad_annotation, label_dir, on_bad_image)
     if not os.path.isdir(image_dir):
         raise FileNotFoundError(f"YOLO image folder {image_dir} does not exist; {LAYOUT}")
     if not os.path.isdir(label_dir):  # every image a negative is almost surely a wrong path
@@ -140,4 +156,5 @@ def read_yolo(root: str, split: str, *, on_bad_annotation: str = "error",
         boxes, labels, line_numbers = read
         records.append(ImageRecord(path=path, image_id=image_id, height=height, width=width,
                                    boxes=boxes, labels=labels, ann_ids=line_numbers))
+    policy.raise_unreadable()
     return DetectionDataset(records, class_names, category_ids, source=label_dir, policy=policy)
