@@ -150,3 +150,29 @@ def test_import_names_what_it_could_not_find(tmp_path, capsys, monkeypatch):
     (tmp_path / "my_registry.py").write_text("LOADED = __name__\nif __name__ == '__main__':\n    raise SystemExit(9)\n")
     assert main(["--import", "my_registry", "recipes"]) == 0
     assert sys.modules.pop("my_registry").LOADED == "my_registry"
+
+
+def test_the_json_line_on_stdout_keeps_class_names_as_written(tmp_path):
+    """fit's and validate's result line hold the class names (the per-class table): `Müll` and `树`
+    print as they are, not as \\u escapes; on a stdout that cannot encode them (an ASCII locale) the
+    line is escaped JSON rather than a UnicodeEncodeError."""
+    from PIL import Image
+
+    root = tmp_path / "imgs"
+    for split in ("train", "val"):
+        for c, shade in (("Müll", 40), ("树", 200)):
+            (root / split / c).mkdir(parents=True)
+            for i in range(4):
+                Image.new("L", (8, 8), color=shade + 5 * i).save(root / split / c / f"{i}.png")
+    run = tmp_path / "run"
+    proc = run_cli("fit", "classify-fashion", "data.name=image-folder", f"data.root={root}", "data.image_size=8",
+                   "data.batch_size=4", "trainer.epochs=1", "trainer.progress=plain", "--run-dir", str(run),
+                   env={"PYTHONIOENCODING": "utf-8"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    assert '"Müll"' in line and '"树"' in line and "\\u" not in line
+    assert set(json.loads(line)["final"]["per_class"]) == {"Müll", "树"}
+    proc = run_cli("validate", str(run), env={"PYTHONIOENCODING": "ascii"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.isascii() and set(json.loads(line)["per_class"]) == {"Müll", "树"}

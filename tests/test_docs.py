@@ -10,6 +10,8 @@ on PATH. Options (docs/README.md lists them for writers):
     fit-args="k=v ..."    append these overrides to every `fit` command of the block (after its own)
     exit=N                expected exit status; each "# visiontrain: error: ..." comment line of the
                           block must then appear in stderr
+    prints                each "# ..." comment line of the block is a line it prints: it must appear
+                          in its output (stdout or stderr; a log line's timestamp left out)
     timeout=S             seconds allowed (default 300)
 
 A fenced block preceded by ``<!-- file: NAME -->`` is written to NAME in the directory of every
@@ -56,7 +58,7 @@ BIN = Path(sys.executable).parent  # the venv's bin: visiontrain, python, torchr
 FULL_RECIPES = ("classify-mobilevit-imagenet", "detect-detr-r50-coco", "detect-detr-fast-r50-coco",
                 "detect-faster-rcnn-r50-coco", "detect-yolov3-darknet53-voc", "ssl-dino-vits16-imagenet")
 SMALL_RECIPES = ("classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3", "ssl-dino")
-OPTIONS = {"setup", "continue", "fit-args", "exit", "timeout"}
+OPTIONS = {"setup", "continue", "fit-args", "exit", "timeout", "prints"}
 DEFAULT_TIMEOUT = 300
 JOBS = int(os.environ.get("VISIONTRAIN_DOCS_JOBS", min(2, os.cpu_count() or 1)))
 
@@ -199,6 +201,11 @@ def expected_errors(code: str) -> list[str]:
     return [ln.strip()[2:].strip() for ln in code.splitlines() if ln.strip().startswith("# visiontrain: error:")]
 
 
+def expected_lines(code: str) -> list[str]:
+    """The block's comment lines: under ``prints``, lines its commands print."""
+    return [ln.strip()[2:].strip() for ln in code.splitlines() if ln.strip().startswith("# ")]
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
@@ -251,6 +258,10 @@ def run_chain(chain: Chain, base: Path) -> tuple[bool, str, Path]:
             flat = " ".join(err.split())
             problems += [f"stderr lacks: {msg}" for msg in expected_errors(block.code)
                          if " ".join(msg.split()) not in flat]
+        if "prints" in opts:
+            flat = " ".join((out + err).split())
+            problems += [f"the output lacks: {line}" for line in expected_lines(block.code)
+                         if " ".join(line.split()) not in flat]
         if problems:
             return False, (f"{block.where}: {'; '.join(problems)}\n--- stdout\n{_tail(out)}"
                            f"\n--- stderr\n{_tail(err)}"), work

@@ -4,6 +4,8 @@ with shuffling, random augmentation, mixup, dropout and DataLoader workers on. T
 are in the checkpoint, and the workers start beside a CUDA context."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -102,6 +104,54 @@ def test_resume_at_epoch_boundary_and_with_accumulation(tmp_path, deterministic)
     resumed = Trainer(cfg, ToyTask(cfg), tmp_path / "b", resume=str(tmp_path / "b/checkpoints/last.pt"))
     assert (resumed.step, resumed.epoch, resumed.step_in_epoch) == (8, 1, 0)
     resumed.fit()
+    assert_bit_identical(state_of(full), state_of(resumed))
+
+
+class EventRecorder:
+    """A tracker (engine.tracking) that keeps the (kind, step) of every event it is handed."""
+
+    packages = ()
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+
+    def start(self, config, provenance, step) -> None:
+        pass
+
+    def log(self, kind, step, epoch, values) -> None:
+        self.events.append((kind, step))
+
+    def end(self, status) -> None:
+        pass
+
+
+def logged_rows(run_dir) -> list[tuple[str, int]]:
+    from visiontrain.engine.metrics_file import METRICS_FILE
+
+    return [(row["kind"], row["step"]) for row in map(json.loads, (run_dir / METRICS_FILE).read_text().splitlines())]
+
+
+def test_a_step_checkpoint_on_an_epochs_last_step_then_a_kill_logs_each_evaluation_once(tmp_path):
+    """8 steps per epoch and a step checkpoint every 4: the one at step 8 is also the epoch's end,
+    where the epoch's evaluation runs. The run dies right after that checkpoint (before step 9) and
+    resumes: the evaluation at step 8 must be in metrics.jsonl and the trackers once, and run once."""
+    cfg = toy_config(trainer__epochs=3, checkpoint__every=4, checkpoint__unit="steps")
+    full = Trainer(cfg, ToyTask(cfg), tmp_path / "full")
+    full.fit()
+    tracker = EventRecorder()
+    crashed = Trainer(cfg, ToyTask(cfg), tmp_path / "run", hooks=[CrashAt(9)], trackers=[tracker])
+    with pytest.raises(Crash):
+        crashed.fit()
+    resumed = Trainer(cfg, ToyTask(cfg), tmp_path / "run", resume=str(tmp_path / "run/checkpoints/last.pt"),
+                      trackers=[tracker])
+    position = (resumed.step, resumed.epoch, resumed.step_in_epoch)
+    resumed.fit()
+    rows = logged_rows(tmp_path / "run")
+    assert [r for r in rows if r[0] == "eval"] == [("eval", 8), ("eval", 16), ("eval", 24)]
+    assert len(rows) == len(set(rows)) and rows == logged_rows(tmp_path / "full")
+    assert sorted(tracker.events) == sorted(set(tracker.events)) == sorted(rows)
+    assert resumed.task.evaluations == full.task.evaluations == 3
+    assert position == (8, 1, 0)  # the checkpoint was written after the epoch's evaluation
     assert_bit_identical(state_of(full), state_of(resumed))
 
 

@@ -151,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if hasattr(sys.stdout, "reconfigure"):  # a class name a stdout cannot encode (ASCII) is escaped, not an error
+        sys.stdout.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
@@ -160,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     from visiontrain.engine.checkpoint import CheckpointError
     from visiontrain.engine.preemption import EXIT_INTERRUPTED, Preempted
     from visiontrain.engine.guards import NonFiniteLossError, OutOfMemory
+    from visiontrain.engine.write_failure import WriteError
     from visiontrain.models import PretrainedUnavailable
     import visiontrain.tasks  # noqa: F401  (registers every task's config section)
     from visiontrain.launch import command_line, import_user_module
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     except OutOfMemory as err:
         print(f"visiontrain: error: {err}", file=sys.stderr)
         return EXIT_OUT_OF_MEMORY
-    except (C.ConfigError, CheckpointError, FileNotFoundError, ValueError, yaml.YAMLError,
+    except (C.ConfigError, CheckpointError, WriteError, FileNotFoundError, ValueError, yaml.YAMLError,
             PretrainedUnavailable) as err:
         print(f"visiontrain: error: {_one_line(err)}", file=sys.stderr)
     # Outside the except block the error (and its frames, which hold the trainer and its DataLoader

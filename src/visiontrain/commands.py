@@ -19,6 +19,17 @@ EXIT_USAGE, EXIT_NONFINITE = 2, 3  # and engine.preemption: 4 preempted, 130 Ctr
 EXIT_OUT_OF_MEMORY = 5
 
 
+def print_json(value: Any) -> None:
+    """The one JSON line a command prints for a program to read. Names stay as written ("Müll",
+    "树"), not \\u escapes; escaped only where stdout cannot encode them (an ASCII locale)."""
+    text = dumps_json(value, ensure_ascii=False)
+    try:
+        text.encode(getattr(sys.stdout, "encoding", None) or "utf-8")
+    except UnicodeEncodeError:
+        text = dumps_json(value)
+    print(text)
+
+
 def _recipe_summary(path: Path) -> str:
     for line in path.read_text().splitlines():
         if line.startswith("#"):
@@ -92,7 +103,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if summary:  # rank 0 of a run with a run dir
         report = (str(run_dir / "report.html") if (run_dir / "report.html").is_file() else None) if done \
             else _final_report(run_dir)
-        print(dumps_json({"run_dir": str(run_dir), "report": report, **summary}))
+        print_json({"run_dir": str(run_dir), "report": report, **summary})
     end_trackers(trackers, FINISHED)  # after the report: it reaches the tracker with the final status
     return 0
 
@@ -131,7 +142,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
     cfg = C.load_config(args.recipe, args.overrides)
     out = Path(args.out) if args.out else Path("runs") / f"{Path(args.recipe).stem}-preview"
     written = preview(cfg, build_task(cfg), out)
-    print(json.dumps({"recipe": args.recipe, "out": str(out), "plots": [str(p) for p in written]}))
+    print_json({"recipe": args.recipe, "out": str(out), "plots": [str(p) for p in written]})
     return 0
 
 
@@ -147,7 +158,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for key, table in per_class_tables(metrics).items():  # for a person; the JSON line below holds them too
         print(class_table_text(key, table))
     split = {"split": args.split, "data_split": trained.cfg.data.val_split} if args.split == "test" else {}
-    print(dumps_json({"checkpoint": trained.path, "step": trained.state["progress"]["step"], **split, **metrics}))
+    print_json({"checkpoint": trained.path, "step": trained.state["progress"]["step"], **split, **metrics})
     return 0
 
 
@@ -166,12 +177,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
             raise C.ConfigError(f"--top-k and --sheet apply to classification checkpoints; {what} "
                                 f"(a detector: its drawings are written, --threshold sets their minimum score)")
         written = predict_images(predictor, args.images, out, score_threshold=args.threshold)
-        print(json.dumps({"out": args.out, "images": len(args.images), "detections": written}))
+        print_json({"out": args.out, "images": len(args.images), "detections": written})
         return 0
     if args.threshold is not None:
         raise C.ConfigError(f"--threshold applies to detection checkpoints; {what} (a classifier: --top-k)")
     written = classify_images(predictor, args.images, out, top_k=args.top_k, sheet=args.sheet)
-    print(json.dumps({"out": args.out, "images": len(args.images), **written}))
+    print_json({"out": args.out, "images": len(args.images), **written})
     return 0
 
 
@@ -184,7 +195,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     except ExportUnsupported as err:
         print(f"visiontrain: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    print(dumps_json(result))
+    print_json(result)
     return 0
 
 
@@ -198,8 +209,8 @@ def cmd_consolidate(args: argparse.Namespace) -> int:
     state = load_checkpoint(src)  # the sharded tensors, gathered whole in this one process
     out = Path(args.out) if args.out else src.with_name(f"{src.stem}-full.pt")
     atomic_save(state, out)
-    print(json.dumps({"checkpoint": str(src), "out": str(out), "tensors": len(state["model"]),
-                      "bytes": out.stat().st_size}))
+    print_json({"checkpoint": str(src), "out": str(out), "tensors": len(state["model"]),
+                "bytes": out.stat().st_size})
     return 0
 
 
@@ -214,7 +225,7 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     finally:
         shutdown(barrier=False)
     print(format_report(args.recipe, result))
-    print(dumps_json({"recipe": args.recipe, **result}))
+    print_json({"recipe": args.recipe, **result})
     return 0
 
 
@@ -242,6 +253,5 @@ def cmd_report(args: argparse.Namespace) -> int:
     from visiontrain.report import write_report
 
     path, plots = write_report(args.run_dir, args.out)
-    print(json.dumps({"run_dir": args.run_dir, "report": str(path), "plots": plots,
-                      "bytes": path.stat().st_size}))
+    print_json({"run_dir": args.run_dir, "report": str(path), "plots": plots, "bytes": path.stat().st_size})
     return 0

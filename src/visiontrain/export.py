@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from visiontrain.engine.task import ExportSpec, ExportUnsupported, Task
+from visiontrain.engine.write_failure import WriteError, os_error_in, why_not_written
 
 FORMATS: dict[str, str] = {"onnx": ".onnx", "exported-program": ".pt2", "torchscript": ".torchscript.pt"}
 ONNX_OPSET = 17
@@ -62,27 +64,61 @@ def write_metadata(path: Path, metadata: dict[str, Any]) -> None:
     onnx.save(model, str(path))
 
 
-def _write(spec: ExportSpec, fmt: str, path: Path) -> None:
-    """Trace ``spec.module`` into ``path``; any failure becomes ExportUnsupported naming the format."""
-    inputs = spec.example_inputs
+#: What failed, in plain words, when an exporter raises for a reason other than the file.
+EXPORTER_FAILED = {
+    "onnx": "torch's ONNX exporter could not convert this model",
+    "exported-program": "torch.export cannot capture it (e.g. data-dependent shapes in NMS); try --format onnx "
+                        "or torchscript",
+    "torchscript": "torch.jit.trace could not trace this model",
+}
+
+
+def _exported(spec: ExportSpec, fmt: str) -> bytes:
+    """``spec.module`` traced into ``fmt``, as the bytes of its file; an exporter's failure becomes
+    ExportUnsupported naming the format. In memory first: the file is then written by plain Python,
+    whose failures (a full disk) say why, where torch's zip writer would abort the process."""
+    inputs, f = spec.example_inputs, io.BytesIO()
     try:
         # Tracer warnings, deprecation notes and the graph dumps torch.export prints to stderr on a
         # failure are noise to a user: a failure still raises, and becomes one line below.
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
             warnings.simplefilter("ignore")
             if fmt == "onnx":
-                torch.onnx.export(spec.module, inputs, str(path), input_names=spec.input_names,
+                torch.onnx.export(spec.module, inputs, f, input_names=spec.input_names,
                                   output_names=spec.output_names, opset_version=ONNX_OPSET,
                                   dynamic_axes=dynamic_axes(spec, fmt) or None, dynamo=False)
             elif fmt == "exported-program":
                 shapes = tuple({0: torch.export.Dim.AUTO} if spec.dynamic_batch else None for _ in inputs)
-                torch.export.save(torch.export.export(spec.module, inputs, dynamic_shapes=shapes), str(path))
+                torch.export.save(torch.export.export(spec.module, inputs, dynamic_shapes=shapes), f)
             else:
-                torch.jit.save(torch.jit.trace(spec.module, inputs, check_trace=False), str(path))
+                torch.jit.save(torch.jit.trace(spec.module, inputs, check_trace=False), f)
     except Exception as err:  # the exporters raise many types; the user needs one clear line
-        hint = {"exported-program": "torch.export cannot capture it (e.g. data-dependent shapes in NMS); "
-                                    "try --format onnx or torchscript"}.get(fmt, "see the message")
-        raise ExportUnsupported(f"cannot export to {fmt}: {hint}: {type(err).__name__}: {_first_line(err)}") from err
+        raise ExportUnsupported(f"cannot export to {fmt}: {EXPORTER_FAILED[fmt]}: {type(err).__name__}: "
+                                f"{_first_line(err)}") from err
+    return f.getvalue()
+
+
+def _write_file(spec: ExportSpec, fmt: str, out: Path, metadata: dict[str, Any]) -> None:
+    """``out`` written whole or not at all: the export goes to a temporary file beside it, renamed
+    over ``out`` once complete. A file that cannot be written (a read-only directory, a full disk)
+    is a WriteError that says why in plain words."""
+    data = _exported(spec, fmt)
+    tmp = out.with_name(f".tmp-{out.name}")  # the suffix kept: onnx goes by it
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        if fmt == "onnx":
+            write_metadata(tmp, metadata)
+        os.replace(tmp, out)
+    except Exception as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        cause = os_error_in(err)
+        if cause is None:
+            raise
+        kept = f"{out} is as it was" if out.exists() else "nothing was written"
+        raise WriteError(f"could not write the {fmt} file {out}: {why_not_written(cause, out.parent)}; {kept} "
+                         f"(choose another --out)") from None
 
 
 def _onnx() -> tuple[Any, Any]:
@@ -140,13 +176,10 @@ def export_model(task: Task, model: nn.Module, info: dict[str, Any], fmt: str, o
     if len(expected[0]) != len(spec.output_names):
         raise ExportUnsupported(f"task {task.name!r}: export_spec names {len(spec.output_names)} outputs but the "
                                 f"module returns {len(expected[0])}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _write(spec, fmt, out)
     axes = dynamic_axes(spec, fmt)
-    if fmt == "onnx":
-        shapes = {n: list(x.shape) for n, x in zip(spec.input_names, spec.example_inputs)}
-        write_metadata(out, {"task": task.name, "visiontrain_version": _version(), **spec.metadata,
-                             "inputs": shapes, "outputs": list(spec.output_names), "dynamic_axes": axes})
+    shapes = {n: list(x.shape) for n, x in zip(spec.input_names, spec.example_inputs)}
+    _write_file(spec, fmt, out, {"task": task.name, "visiontrain_version": _version(), **spec.metadata,
+                                 "inputs": shapes, "outputs": list(spec.output_names), "dynamic_axes": axes})
     diff = max(max_abs_diff(want, got, spec.output_names) for want, got in zip(expected, _run(fmt, out, spec, checked)))
     return {"path": str(out), "format": fmt, "max_abs_diff": diff,
             "inputs": {n: list(x.shape) for n, x in zip(spec.input_names, spec.example_inputs)},

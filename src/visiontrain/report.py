@@ -12,9 +12,11 @@ table (``metrics_file.PER_CLASS``) of the last evaluation is its own section, an
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import json
 import math
+import tempfile
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ import yaml
 from visiontrain.compare import RunRecord, read_run
 from visiontrain.engine.metrics_file import ROW_KEYS, ema_key, is_number, is_per_class, per_class_tables
 from visiontrain.engine.plots import write_curves
+from visiontrain.engine.write_failure import WriteError, why_not_written
 
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1f2328;
@@ -56,10 +59,7 @@ def build_report(run_dir: str | Path) -> str:
     run = read_run(run_dir)
     config_text, config = _read_config(run_dir)
     metric, mode = _checkpoint_metric(run, config)
-    if run.train and not (run_dir / "plots" / "losses.png").is_file():
-        write_curves(run_dir)  # trained with trainer.plots=false, or stopped before its first evaluation
-    plots = sorted((p for p in (run_dir / "plots").rglob("*.png") if p.is_file()), key=_plot_order) \
-        if (run_dir / "plots").is_dir() else []
+    plots, figures = _plots_html(run, run_dir)
     task = config.get("task") or {}
     facts = [("task", task.get("name")), ("model", task.get("model")),
              ("data", (config.get("data") or {}).get("name")), ("optimizer", (config.get("optim") or {}).get("name"))]
@@ -79,9 +79,8 @@ def build_report(run_dir: str | Path) -> str:
         "</section><section>", "<h2>Throughput</h2>", _table(_throughput(run)), "</section></div>",
         *_per_class_html(run),
         _model_html(run_dir),
-        f"<h2>Plots ({len(plots)})</h2>",
-        f'<div class="plots">{"".join(_figure(p, run_dir / "plots") for p in plots)}</div>' if plots
-        else '<p class="muted">no plots</p>',
+        f"<h2>Plots ({plots})</h2>",
+        f'<div class="plots">{figures}</div>' if plots else '<p class="muted">no plots</p>',
         _provenance_html(run_dir),
         "<h2>Config</h2>",
         "<details><summary>config.yaml</summary>"
@@ -104,14 +103,41 @@ def _plot_order(path: Path) -> tuple[int, str]:
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Path, int]:
-    """Write the report (default ``RUN_DIR/report.html``); returns (path, number of plots embedded)."""
+    """Write the report (default ``RUN_DIR/report.html``); returns (path, number of plots embedded).
+    A file that cannot be written (a read-only run dir, a full disk) is a ``WriteError`` naming it;
+    the run dir is only read, so ``out`` elsewhere reports a run that cannot be written to."""
     text = build_report(run_dir)
     path = Path(out) if out is not None else Path(run_dir) / "report.html"
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")  # a reader never sees half a page
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        elsewhere = "; pass --out FILE.html to write it elsewhere" if out is None else ""
+        raise WriteError(f"could not write the report {path}: {why_not_written(err, path.parent)}{elsewhere}") \
+            from None
     return path, text.count('src="data:image/png;base64,')
+
+
+def _plots_html(run: RunRecord, run_dir: Path) -> tuple[int, str]:
+    """RUN_DIR/plots/ embedded (how many, the HTML). A run without its curves (trained with
+    trainer.plots=false, or stopped before its first evaluation) gets them drawn into RUN_DIR/plots,
+    or, when the run dir cannot be written (a read-only copy), into a temporary directory."""
+    roots = [run_dir / "plots"]
+    with tempfile.TemporaryDirectory(prefix="visiontrain-report-") as spare:
+        if run.train and not (run_dir / "plots" / "losses.png").is_file():
+            try:
+                write_curves(run_dir)
+            except OSError:
+                write_curves(run_dir, Path(spare))
+                roots.append(Path(spare))
+        found = {p.relative_to(root): (p, root) for root in roots if root.is_dir()  # the fresh curves win
+                 for p in root.rglob("*.png") if p.is_file()}
+        plots = sorted(found.values(), key=lambda pair: _plot_order(pair[0]))
+        return len(plots), "".join(_figure(p, root) for p, root in plots)
 
 
 def _read_config(run_dir: Path) -> tuple[str, dict[str, Any]]:

@@ -80,7 +80,7 @@ elif phase == "log":
     def half_a_line(self, kind, step, epoch, values):
         if self.enabled and due():
             line = json.dumps({"kind": kind, "step": step, "epoch": epoch, **values})
-            self._jsonl.write(line[: len(line) // 2])
+            self.write_row(line[: len(line) // 2])
             self._jsonl.flush()
             die()
         return log(self, kind, step, epoch, values)

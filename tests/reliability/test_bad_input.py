@@ -431,6 +431,48 @@ def test_truncated_checkpoint_other_commands(truncated_ckpt: Path, digits_run: P
     assert code == 2 and f"checkpoint {truncated_ckpt} is truncated or corrupt" in err
 
 
+NOT_CHECKPOINTS = {  # what a user hands over by mistake, and the words that must say what it is
+    "text": (b"epoch 3: loss 0.41\nsaved the model in the cloud folder\n", "it looks like text"),
+    "html": (b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head><body>...</body></html>\n",
+             "it is an HTML page"),
+    "git-lfs": (b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"4d7a" * 16 + b"\nsize 1434087\n",
+                "it is a git-LFS pointer, a small text file that stands for the real one: fetch the file itself "
+                "with `git lfs pull`"),
+    "empty": (b"", "it is empty (0 bytes)"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_CHECKPOINTS))
+def test_a_file_that_is_no_checkpoint_says_what_it_is_in_every_command(kind: str, tmp_path: Path, capsys) -> None:
+    """Each command that reads a checkpoint, given a text file, a web page, a git-LFS pointer or an
+    empty file: one line naming the file and what it is, exit 2, nothing written (was a KeyError
+    traceback, or 'holds objects other than tensors')."""
+    content, words = NOT_CHECKPOINTS[kind]
+    path = tmp_path / "model.pt"
+    path.write_bytes(content)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(content)
+    run, out = tmp_path / "r", tmp_path / "p"
+    commands = {
+        "validate": ["validate", str(path)],
+        "export": ["export", str(path), "--format", "onnx"],
+        "predict": ["predict", str(path), "x.png", "--out", str(out)],
+        "--init": ["fit", "classify-fashion", *DIGITS, "--run-dir", str(run), "--init", str(path)],
+        "--resume": ["fit", "classify-fashion", *DIGITS, "--run-dir", str(run), "--resume", str(path)],
+        "--init safetensors": ["fit", "classify-fashion", *DIGITS, "--run-dir", str(run), "--init", str(weights)],
+    }
+    for name, args in commands.items():
+        code, err = in_process(capsys, *args)
+        named = weights if name == "--init safetensors" else path
+        what = "a weights file" if name == "--init safetensors" else "a checkpoint"
+        assert code == 2 and f"{named} is not {what}: {words}" in err, (name, err)
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (name, err)
+        assert not run.exists() and not out.exists(), name  # nothing written, not even the run dir
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt", "model.safetensors"]
+    if kind == "text":  # and once through a real process
+        assert f"{path} is not a checkpoint: {words}" in error_line(vt("validate", str(path)))
+
+
 class _Payload:
     """Unpickling this would run ``open(MARKER, "w")``: the proof that a load ran the file's code."""
 

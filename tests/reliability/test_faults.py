@@ -54,7 +54,9 @@ def test_a_full_disk_during_a_save_is_a_clear_error_and_keeps_the_previous_check
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(files_module.torch, "save", save_until_the_disk_fills)
-    with pytest.raises(CheckpointError, match=r"last\.pt: No space left on device.*previous file.*intact"):
+    with pytest.raises(CheckpointError, match=r"^could not write checkpoint \S+/checkpoints/last\.pt: the disk is "
+                                              r"full \(\d+ MiB free on that file system\); the previous last\.pt is "
+                                              r"intact, and nothing of this write was left behind$"):
         train(toy_config(**EVERY_5), run_dir)
     # last.pt at step 5 and best.pt at 8 (the epoch's evaluation) are whole; last.pt at 10 failed
     assert finite_checkpoints(run_dir) == {"last.pt": 5, "best.pt": 8}
@@ -79,7 +81,9 @@ def test_a_real_write_failure_names_the_file_not_the_zip_writer(tmp_path):
     proc = subprocess.run([*cmd, json.dumps({"phase": "none"})], capture_output=True, text=True, env=env,
                           preexec_fn=small_files_only)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert re.search(r"could not write checkpoint \S+(last|best)\.pt: .*MiB free.*previous file, if any, is intact",
+    assert re.search(r"could not write checkpoint \S+(last|best)\.pt: the file would exceed the file-size limit "
+                     r"\(ulimit -f\) \(\d+ MiB free on that file system\); (the previous last\.pt is intact|the "
+                     r"checkpoints already there \(last\.pt\) are intact), and nothing of this write was left behind",
                      proc.stderr), proc.stderr[-2000:]
     assert finite_checkpoints(run) == {"last.pt": 5} and not list(run.rglob(".*.tmp"))
 
@@ -94,6 +98,8 @@ def test_an_unwritable_run_dir_is_refused_before_training_and_during_a_save(tmp_
     real_mkstemp, calls = files_module.tempfile.mkstemp, []
 
     def mkstemp_denied_from_the_third(*args, **kwargs):
+        if kwargs.get("prefix", "").startswith(".write-check."):  # the run dir's check before training
+            return real_mkstemp(*args, **kwargs)
         calls.append(1)
         if len(calls) >= 3:
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), kwargs.get("dir"))
@@ -103,7 +109,8 @@ def test_an_unwritable_run_dir_is_refused_before_training_and_during_a_save(tmp_
     recipe = tmp_path / "toy.yaml"
     recipe.write_text(C.dump_config(toy_config(**EVERY_5)))
     assert cli.main(["fit", str(recipe), "--run-dir", str(run_dir)]) == cli.EXIT_USAGE
-    assert re.search(r"could not write checkpoint .*last\.pt: Permission denied", capsys.readouterr().err)
+    assert re.search(r"could not write checkpoint .*last\.pt: permission denied; the previous last\.pt is intact",
+                     capsys.readouterr().err)
     assert finite_checkpoints(run_dir) == {"last.pt": 5, "best.pt": 8}
 
 

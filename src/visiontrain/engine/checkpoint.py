@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,24 +16,34 @@ import torch
 
 from visiontrain.engine.files import CheckpointError, atomic_save, give_usual_mode, read_checkpoint_file
 from visiontrain.engine.fsdp import resolve_full
+from visiontrain.engine.write_failure import why_not_written
 
 __all__ = ["CheckpointError", "atomic_save", "give_usual_mode", "read_checkpoint_file", "load_checkpoint",
            "BestTracker", "ReplicatedWeights", "capture_rng", "restore_rng", "prepare_run_dir",
            "removed_if_set_up_fails", "write_run_file", "write_run_config", "remove_stale_temporaries"]
 
 
-def _unwritable(run_dir: Path, err: OSError) -> CheckpointError:
-    return CheckpointError(f"run dir {run_dir} cannot be written: {err.strerror or err} "
-                           f"({err.filename or run_dir}); choose another --run-dir")
+def _unwritable(run_dir: Path, err: OSError, where: Path | None = None) -> CheckpointError:
+    """Which path, why, and what to do: a run that has a checkpoint can go on in another run dir."""
+    where = where or Path(err.filename or run_dir)
+    last = run_dir / "checkpoints" / "last.pt"
+    todo = (f"make it writable, or continue its run in another: --run-dir NEW --resume {last}" if last.is_file()
+            else "make it writable or choose another --run-dir")
+    return CheckpointError(f"run dir {run_dir} cannot be written: {why_not_written(err, where)} ({where}); {todo}")
 
 
 def prepare_run_dir(run_dir: Path) -> list[str]:
     """Create RUN_DIR/checkpoints and delete what interrupted writes left (returned, to be
-    reported). An unwritable run dir is an error that names it, before any training."""
-    try:
-        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise _unwritable(run_dir, err) from err
+    reported). An unwritable run dir (a read-only copy, a full disk) is an error that names it,
+    before any training: a file is created in each directory and removed again to find out."""
+    for directory in (run_dir, run_dir / "checkpoints"):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".write-check.", suffix=".tmp", dir=directory)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as err:
+            raise _unwritable(run_dir, err, directory) from err
     return remove_stale_temporaries(run_dir / "checkpoints") + remove_stale_temporaries(run_dir)
 
 
@@ -63,7 +74,7 @@ def write_run_file(run_dir: Path, name: str, text: str) -> None:
         tmp.write_text(text)
         os.replace(tmp, run_dir / name)
     except OSError as err:
-        raise _unwritable(run_dir, err) from err
+        raise _unwritable(run_dir, err, run_dir / name) from err
 
 
 def write_run_config(run_dir: Path, text: str, resumed_at: int | None = None) -> None:

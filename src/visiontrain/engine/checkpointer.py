@@ -41,10 +41,16 @@ class Checkpointer:
         self.weights_ok_at = 0  # the step at which the weights were last checked finite
 
     def due(self, step: int, epoch_end: bool) -> bool:
+        """``checkpoint.every`` epochs or steps. A step checkpoint that falls on an epoch's last step
+        waits for that epoch's end (its log point and evaluation): written before them, a resume
+        would run them again and log the step's evaluation twice."""
         c, p = self.cfg.checkpoint, self.progress
+        if c.every <= 0 or step >= p.total:
+            return False
         if epoch_end:  # after Progress.next_epoch: a checkpoint here resumes at the next epoch
-            return c.unit == "epochs" and c.every > 0 and not p.last_epoch_done() and p.epochs_done() % c.every == 0
-        return c.unit == "steps" and c.every > 0 and step % c.every == 0 and step < p.total
+            by_epoch = c.unit == "epochs" and not p.last_epoch_done() and p.epochs_done() % c.every == 0
+            return by_epoch or (c.unit == "steps" and step % c.every == 0)
+        return c.unit == "steps" and step % c.every == 0 and not p.epoch_steps_done()
 
     def run(self, epoch_end: bool = False) -> None:
         self.save_last()

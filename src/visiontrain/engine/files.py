@@ -3,21 +3,24 @@
 A write goes to a temporary file in the same directory, is flushed and fsync'ed, then renamed over
 the target with os.replace (atomic on POSIX) and the directory is fsync'ed: a crash at any moment
 leaves either the old or the new file, both complete. Reads use ``torch.load(weights_only=True)``:
-a checkpoint holds only tensors and plain containers, so nothing in it can run code. The lowest
-layer of checkpointing: ``engine.fsdp`` (shards) and ``engine.checkpoint`` (a run's) build on it.
+a checkpoint holds only tensors and plain containers, so nothing in it can run code. A file that is
+no torch file at all (text, an HTML page, a git-LFS pointer) is named for what it is from its
+first bytes, before torch reads it (torch's own error for it is a ``KeyError`` of its pickle).
+The lowest layer of checkpointing: ``engine.fsdp`` (shards) and ``engine.checkpoint`` (a run's)
+build on it.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import pickle
-import shutil
 import tempfile
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from visiontrain.engine.write_failure import why_not_written
 
 
 class CheckpointError(RuntimeError):
@@ -32,12 +35,18 @@ def give_usual_mode(path: str | os.PathLike) -> None:
 
 
 def _write_failure(path: Path, err: BaseException) -> CheckpointError:
-    """torch.save reports a failed write (a full disk, a file-size limit) as a RuntimeError from its
-    zip writer; say what happened in the terms of the filesystem instead."""
-    reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).strip().splitlines()[0][:200]
-    with contextlib.suppress(OSError):
-        reason += f"; {shutil.disk_usage(path.parent).free / 2**20:.0f} MiB free on that filesystem"
-    return CheckpointError(f"could not write checkpoint {path}: {reason} (the previous file, if any, is intact)")
+    """Which file, why in plain words (torch.save reports a full disk as its zip writer's
+    RuntimeError: ``why_not_written`` finds the OSError behind it), and what is left."""
+    others = sorted(p.name for p in path.parent.glob("*.pt") if p != path) if path.parent.is_dir() else []
+    if path.is_file():
+        kept = f"the previous {path.name} is intact"
+    elif others:
+        listed = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        kept = f"the checkpoints already there ({listed}) are intact"
+    else:
+        kept = "no checkpoint was there before"
+    return CheckpointError(f"could not write checkpoint {path}: {why_not_written(err, path.parent)}; {kept}, and "
+                           f"nothing of this write was left behind")
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
@@ -67,6 +76,68 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
         os.close(dir_fd)
 
 
+#: How a ``torch.save`` file begins: a zip archive (the format since torch 1.6) or a pickle (the legacy one).
+TORCH_FILE_STARTS = (b"PK\x03\x04", b"\x80")
+#: Bytes read to tell what a file is: enough for a git-LFS pointer or the head of a web page.
+HEAD_BYTES = 1024
+#: How torch's weights_only loader words a refused object (a class, a function); its other errors
+#: ("Unsupported operand 118", "String is too long") are damaged bytes.
+OBJECT_REFUSALS = ("GLOBAL", "allowlisted", "must be imported")
+
+
+def _looks_like_text(head: bytes) -> bool:
+    """No NUL byte and valid UTF-8 (a character cut by the end of ``head`` aside)."""
+    if b"\0" in head:
+        return False
+    for cut in range(4):
+        try:
+            head[:len(head) - cut].decode("utf-8")
+            return True
+        except UnicodeDecodeError:
+            continue
+    return False
+
+
+def not_weights(path: Path) -> str | None:
+    """What the file is when its first bytes show it holds no weights in any format (an empty file, a
+    git-LFS pointer, a web page, text), said for the user; None when it may hold some. A mistake
+    common enough to deserve its own words: a pointer cloned without ``git lfs``, or the sign-in
+    page a download saved in place of the file."""
+    with open(path, "rb") as f:
+        head = f.read(HEAD_BYTES)
+    if not head:
+        return "it is empty (0 bytes)"
+    if head.startswith(b"version https://git-lfs.github.com/spec/"):
+        return ("it is a git-LFS pointer, a small text file that stands for the real one: fetch the file itself "
+                "with `git lfs pull` in the repository it came from")
+    if not _looks_like_text(head):
+        return None
+    text = head.decode("utf-8", errors="ignore").lstrip("\ufeff \t\r\n")
+    if text.lower().startswith(("<!doctype html", "<html")) or "<html" in text.lower():
+        return ("it is an HTML page: a web page (a sign-in, error or download page) was saved in place of "
+                "the file; download the file itself")
+    first = text.splitlines()[0][:60] if text.strip() else ""
+    return f"it looks like text, not a binary weights file (it begins {first!r})"
+
+
+def not_a_torch_file(path: Path) -> str | None:
+    """``not_weights``, and a binary file that does not begin as ``torch.save`` files do."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head.startswith(TORCH_FILE_STARTS):
+        return None  # torch.load tells a whole file from a truncated or corrupt one
+    what = not_weights(path)
+    return what or f"it is neither the zip archive nor the pickle that torch.save writes (it begins {head!r})"
+
+
+def _torch_reason(err: BaseException) -> str:
+    """torch's error in a few words: its first sentence, without the advice that follows it."""
+    if isinstance(err, EOFError):
+        return "the file ends before its data does"
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text.split(". This is an internal", 1)[0][:300]
+
+
 def read_checkpoint_file(path: str | os.PathLike, *, mmap: bool = False) -> dict[str, Any]:
     """The file as written, loaded with weights_only=True onto the CPU; every failure names the file
     and the reason. ``mmap`` maps tensors instead of reading them. (An FSDP run's file names its
@@ -75,15 +146,26 @@ def read_checkpoint_file(path: str | os.PathLike, *, mmap: bool = False) -> dict
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
+        what = not_a_torch_file(path)
+    except OSError as err:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {err.strerror or err}") from None
+    if what is not None:
+        raise CheckpointError(f"{path} is not a checkpoint: {what}")
+    try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         # torch's text advises weights_only=False, which is not for a file one does not trust: keep the reason
-        reason = next((line.split("WeightsUnpickler error: ", 1)[1].split(" Please use", 1)[0]
-                       for line in str(err).splitlines() if "WeightsUnpickler error: " in line), str(err)[:300])
+        reason = " ".join(str(err).split("WeightsUnpickler error:", 1)[-1].split("Please use", 1)[0].split()
+                          ).split(" Check the documentation", 1)[0]
+        if not any(words in reason for words in OBJECT_REFUSALS):  # "Unsupported operand 118": damaged bytes
+            raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {reason or 'unreadable pickle'}") \
+                from None
         raise CheckpointError(f"checkpoint {path} holds objects other than tensors and plain containers and "
                               f"was refused (weights_only load; nothing in it was run): {reason}") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {err}") from None
+    except MemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001  (a damaged pickle raises KeyError, ValueError, EOFError...)
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {_torch_reason(err)}") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(obj).__name__}, expected a dict")
     return obj

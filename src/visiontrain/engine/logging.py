@@ -33,6 +33,7 @@ from typing import Any
 from visiontrain.engine.hooks import Hook
 from visiontrain.engine.metrics_file import METRICS_FILE, is_per_class, make_row, model_key, per_class_tables, rewind
 from visiontrain.engine.tracking import Tracker
+from visiontrain.engine.write_failure import WriteError, why_not_written
 
 #: Plain lines wrap at this many columns; continuation lines are indented under the text.
 WIDTH = 100
@@ -166,7 +167,10 @@ class RunLogger:
         self.enabled = enabled and run_dir is not None
         self.total_steps = total_steps
         self.trackers = list(trackers) if self.enabled else []
-        self._jsonl = open(run_dir / METRICS_FILE, "a", buffering=1) if self.enabled else None
+        # metrics.jsonl is opened at the first row: a run refused while it is set up (a --resume
+        # checkpoint that is no checkpoint) leaves no file behind
+        self._jsonl_path = run_dir / METRICS_FILE if self.enabled else None
+        self._jsonl: Any = None
         # TensorBoard's writer opens an events file as it is made: made at the first event, so a
         # run that logs nothing (a resume of a finished run) leaves tb/ as it was
         self._tb_dir = str(run_dir / "tb") if self.enabled else None
@@ -191,7 +195,7 @@ class RunLogger:
         console line or bar update."""
         if not self.enabled:
             return
-        self._jsonl.write(dumps_json(make_row(kind, step, epoch, values)) + "\n")
+        self.write_row(dumps_json(make_row(kind, step, epoch, values)) + "\n")
         for tracker in self.trackers:
             tracker.log(kind, step, epoch, values)
         for key, value in values.items():
@@ -212,16 +216,29 @@ class RunLogger:
             for key, table in tables.items():
                 self.class_table(f"[{kind}] {key} at step {step}", table)
 
+    def write_row(self, line: str) -> None:
+        """One line of metrics.jsonl. A failed write (a full disk) names the file and what is kept."""
+        try:
+            if self._jsonl is None:
+                self._jsonl = open(self._jsonl_path, "a", buffering=1)
+            self._jsonl.write(line)
+        except OSError as err:
+            path = self._jsonl_path
+            raise WriteError(f"could not write {path}: {why_not_written(err, path.parent)}; the checkpoints "
+                             f"written before are intact (a line cut short is dropped when the run resumes): "
+                             f"continue with --resume auto once it can be written") from err
+
     def rewind(self, step: int) -> None:
         """A resumed run continues from ``step``: what was logged after it (before the crash or kill)
         is dropped, with a line cut short by a kill, so metrics.jsonl and TensorBoard hold each
         step once (``metrics_file.rewind``: atomic, a kill during it leaves the old file)."""
         if not self.enabled:
             return
-        self._jsonl.close()
-        path = Path(self._jsonl.name)
-        rewind(path, step)
-        self._jsonl = open(path, "a", buffering=1)
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None  # reopened at the next row
+        if self._jsonl_path.is_file():
+            rewind(self._jsonl_path, step)
         if self._tb is not None:
             self._tb.close()
             self._tb = None

@@ -28,7 +28,8 @@ class Progress:
     At an epoch's end the measuring parts (log point, evaluator) run while ``epoch`` still names the
     finished epoch; :meth:`next_epoch` then moves on, and the keeping parts (checkpointer, stop
     check) run after it, so a checkpoint written there resumes at the next epoch's first step.
-    A checkpoint written at the epoch's last step but before its end duties resumes into them."""
+    At the epoch's last step the keeping parts wait for that end: a checkpoint written before the
+    end duties would make a resume run them, and log them, a second time."""
 
     def __init__(self, clock: StepClock, epochs: int) -> None:
         self.clock, self.epochs = clock, epochs

@@ -160,11 +160,11 @@ def save_figure(fig: Any, path: Path, *, fast: bool = False) -> Any:
     return pixels
 
 
-def write_curves(run_dir: Path) -> list[Path]:
-    """Draw a run dir's curves from its metrics.jsonl into RUN_DIR/plots/ (also for a finished
-    or stopped run: ``visiontrain report`` calls it)."""
+def write_curves(run_dir: Path, out: Path | None = None) -> list[Path]:
+    """Draw a run dir's curves from its metrics.jsonl into RUN_DIR/plots/, or ``out`` (also for a
+    finished or stopped run: ``visiontrain report`` calls it)."""
     train, evals = read_metrics(run_dir, strict=False)  # a view of the run: a damaged line is passed over
-    out = run_dir / "plots"
+    out = out if out is not None else run_dir / "plots"
     out.mkdir(exist_ok=True)
     written = []
     for name, fig in curve_figures(train, evals, run_dir.name).items():

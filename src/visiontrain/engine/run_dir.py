@@ -18,6 +18,7 @@ from visiontrain.config import ConfigError, flatten
 from visiontrain.engine.checkpoint import CheckpointError
 from visiontrain.engine.mlflow_tracker import RUN_DIR_FILES as MLFLOW_FILES
 from visiontrain.engine.provenance import PROVENANCE_FILE
+from visiontrain.engine.write_failure import why_not_written
 
 #: What a run writes beside its checkpoints.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "tb", "plots", "summary.json", "report.html", "model.safetensors",
@@ -74,9 +75,15 @@ def resolve_resume(run_dir: Path, resume: str | None, *, is_main: bool = True) -
         return None, [f"no checkpoint in {run_dir / 'checkpoints'}: starting a new run"]
     aside = run_dir / f"attempt-without-checkpoint-{time.strftime('%Y%m%d-%H%M%S')}"
     if is_main:
-        (aside / "checkpoints").mkdir(parents=True)
-        for name in leftovers:
-            os.replace(run_dir / name, aside / name)
+        try:
+            (aside / "checkpoints").mkdir(parents=True)
+            for name in leftovers:
+                os.replace(run_dir / name, aside / name)
+        except OSError as err:
+            raise CheckpointError(f"run dir {run_dir} cannot be written: {why_not_written(err, run_dir)} "
+                                  f"({err.filename or run_dir}); --resume auto starts afresh there and sets the "
+                                  f"earlier attempt's files aside: make it writable or choose another --run-dir"
+                                  ) from err
     return None, [f"no checkpoint in {run_dir / 'checkpoints'}: starting a new run; the files of the earlier "
                   f"attempt ({', '.join(leftovers)}) are now in {aside}"]
 

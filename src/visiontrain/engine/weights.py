@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from visiontrain.engine.checkpoint import CheckpointError, give_usual_mode, load_checkpoint
+from visiontrain.engine.files import not_weights
 
 
 def _state_from_file(path: str | Path) -> dict[str, torch.Tensor]:
@@ -18,6 +19,9 @@ def _state_from_file(path: str | Path) -> dict[str, torch.Tensor]:
 
         if not path.is_file():
             raise CheckpointError(f"weights file {path} does not exist")
+        what = not_weights(path)
+        if what is not None:
+            raise CheckpointError(f"{path} is not a weights file: {what}")
         try:
             return load_file(str(path))
         except SafetensorError as err:  # a Rust error: the CLI would otherwise print a traceback
