@@ -115,6 +115,14 @@ def test_wrong_type_names_key_and_type() -> None:
     assert "optim.freeze" in msg and "list" in msg
 
 
+def test_a_negative_optimizer_setting_names_the_key() -> None:
+    """optim.lr=-0.1 once passed the config and reached torch's optimizer; like data.batch_size=0 it is
+    refused naming the key, as is every other optimizer setting torch refuses below zero."""
+    for key in ("optim.lr", "optim.weight_decay", "optim.momentum", "optim.beta2", "optim.eps"):
+        assert f"{key}: expected a number >= 0, got -0.1" in err(FASHION, [f"{key}=-0.1"])
+    assert C.load_config(FASHION, ["optim.lr=0"]).optim.lr == 0.0  # a frozen-weights run is a valid request
+
+
 def test_bool_refused_for_int_and_float_and_int_for_bool() -> None:
     msg = err(FASHION, ["data.batch_size=true"])
     assert "data.batch_size" in msg and "int" in msg

@@ -396,3 +396,45 @@ def test_image_folder_rgb_path_of_the_imagenet_recipe(tmp_path, multicrop):
     assert [tuple(c.shape) for c in crops] == [(3, 32, 32)] * 2 + [(3, 16, 16)] * 2
     trainer.fit()
     assert 0 <= trainer.evaluator.last["ema/knn_top1"] <= 100
+
+
+# An image folder of 20-28 x 24 px files; a 1-block ViT with 4 px patches trained on 16/8 px crops. In-process
+# (no workers) and in fp32: the subject is the size evaluation and export use, not the recipe's data path.
+FOLDER = ["data.name=image-folder", "task.patch_size=4", "task.global_crop_size=16", "task.local_crop_size=8",
+          "task.backbone_args={embed_dim: 32, depth: 1, num_heads: 2}", "task.out_dim=32", "task.hidden_dim=16",
+          "task.bottleneck_dim=8", "task.local_crops=2", "data.batch_size=4", "data.num_workers=0",
+          "trainer.precision=fp32", "trainer.progress=plain", "trainer.max_steps=1", "eval.at_start=false", *NO_WARMUP]
+
+
+def test_an_image_folder_is_evaluated_and_exported_at_the_training_crop_size(tmp_path, caplog):
+    """k-NN bank and queries at task.global_crop_size when data.image_size is unset (the folder's own default,
+    224 px, once evaluated a 16 px model at 224 px without a word), and the ONNX metadata says exactly that:
+    shorter side to int(16 / 0.875) = 18, centre crop 16, ImageNet normalisation."""
+    from test_classification_data import _png_tree
+
+    _png_tree(tmp_path, {"train": ["a", "b"], "val": ["a", "b"]}, n=4)
+    cfg = C.load_config("ssl-dino", [f"data.root={tmp_path}", *FOLDER])
+    with caplog.at_level("INFO", logger="visiontrain"):
+        trainer = Trainer(cfg, build_task(cfg), tmp_path / "run")
+    info, task = trainer.run.data_info, trainer.task
+    assert info["image_size"] == 16 and (info["preprocess"]["size"], info["preprocess"]["resize"]) == (16, 18)
+    assert task.bank[0][0].shape == (3, 16, 16) and trainer.run.val_loader.dataset[0][0].shape == (3, 16, 16)
+    assert not [r for r in caplog.records if "global_crop_size" in r.getMessage()]  # nothing to say
+    trainer.fit()
+    assert 0 <= trainer.evaluator.last["ema/knn_top1"] <= 100
+    spec = task.export_spec(trainer.ema.module, info)
+    assert spec.example_inputs[0].shape[-2:] == (16, 16)
+    meta = spec.metadata
+    assert meta["input_size"] == {"height": 16, "width": 16} and meta["mean"] == [0.485, 0.456, 0.406]
+    assert meta["resize"] == {"mode": "shorter_side_then_center_crop", "shorter_side": 18, "crop": 16}
+
+    # data.image_size set: evaluation and export follow it, and the log names both keys
+    cfg = C.load_config("ssl-dino", [f"data.root={tmp_path}", *FOLDER, "data.image_size=24"])
+    with caplog.at_level("INFO", logger="visiontrain"):
+        trainer = Trainer(cfg, build_task(cfg), None)
+    assert trainer.run.data_info["preprocess"]["size"] == 24 and trainer.task.bank[0][0].shape == (3, 24, 24)
+    said = [r.getMessage() for r in caplog.records if "global_crop_size" in r.getMessage()]
+    assert said == ["task dino: the k-NN evaluation (bank and queries) and the export use data.image_size=24 px "
+                    "images; the training crops are task.global_crop_size=16 px"]
+    meta = trainer.task.export_spec(trainer.ema.module, trainer.run.data_info).metadata
+    assert meta["input_size"] == {"height": 24, "width": 24} and meta["resize"]["shorter_side"] == 27

@@ -80,3 +80,39 @@ def test_patience_from_the_command_line(tmp_path):
     assert "stopping: early stopping: top1 did not improve by more than 100" in proc.stdout
     again = run_cli(*args, "--resume", "auto")
     assert again.returncode == 0 and "nothing to train (raise eval.patience" in again.stdout, again.stderr[-2000:]
+
+
+# A metric that peaks while the lr still rises (evaluation 0), dips, then climbs for the rest of the run:
+# what a one-cycle schedule does early on. Patience counted from the start stops it at the dip.
+RISING = [5.0, 1.0, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.5, 6.0]
+WARMUP_3_EPOCHS = {"lr": {"shape": "cosine", "warmup": 3, "unit": "epochs"}}  # 24 steps
+
+
+def test_patience_after_the_warmup_ignores_the_evaluations_before_it(tmp_path):
+    stopped = train(scripted(task__scripted=RISING, eval__patience=1, schedules=WARMUP_3_EPOCHS), tmp_path / "a")
+    assert stopped.step == 2 * 8  # the dip at step 16 ends a run counted from its first evaluation
+    watched = train(scripted(task__scripted=RISING, eval__patience=1, eval__patience_after="warmup",
+                             schedules=WARMUP_3_EPOCHS), tmp_path / "b")
+    assert watched.early_stop.start == 24 and watched.step == 10 * 8  # steps 8 and 16 were not watched
+    assert watched.early_stop.best == 6.0 and watched.early_stop.best_step == 80
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["ended"]["reason"] == "epochs"
+
+
+def test_patience_after_a_position_in_eval_unit_and_the_stop_says_from_where(run_dir):
+    falls = [5.0, 1.0, 2.0, 1.5, 1.2, 1.1, 1.0, 0.9, 0.8, 0.7]
+    trainer = train(scripted(task__scripted=falls, eval__patience=2, eval__patience_after=2), run_dir)
+    # watched from epoch 2 (step 16): best 2.0 at step 24, then two evaluations without improvement
+    assert trainer.early_stop.start == 16 and trainer.step == 5 * 8
+    message = json.loads((run_dir / "summary.json").read_text())["ended"]["message"]
+    assert "(eval.patience=2, counted from step 16; best 2 at step 24)" in message
+    steps = train(scripted(task__scripted=falls, eval__patience=2, eval__patience_after=20, eval__unit="steps",
+                           eval__every=8), None)
+    assert steps.early_stop.start == 20 and steps.step == 5 * 8  # in steps: watched from the evaluation at step 24
+
+
+def test_patience_after_must_be_a_position_or_warmup():
+    with pytest.raises(ConfigError, match="eval.patience_after: expected float or 'warmup', got 'warmpu'"):
+        toy_config(eval__patience_after="warmpu")
+    with pytest.raises(ConfigError, match=r"eval.patience_after: expected a number >= 0, got -1"):
+        toy_config(eval__patience_after=-1)
+    assert toy_config(eval__patience_after="warmup").eval.patience_after == "warmup"

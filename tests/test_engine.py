@@ -182,9 +182,37 @@ def test_nonfinite_raise_names_step_epoch_terms(run_dir):
     msg = str(err.value)
     assert "step 11" in msg and "epoch 1" in msg  # 8 steps per epoch: the 11th step is in epoch 1
     assert "mse=nan" in msg and "l1=" in msg and "total=nan" in msg
+    assert "No checkpoint was written after that step (checkpoints/last.pt is from before it)" in msg
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert state["progress"]["step"] == 10  # nothing written after the bad step
     assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_a_nonfinite_stop_before_any_checkpoint_says_there_is_none(run_dir):
+    """Stopped at step 3 of a run that checkpoints each epoch (8 steps): the message once said
+    "checkpoints/last.pt is from before it" with no such file; it says what the run dir holds."""
+    with pytest.raises(NonFiniteLossError) as err:
+        train(toy_config(task__poison_step=2, trainer__log_every=4), run_dir)
+    assert not (run_dir / "checkpoints" / "last.pt").exists()
+    assert "No checkpoint was written after that step (nor before it: there is no checkpoints/last.pt yet)" \
+        in str(err.value) and "last.pt is from before it" not in str(err.value)
+    with pytest.raises(NonFiniteLossError, match=r"after that step \(nor before it: this run has no run dir\)"):
+        train(toy_config(task__poison_step=2, trainer__log_every=4), None)
+
+
+def test_weights_gone_nonfinite_before_the_first_checkpoint_say_there_is_none(tmp_path):
+    from visiontrain.engine.guards import check_weights
+
+    model = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        model.bias.fill_(float("nan"))
+    with pytest.raises(NonFiniteLossError, match=r"nothing was written at step 8 \(nor before it: there is no "
+                                                 r"checkpoints/last.pt yet\)"):
+        check_weights([model], 8, 0, ckpt_dir=tmp_path / "checkpoints")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.pt").write_bytes(b"")
+    with pytest.raises(NonFiniteLossError, match=r"at step 8 \(checkpoints/last.pt is from before it\)"):
+        check_weights([model], 8, 0, ckpt_dir=tmp_path / "checkpoints")
 
 
 @pytest.mark.cuda

@@ -34,7 +34,8 @@ def test_the_table_is_logged_once_and_read_back_but_is_no_metric(tmp_path, capsy
     table = [line[20:] for line in lines[first + 1:first + 5]]  # under the timestamp's width
     assert re.split(r"\s+", table[0].strip()) == ["class", "AP", "AP50", "n_gt"]
     assert table[1].split() == ["cat", "0.2500", "0.5000", "3"] and table[3].split()[-1] == "12"
-    assert "a class whose name is far..." in table[2] and "nan" in table[2]  # cut to NAME_WIDTH in the log only
+    assert "a class whose name is far..." in table[2]  # cut to NAME_WIDTH in the log only
+    assert table[2].split()[-3:] == ["\u2014", "\u2014", "0"] and "nan" not in table[2]  # NaN (null): a dash
     assert len({len(row) for row in table}) == 1  # aligned: numbers right, every row as wide
     assert any("[eval] ema/per_class at step 4:" in line for line in lines)
     assert "final:" in lines[-1] and "per_class" not in lines[-1] and "wall_s 3.00" in lines[-1]
@@ -47,6 +48,20 @@ def test_the_table_is_logged_once_and_read_back_but_is_no_metric(tmp_path, capsy
     assert M.read_metrics(tmp_path).eval_keys == ["AP", "ema/AP"] and M.numeric_keys(evals) == ["AP", "ema/AP"]
     assert M.is_per_class("ema/per_class") and not M.is_per_class("AP")
     assert list(M.per_class_tables(evals[0])) == ["per_class", "ema/per_class"]
+
+
+def test_a_table_read_back_from_json_prints_a_dash_for_null(tmp_path, capsys):
+    """What `validate` and the log print of a table whose undefined values are null (metrics.jsonl,
+    summary.json), NaN (a fresh evaluation) or absent: one dash for all three, never nan or None."""
+    from visiontrain.engine.logging import class_table_text
+
+    text = class_table_text("per_class", {"cat": {"AP": 0.25, "n_gt": 3}, "empty": {"AP": None, "n_gt": 0},
+                                          "fresh": {"AP": math.nan, "n_gt": 0}, "short": {"n_gt": 1}})
+    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines()[2:]}
+    assert rows == {"cat": ["0.2500", "3"], "empty": ["\u2014", "0"], "fresh": ["\u2014", "0"], "short": ["\u2014", "1"]}
+    _log_eval(tmp_path, progress="bar")  # the rich table on a terminal
+    out = capsys.readouterr().out
+    assert "\u2014" in out and "nan" not in out
 
 
 def test_on_a_terminal_the_table_is_a_rich_table_of_plain_names(tmp_path, capsys):

@@ -157,3 +157,29 @@ def test_the_figures_go_to_tensorboard_as_images(fashion_run):
     image = events.Images("figures/confusion_matrix")[-1]
     assert image.width > 200 and image.height > 200
     assert "train/total" in events.Tags()["scalars"] and "eval/top1" in events.Tags()["scalars"]
+
+
+def test_class_names_in_any_script_are_drawn_without_a_warning(tmp_path):
+    """A confusion matrix of classes named in German and Chinese: DejaVu Sans has ü but no CJK, which
+    matplotlib once drew as empty boxes with a "Glyph ... missing" warning per character and redraw.
+    The CJK names now fall back to an installed font that has them, else to matplotlib's Last Resort font."""
+    import warnings
+
+    import numpy as np
+    from matplotlib.text import Text
+
+    from visiontrain.evaluation.figures import confusion_figure, pr_curves_figure
+
+    names = ["Müller", "猫", "北京 dog"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        fig = confusion_figure(np.array([[3, 1, 0], [0, 2, 1], [1, 0, 4]]), names)
+        P.save_figure(fig, tmp_path / "confusion.png")
+        recall = np.linspace(0, 1, 11)
+        P.save_figure(pr_curves_figure(recall, {n: 1 - recall for n in names}, {n: 0.5 for n in names}, title="pr"),
+                      tmp_path / "pr.png")
+    _not_blank(tmp_path / "confusion.png")
+    _not_blank(tmp_path / "pr.png")
+    labels = {t.get_text(): t.get_fontfamily() for t in fig.findobj(Text) if t.get_text() in names}
+    assert labels["Müller"] == ["sans-serif"]  # its own font has every letter: left as it was
+    assert labels["猫"][0] == "DejaVu Sans" and labels["猫"][-1] == "Last Resort High-Efficiency"  # matplotlib's

@@ -189,3 +189,13 @@ def test_rcnn_recipes_load():
         assert cfg.eval.metric == "AP" and cfg.schedules["lr"].shape == "poly"
     assert (full.task.backbone, full.task.frozen_bn, full.task.trainable_layers) == ("resnet50", True, 3)
     assert full.data.name == "coco" and full.task.pretrained_backbone
+
+
+def test_the_recipe_burn_in_lasts_100_steps_also_on_a_few_dozen_images():
+    """Half an epoch is 124.5 steps on fashion-mosaic, but 2.5 on neon-trees (42 tiles, batch 8) and 5 at
+    batch 4, where lr 0.04 reached that fast diverged (NaN at step 16): warmup_min_steps floors it at 100."""
+    cfg = C.load_config("detect-faster-rcnn")
+    lr = cfg.schedules["lr"]
+    for steps_per_epoch, warmup in ((249, 124.5), (5, 100), (10, 100)):
+        clock = StepClock(steps_per_epoch, cfg.trainer.epochs * steps_per_epoch)
+        assert build_schedule(lr, cfg.optim.lr, clock, name="lr").warmup_steps == warmup

@@ -103,3 +103,17 @@ def test_lr_scaled_by_global_batch():
     cfg = toy_config(optim__lr=0.1, optim__base_batch=256, trainer__accum_steps=2)
     t = Trainer(cfg, ToyTask(cfg), None)
     assert t.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 64 / 256)  # 32 x 2 micro-batches
+
+
+def test_a_warmup_lengthened_to_warmup_min_steps_is_said_once(caplog):
+    """A quarter epoch of 8 steps is 2 steps; warmup_min_steps makes it 10, longer than this 3-step run."""
+    with caplog.at_level("INFO", logger="visiontrain"):
+        seen = run(lambda t: t.optimizer.param_groups[0]["lr"], trainer__max_steps=3, schedules={
+            "lr": {"shape": "cosine", "warmup": 0.25, "unit": "epochs", "warmup_min_steps": 10}})
+    assert seen == pytest.approx([0.05 * i / 10 for i in range(3)])
+    lines = [r.getMessage() for r in caplog.records if "warmup" in r.getMessage()]
+    assert lines == [
+        "visiontrain: schedules.lr.warmup (0.25 epochs = 2 steps) is shorter than schedules.lr.warmup_min_steps: "
+        "lr warms up over 10 steps",
+        "visiontrain: warning: schedules.lr.warmup (0.25 epochs = 2 steps, lengthened to warmup_min_steps=10) is "
+        "longer than the run (3 steps): lr stays in its warmup to the end"]

@@ -423,3 +423,29 @@ def test_run_unit_is_a_fraction_of_the_run() -> None:
     assert build(total=40, warmup=0.25, unit="run", warmup_start=0.0)(5) == pytest.approx(0.5)
     sched = build(total=40, shape="multistep", milestones=[0.5, 0.75], unit="run", gamma=0.1)
     assert values(sched, [19, 20, 29, 30]) == pytest.approx([1.0, 0.1, 0.1, 0.01])
+
+
+def test_warmup_min_steps_floors_a_warmup_that_shrinks_with_the_data() -> None:
+    # half an epoch on 250 steps per epoch: 125 steps, above the floor of 100: unchanged
+    cfg = ScheduleConfig(shape="poly", warmup=0.5, unit="epochs", warmup_factor=1 / 3, warmup_min_steps=100)
+    big = build_schedule(cfg, 0.04, StepClock(250, 750), name="lr")
+    assert big.warmup_steps == 125 and not big.warmup_floored
+    # on 40 images (5 steps per epoch) half an epoch is 2.5 steps: floored at 100, 1/3 -> 1 of the poly's start
+    small = build_schedule(cfg, 0.04, StepClock(5, 500), name="lr")
+    assert small.warmup_steps == 100 and small.warmup_floored
+    target = 0.04 * (1 - 0 / 400) ** 0.9
+    assert values(small, [0, 50, 100]) == pytest.approx([target / 3, target / 3 + target * 2 / 3 * 0.5, 0.04])
+    # a fraction of the run, and a per-epoch schedule (whole epochs: 100 steps at 30 per epoch = epoch 4)
+    run = build_schedule(ScheduleConfig(shape="cosine", warmup=0.01, unit="run", warmup_min_steps=50), 1.0,
+                         StepClock(10, 1000), name="lr")
+    assert run.warmup_steps == 50 and run.warmup_floored
+    per_epoch = build_schedule(ScheduleConfig(shape="constant", warmup=1, unit="epochs", per_epoch=True,
+                                              warmup_min_steps=100), 1.0, StepClock(30, 300), name="t")
+    assert per_epoch.warmup_steps == 4 and values(per_epoch, [0, 30, 119, 120]) == pytest.approx([0, 0.25, 0.75, 1])
+
+
+def test_warmup_min_steps_leaves_a_schedule_without_warmup_alone() -> None:
+    sched = build(shape="cosine", warmup_min_steps=100)  # warmup 0: no warmup to lengthen
+    assert sched.warmup_steps == 0 and not sched.warmup_floored and sched(0) == 1.0
+    with pytest.raises(ValueError, match="schedule 'lr': warmup_min_steps must be >= 0, got -1"):
+        build(shape="cosine", warmup=1, warmup_min_steps=-1)

@@ -67,8 +67,9 @@ def tracked(tmp_path_factory) -> dict:
     assert cli.main(["fit", path, "logging.mlflow=true", "--run-dir", str(run_dir)]) == 0
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
     first = {"run": client.get_run(run_id(run_dir)), "metrics": histories(run_dir),
-             "artifacts": {a.path for a in client.list_artifacts(run_id(run_dir))} |
-             {a.path for a in client.list_artifacts(run_id(run_dir), "plots")}}
+             "artifacts": {a.path: a.file_size for folder in (None, "plots", "checkpoints")
+                           for a in client.list_artifacts(run_id(run_dir), folder)}}
+    first["sizes"] = {f: (run_dir / f).stat().st_size for f in ("model.safetensors", "checkpoints/best.pt")}
     assert cli.main(["fit", path, "logging.mlflow=true", "trainer.epochs=3", "--run-dir", str(run_dir),
                      "--resume", "auto"]) == 0
     return {"root": root, "dir": run_dir, "client": client, "first": first, "uri": client.tracking_uri}
@@ -94,8 +95,12 @@ def test_a_run_is_recorded_in_mlflow_as_in_its_run_dir(tracked):
         assert logged == points, key
     # artifacts: the run's files and every plot
     plots = {f"plots/{p.name}" for p in (run_dir / "plots").glob("*.png")}
-    assert len(plots) >= 4 and plots <= first["artifacts"]
-    assert {"report.html", "summary.json", "config.yaml", "provenance.json"} <= first["artifacts"]
+    assert len(plots) >= 4 and plots <= first["artifacts"].keys()
+    assert {"report.html", "summary.json", "config.yaml", "provenance.json"} <= first["artifacts"].keys()
+    # the model: the final weights and the best checkpoint, as the run dir held them when the run ended
+    assert first["artifacts"]["model.safetensors"] == first["sizes"]["model.safetensors"] > 0
+    assert first["artifacts"]["checkpoints/best.pt"] == first["sizes"]["checkpoints/best.pt"] > 0
+    assert "checkpoints/last.pt" not in first["artifacts"] and "model_ema.safetensors" not in first["artifacts"]
     assert run.data.tags["visiontrain.launches"] == "1"
     assert run.data.tags["visiontrain.command"].startswith("visiontrain fit ")
     assert run.data.tags["visiontrain.versions.mlflow"] == mlflow.__version__
@@ -131,6 +136,36 @@ def test_a_failing_run_ends_failed(tracked, tmp_path, capsys):
     assert [r.info.status for r in runs] == ["FAILED"]
     assert runs[0].info.run_id == run_id(tmp_path / "run")
     assert {"config.yaml", "provenance.json"} <= {a.path for a in client.list_artifacts(runs[0].info.run_id)}
+
+
+@needs_mlflow
+def test_the_weights_stay_out_when_asked_and_an_ema_run_sends_both(tracked, tmp_path):
+    client = tracked["client"]
+    for weights, ema in ((False, False), (True, True)):
+        run_dir = tmp_path / f"run-{weights}"
+        assert cli.main(["fit", recipe(tmp_path, ema__enabled=ema), "logging.mlflow=true",
+                         f"logging.mlflow_uri={tracked['uri']}", f"logging.mlflow_weights={str(weights).lower()}",
+                         "--run-dir", str(run_dir)]) == 0
+        sent = {a.path for folder in (None, "checkpoints") for a in client.list_artifacts(run_id(run_dir), folder)}
+        model = {"model.safetensors", "model_ema.safetensors", "checkpoints/best.pt", "checkpoints/best_ema.pt"}
+        assert sent & model == (model if weights else set()) and "summary.json" in sent
+
+
+def test_a_sharded_best_checkpoint_goes_with_the_directory_it_names(tmp_path):
+    """Under FSDP best.pt holds the name of its step-S.dcp directory of shards, and is nothing without it."""
+    import torch
+
+    from visiontrain.engine.mlflow_tracker import weight_files
+
+    ckpts = tmp_path / "checkpoints"
+    for name in ("step-8.dcp", "step-16.dcp"):  # step-16: last.pt's, not the best's
+        (ckpts / name).mkdir(parents=True)
+        (ckpts / name / ".metadata").write_bytes(b"x")
+    torch.save({"sharded": {"dir": "step-8.dcp"}}, ckpts / "best.pt")
+    torch.save({"sharded": {"dir": "step-8.dcp"}}, ckpts / "best_ema.pt")
+    (tmp_path / "model.safetensors").write_bytes(b"w")
+    assert weight_files(tmp_path) == [(tmp_path / "model.safetensors", None), (ckpts / "best.pt", "checkpoints"),
+                                      (ckpts / "step-8.dcp", "checkpoints"), (ckpts / "best_ema.pt", "checkpoints")]
 
 
 class StopAfter(Hook):

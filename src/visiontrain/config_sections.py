@@ -40,6 +40,10 @@ class ScheduleConfig:
     gamma: float = doc("decay factor of step / multistep", 0.1)
     power: float = doc("exponent of poly", 0.9)
     warmup: float = doc("warmup length in `unit` (0 = none)", 0.0)
+    warmup_min_steps: int = doc(
+        "a warmup (warmup > 0) lasts at least this many optimizer steps: one given in epochs or as a fraction of "
+        "the run shrinks with the data, and on a few dozen images it is over in a few steps (detectron2 and "
+        "seamseg count theirs in iterations)", 0, minimum=0)
     warmup_shape: Literal["linear", "cosine"] = doc(
         "linear, or cosine: the half-cosine rise of OneCycleLR (anneal_strategy='cos')", "linear")
     warmup_start: float | None = doc("value at step 0 of the warmup (default 0)", None)
@@ -122,11 +126,11 @@ class DataConfig:
 @dataclass
 class OptimConfig:
     name: Literal["sgd", "adam", "adamw"] = doc("optimizer", "adamw")
-    lr: float = doc("base learning rate (before the batch-size rule)", 1e-3)
-    weight_decay: float = doc("weight decay of the decayed parameter group", 0.0)
-    momentum: float = doc("SGD momentum / Adam beta1", 0.9)
-    beta2: float = doc("Adam beta2", 0.999)
-    eps: float = doc("Adam epsilon", 1e-8)
+    lr: float = doc("base learning rate (before the batch-size rule)", 1e-3, minimum=0)
+    weight_decay: float = doc("weight decay of the decayed parameter group", 0.0, minimum=0)
+    momentum: float = doc("SGD momentum / Adam beta1", 0.9, minimum=0)
+    beta2: float = doc("Adam beta2", 0.999, minimum=0)
+    eps: float = doc("Adam epsilon", 1e-8, minimum=0)
     nesterov: bool = doc("SGD Nesterov momentum", False)
     impl: Literal["auto", "fused", "foreach", "loop"] = doc(
         "torch optimizer implementation; auto = fused where the device supports it", "auto")
@@ -189,6 +193,10 @@ class EvalConfig:
                         "metric (0 = never stop early)", 0, minimum=0)
     min_delta: float = doc("patience: an improvement must beat the best value by more than this, in the "
                            "metric's own units", 0.0, minimum=0)
+    patience_after: float | Literal["warmup"] = doc(
+        "patience: only evaluations from this point on count, and the best value is taken among them (Keras' "
+        "start_from_epoch): a position in eval.unit, or warmup: the end of schedules.lr's warmup (a metric that "
+        "dips while the lr is still rising stops nothing)", 0.0, minimum=0)
 
 
 @dataclass
@@ -223,6 +231,10 @@ class LoggingConfig:
                                  "sqlite:///RUN_DIR/mlflow.db, a store of the run's own", None)
     mlflow_experiment: str | None = doc("MLflow experiment name (default: the recipe's name, else the run "
                                         "dir's)", None)
+    mlflow_weights: bool = doc("with logging.mlflow: when the run ends, also send the final weights "
+                               "(model.safetensors, model_ema.safetensors) and the best checkpoints "
+                               "(checkpoints/best.pt, best_ema.pt) as artifacts; false keeps them off a remote "
+                               "server", True)
 
 
 @dataclass

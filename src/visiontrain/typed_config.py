@@ -115,7 +115,7 @@ def build_typed(cls: type, values: dict, prefix: str = "", *, root: type) -> Any
     kwargs = {k: _convert(v, hints[k], prefix + k, root) for k, v in values.items()}
     for f in dataclasses.fields(cls):
         low, value = f.metadata.get("min"), kwargs.get(f.name)
-        if low is not None and value is not None and value < low:
+        if low is not None and isinstance(value, (int, float)) and value < low:  # not "warmup" in float | "warmup"
             floats = hints[f.name] is float or float in typing.get_args(hints[f.name])
             kind = "a number" if floats else "an integer"
             raise ConfigError(f"{prefix}{f.name}: expected {kind} >= {low}, got {value!r}")

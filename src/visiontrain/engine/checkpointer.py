@@ -61,7 +61,7 @@ class Checkpointer:
         model, EMA and optimizer (engine.fsdp), and the dict names their directory instead."""
         r, p = self.built, self.progress
         check_weights([r.raw_model] + ([r.ema_model] if r.ema_model is not None else []), p.step,
-                      self.weights_ok_at, reduce=r.sharded is not None)  # host sync (checkpoint)
+                      self.weights_ok_at, reduce=r.sharded is not None, ckpt_dir=self.dir)  # host sync (checkpoint)
         self.weights_ok_at = p.step
         return {
             "format": CHECKPOINT_FORMAT,

@@ -6,6 +6,10 @@ The metric followed is the checkpointer's (``eval.metric``, else the task's) in 
 the model's value, or the EMA's where only the EMA is evaluated (``eval.models=ema``). An
 improvement must beat the best by more than ``eval.min_delta``; a NaN never improves.
 
+``eval.patience_after`` starts the watch later (Keras' ``start_from_epoch``): evaluations before
+that step neither count nor set the best, so a metric that dips during the lr warmup (a one-cycle
+schedule's rising half) ends nothing. ``warmup`` is where ``schedules.lr``'s warmup ends.
+
 Its record (the best value and its step, the evaluations since) is in every checkpoint, so a
 resumed run counts on where it stopped. Whether patience has run out is decided against the
 current ``eval.patience``: a run that stopped early can be resumed with a larger patience.
@@ -17,21 +21,44 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from visiontrain.config import ConfigError
+from visiontrain.config import ConfigError, EvalConfig
 from visiontrain.engine.distributed import DistInfo, broadcast_object
 from visiontrain.engine.parts import Progress
 from visiontrain.engine.metrics_file import ema_key, model_scalars
+from visiontrain.engine.schedules import Schedule, StepClock
+
+
+def patience_start(settings: EvalConfig, clock: StepClock, lr: Schedule | None) -> float:
+    """The first optimizer step whose evaluation counts toward ``eval.patience``: ``patience_after``
+    in ``eval.unit``, or the end of the lr warmup (none, or no lr schedule: step 0)."""
+    after = settings.patience_after
+    if after == "warmup":
+        if lr is None:
+            return 0.0
+        return clock.epoch_start(lr.warmup_steps) if lr.epoch_starts else lr.warmup_steps  # per_epoch: in epochs
+    if not math.isfinite(after) or after < 0:
+        raise ConfigError(f"eval.patience_after={after}: expected a number >= 0 (in eval.unit={settings.unit}) "
+                          f"or 'warmup'")
+    return clock.to_steps(after, settings.unit)
 
 
 class EarlyStopping:
-    def __init__(self, patience: int, min_delta: float, metric: str, mode: str, dist: DistInfo) -> None:
+    def __init__(self, patience: int, min_delta: float, metric: str, mode: str, dist: DistInfo, *,
+                 start: float = 0.0) -> None:
         if patience and not metric:
             raise ConfigError(f"eval.patience={patience} follows the checkpoint metric, and this task names none: "
                               f"set eval.metric")
         self.patience, self.min_delta, self.metric, self.mode, self.dist = patience, min_delta, metric, mode, dist
+        self.start = start  # evaluations at an earlier step are not watched (eval.patience_after)
         self.best: float | None = None
         self.best_step = -1
         self.since_best = 0  # evaluations since the last improvement
+
+    @classmethod
+    def for_run(cls, settings: EvalConfig, metric: str, mode: str, run: Any) -> "EarlyStopping":
+        """The stopper ``settings`` (``cfg.eval``) ask for, on a built run's clock and lr schedule."""
+        start = patience_start(settings, run.clock, run.scalars.schedules.get("lr")) if settings.patience else 0.0
+        return cls(settings.patience, settings.min_delta, metric, mode, run.dist, start=start)
 
     @property
     def enabled(self) -> bool:
@@ -63,6 +90,8 @@ class EarlyStopping:
         if key is None and metrics:
             raise KeyError(f"eval.patience follows eval.metric={self.metric!r}, which is not among the task's "
                            f"metrics {model_scalars(metrics)}")
+        if step < self.start:  # every rank sees the same step: nothing to agree on
+            return False
         if key is not None:  # rank 0 (and every rank of a task that reduces its metrics)
             value = float(metrics[key])
             if self.improves(value):
@@ -76,8 +105,9 @@ class EarlyStopping:
     def reason(self) -> str:
         """Why the run ended, in the words summary.json and the log use."""
         best = "none" if self.best is None else f"{self.best:.6g} at step {self.best_step}"
+        since = f", counted from step {self.start:g}" if self.start else ""
         return (f"early stopping: {self.metric} did not improve by more than {self.min_delta:g} in "
-                f"{self.since_best} evaluations (eval.patience={self.patience}; best {best})")
+                f"{self.since_best} evaluations (eval.patience={self.patience}{since}; best {best})")
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "best_step": self.best_step, "since_best": self.since_best}

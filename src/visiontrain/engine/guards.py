@@ -9,6 +9,7 @@ checkpoint.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -31,10 +32,22 @@ ADVICE = ("Lower optim.lr, enable trainer.clip_grad, or set trainer.nonfinite=sk
           "steps and go on.")
 
 
+def saved_before(ckpt_dir: Path | None) -> str:
+    """What the run dir holds from before a bad step, true in every case: nothing is ever written
+    after one (the rows and the weights are checked before each write), but a run stopped before
+    its first checkpoint has none to go back to."""
+    if ckpt_dir is None:
+        return "nor before it: this run has no run dir"
+    if not (ckpt_dir / "last.pt").exists():
+        return "nor before it: there is no checkpoints/last.pt yet"
+    return "checkpoints/last.pt is from before it"
+
+
 def check_rows(read: Rows, first_step: int, *, policy: str, fp16: bool,
-               epoch_of: Callable[[int], int]) -> tuple[int, int]:
+               epoch_of: Callable[[int], int], ckpt_dir: Path | None = None) -> tuple[int, int]:
     """(skipped, fp16-overflow) counts of the read rows (steps first_step, first_step + 1, ...).
-    Under ``raise`` the first bad row raises, naming the step, the epoch and every logged term."""
+    Under ``raise`` the first bad row raises, naming the step, the epoch, every logged term and
+    what ``ckpt_dir`` holds to go back to."""
     if not read.rows:
         return 0, 0
     total_at = read.names.index("total")
@@ -59,12 +72,13 @@ def check_rows(read: Rows, first_step: int, *, policy: str, fp16: bool,
             detail = ", ".join(f"{k}={v:.6g}" for k, v in named.items())
             raise NonFiniteLossError(
                 f"non-finite {what} at step {step} (epoch {epoch_of(step - 1)}) in {', '.join(bad)}: {detail}. "
-                f"No checkpoint was written after that step (checkpoints/last.pt is from before it). {ADVICE}")
+                f"No checkpoint was written after that step ({saved_before(ckpt_dir)}). {ADVICE}")
     return skipped, overflow
 
 
 @torch.no_grad()
-def check_weights(modules: list[nn.Module], step: int, last_checked: int, *, reduce: bool = False) -> None:
+def check_weights(modules: list[nn.Module], step: int, last_checked: int, *, reduce: bool = False,
+                  ckpt_dir: Path | None = None) -> None:
     """Raise if any parameter or buffer is NaN/Inf. One pass over the weights and one host read:
     paid at checkpoints only. ``reduce``: FSDP, where each rank holds a shard of every weight."""
     tensors = [local(t) for m in modules for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()]
@@ -79,7 +93,7 @@ def check_weights(modules: list[nn.Module], step: int, last_checked: int, *, red
         raise NonFiniteLossError(
             f"the weights became non-finite between step {last_checked} and step {step} although every "
             f"logged loss was finite ({', '.join(names[:5]) or 'on another rank'}); nothing was written at "
-            f"step {step} (checkpoints/last.pt is from before it). {ADVICE}")
+            f"step {step} ({saved_before(ckpt_dir)}). {ADVICE}")
 
 
 def is_out_of_memory(err: BaseException) -> bool:

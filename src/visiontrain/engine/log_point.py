@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,8 +28,9 @@ from visiontrain.engine.scalars import ScheduledScalars
 class LogPoint:
     def __init__(self, cfg: Config, progress: Progress, recorder: StepRecorder, scalars: ScheduledScalars,
                  optimizer: torch.optim.Optimizer, log: RunLogger, dist: DistInfo, device: torch.device,
-                 fp16: bool) -> None:
+                 fp16: bool, ckpt_dir: Path | None = None) -> None:
         self.cfg, self.progress, self.recorder, self.scalars = cfg, progress, recorder, scalars
+        self.ckpt_dir = ckpt_dir  # named in a non-finite error: what the run can go back to
         self.optimizer, self.log, self.dist, self.device, self.fp16 = optimizer, log, dist, device, fp16
         self.every = cfg.trainer.log_every
         self.pending = PendingRows()  # rows read from the device, not yet logged
@@ -59,7 +61,7 @@ class LogPoint:
         read = self.recorder.read(reduce=partial(all_reduce_mean, info=self.dist))  # host sync
         first = self.progress.step - len(read.rows) + 1
         skipped, overflow = check_rows(read, first, policy=self.cfg.trainer.nonfinite, fp16=self.fp16,
-                                       epoch_of=self.progress.clock.epoch_of)
+                                       epoch_of=self.progress.clock.epoch_of, ckpt_dir=self.ckpt_dir)
         self.skipped, self.overflow_skipped = self.skipped + skipped, self.overflow_skipped + overflow
         self.pending.add(read)
 

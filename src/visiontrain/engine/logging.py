@@ -47,6 +47,8 @@ SCIENTIFIC = frozenset({"lr", "weight_decay"})
 MAX_CLASS_ROWS, LOWEST_ROWS = 100, 20
 #: A class name longer than this is cut in the console table (never in the files).
 NAME_WIDTH = 28
+#: What a per-class table shows for a value that is not defined (a class without ground truth): an em dash.
+UNDEFINED = "\u2014"
 
 
 def json_safe(value: Any) -> Any:
@@ -107,6 +109,14 @@ def wrap_items(head: str, items: list[str], width: int = WIDTH, indent: int = 4)
     return "\n".join([*lines, line])
 
 
+def class_cell(column: str, value: Any) -> str:
+    """One cell of a per-class table: an undefined value (NaN while running, null once read back from
+    a JSON file, or absent) is ``UNDEFINED`` in every table, never ``nan`` in one and ``None`` in another."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return UNDEFINED
+    return format_value(column, value)
+
+
 def class_table_rows(title: str, table: dict[str, dict[str, Any]]) -> tuple[str, list[str], list[list[str]]]:
     """(title, column names, rows of strings) of a per-class table as the console shows it: the
     task's class order, each column in its quantity's format; above ``MAX_CLASS_ROWS`` classes the
@@ -126,7 +136,7 @@ def class_table_rows(title: str, table: dict[str, dict[str, Any]]) -> tuple[str,
         names = sorted(names, key=key)[:LOWEST_ROWS]
         title = f"{title}: the {LOWEST_ROWS} lowest {first} of {len(table)} classes (all in {METRICS_FILE})"
     rows = [[name if len(name) <= NAME_WIDTH else name[:NAME_WIDTH - 3] + "...",
-             *(format_value(c, table[name][c]) if c in table[name] else "-" for c in columns)] for name in names]
+             *(class_cell(c, table[name].get(c)) for c in columns)] for name in names]
     return title, ["class", *columns], rows
 
 

@@ -9,7 +9,10 @@ What goes where:
   and so is a NaN or infinity, a missing value (null) in metrics.jsonl, a gap in MLflow's charts;
 - tags: this launch's provenance as ``visiontrain.*`` (and MLflow's own git-commit tag);
 - artifacts, when the run ends: config.yaml, provenance.json, summary.json, report.html and
-  ``plots/*.png``, as they are then; then the status: FINISHED, FAILED or KILLED.
+  ``plots/*.png``, as they are then, and (``logging.mlflow_weights``) the model: the final weights
+  (model.safetensors, model_ema.safetensors) and the best checkpoints (checkpoints/best.pt,
+  best_ema.pt; an FSDP run's with the ``step-S.dcp`` directory each names), whichever exist; then
+  the status: FINISHED, FAILED or KILLED.
 
 The store is ``sqlite:///RUN_DIR/mlflow.db`` unless ``logging.mlflow_uri`` names another: this
 MLflow refuses its file store (in maintenance mode) unless told otherwise. A new SQLite store costs
@@ -44,6 +47,8 @@ DB_FILE, RUN_FILE, ARTIFACT_DIR = "mlflow.db", "mlflow.json", "mlflow-artifacts"
 #: What the default store writes in a run dir (engine.run_dir.RUN_FILES).
 RUN_DIR_FILES = (DB_FILE, RUN_FILE, ARTIFACT_DIR)
 ARTIFACTS = ("config.yaml", "provenance.json", "summary.json", "report.html")
+#: The model, sent with ``logging.mlflow_weights``: the final weights (run dir) and the best checkpoints.
+FINAL_WEIGHTS, BEST_CHECKPOINTS = ("model.safetensors", "model_ema.safetensors"), ("best.pt", "best_ema.pt")
 #: MLflow's limits (mlflow.utils.validation).
 MAX_PARAM, MAX_TAG, MAX_KEY, PER_BATCH, METRICS_PER_BATCH = 6000, 8000, 250, 100, 1000
 NOT_IN_A_NAME = re.compile(r"[^\w.\- :/]")
@@ -111,6 +116,26 @@ def tags_of(provenance: dict[str, Any]) -> dict[str, str]:
     return tags
 
 
+def weight_files(run_dir: Path) -> list[tuple[Path, str | None]]:
+    """(file or directory, artifact folder) of the model as the run dir holds it now: the final weights,
+    the best checkpoints, and for an FSDP run the directory of shards each best checkpoint names."""
+    files: list[tuple[Path, str | None]] = [(run_dir / f, None) for f in FINAL_WEIGHTS if (run_dir / f).is_file()]
+    ckpts = run_dir / "checkpoints"
+    sharded = any(ckpts.glob("step-*.dcp"))  # only then is a .pt small and worth opening
+    for path in (ckpts / f for f in BEST_CHECKPOINTS):
+        if not path.is_file():
+            continue
+        files.append((path, "checkpoints"))
+        if sharded:
+            from visiontrain.engine.files import read_checkpoint_file
+            from visiontrain.engine.fsdp import dcp_path
+
+            record = read_checkpoint_file(path).get("sharded")
+            if record is not None and (ckpts / str(record["dir"]), "checkpoints") not in files:
+                files.append((dcp_path(ckpts, record), "checkpoints"))
+    return files
+
+
 def chunks(items: list[Any], size: int) -> list[list[Any]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
@@ -125,6 +150,7 @@ class MlflowTracker:
         require_mlflow()
         self.run_dir, self.uri = run_dir, tracking_uri(settings, run_dir)
         self.experiment = settings.mlflow_experiment or experiment
+        self.send_weights = settings.mlflow_weights
         if not self.experiment.strip():
             raise ConfigError("logging.mlflow_experiment='': an experiment needs a name")
         self.run_id: str | None = None
@@ -244,6 +270,10 @@ class MlflowTracker:
         files = [(self.run_dir / f, None) for f in ARTIFACTS if (self.run_dir / f).is_file()]
         files += [(p, str(p.parent.relative_to(self.run_dir))) for p in sorted(plots.rglob("*.png"))] \
             if plots.is_dir() else []
+        files += weight_files(self.run_dir) if self.send_weights else []
         for path, folder in files:
-            self.client.log_artifact(self.run_id, str(path), artifact_path=folder)
+            if path.is_dir():  # a directory of shards keeps its name
+                self.client.log_artifacts(self.run_id, str(path), artifact_path=f"{folder}/{path.name}")
+            else:
+                self.client.log_artifact(self.run_id, str(path), artifact_path=folder)
         self.client.set_terminated(self.run_id, status)

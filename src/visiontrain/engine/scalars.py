@@ -18,6 +18,12 @@ from visiontrain.engine.schedules import Schedule, StepClock, build_schedule
 log = logging.getLogger("visiontrain")
 
 
+def warmup_length(spec: ScheduleConfig, clock: StepClock) -> str:
+    """A warmup as the recipe gives it, with its length in steps when it is given in epochs."""
+    steps = f" = {clock.to_steps(spec.warmup, 'epochs'):g} steps" if spec.unit == "epochs" else ""
+    return f"{spec.warmup:g} {spec.unit}{steps}"
+
+
 class ScheduledScalars:
     """Applies every configured schedule for step s: pure functions of s, set on the host.
 
@@ -38,9 +44,12 @@ class ScheduledScalars:
             if name.startswith("task."):
                 base = float(getattr(task, name[5:], 0.0))
             sched = self.schedules[name] = build_schedule(spec, 0.0 if base is None else base, clock, name=name)
+            length = warmup_length(spec, clock)
+            if sched.warmup_floored:  # a warmup in epochs on a small dataset: said once
+                log.info("visiontrain: schedules.%s.warmup (%s) is shorter than schedules.%s.warmup_min_steps: "
+                         "%s warms up over %d steps", name, length, name, name, spec.warmup_min_steps)
+                length += f", lengthened to warmup_min_steps={spec.warmup_min_steps}"
             if sched.warmup_outlasts_run:  # a smoke run or a step budget: said once, then trained as asked
-                length = f"{spec.warmup:g} {spec.unit}" + \
-                    (f" = {clock.to_steps(spec.warmup, 'epochs'):g} steps" if spec.unit == "epochs" else "")
                 log.warning("visiontrain: warning: schedules.%s.warmup (%s) is longer than the run (%d steps): "
                             "%s stays in its warmup to the end", name, length, clock.total_steps, name)
         self.bn_layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)] \

@@ -16,6 +16,9 @@ Semantics (``W`` = warmup in steps, ``T`` = total steps of the run):
   the target value (DINO's ``utils.cosine_scheduler``); a one-step warmup is ``warmup_start``.
   ``warmup_shape: cosine`` rises along a half cosine instead of a line, as OneCycleLR's
   ``anneal_strategy='cos'`` does (not with ``warmup_inclusive``).
+  ``warmup_min_steps`` floors a warmup (one with ``warmup > 0``) at that many optimizer steps:
+  half an epoch is 125 steps on 2,000 images and 2.5 on 40, too few to bring a high lr in
+  (detectron2's ``WARMUP_ITERS`` and seamseg's burn-in are counted in iterations for that reason).
   A warmup longer than the run is allowed (a smoke run, a step budget): the run ends still
   in its warmup, and the engine says so once at start-up.
 * The main schedule runs over ``[W, T]`` with ``t = (step - W) / (T - W)``, so cosine,
@@ -167,6 +170,8 @@ class Schedule:
     # per-epoch schedules: the first step of each epoch; positions (W, T, milestones) are then epochs
     epoch_starts: tuple[float, ...] = ()
 
+    warmup_floored: bool = False  # the warmup was lengthened to warmup_min_steps
+
     @property
     def warmup_outlasts_run(self) -> bool:
         return self.warmup_steps > self.total_steps
@@ -290,7 +295,7 @@ def build_schedule(
 
         def position(value: float) -> float:
             return clock.to_steps(value, cfg.unit)
-    warmup_steps = position(warmup)
+    warmup_steps, floored = _floored_warmup(cfg, name, clock, position(warmup))
 
     step_size_steps, milestones = _decay_points(cfg, name, step_size, warmup, total, clock, position)
     return Schedule(
@@ -298,8 +303,21 @@ def build_schedule(
         warmup_steps=warmup_steps, warmup_start=warmup_start, step_size=step_size_steps,
         milestones=milestones, gamma=gamma, power=power, name=name, warmup_factor=warmup_factor,
         warmup_inclusive=cfg.warmup_inclusive, epoch_starts=epoch_starts,
-        warmup_cosine=cfg.warmup_shape == "cosine",
+        warmup_cosine=cfg.warmup_shape == "cosine", warmup_floored=floored,
     )  # fmt: skip
+
+
+def _floored_warmup(cfg: ScheduleConfig, name: str, clock: StepClock, warmup: float) -> tuple[float, bool]:
+    """(the warmup's length, whether ``warmup_min_steps`` lengthened it), where the warmup is measured:
+    in steps, or in epochs for a per-epoch schedule (the floor's epoch counted whole, never cut short).
+    A schedule without a warmup keeps none."""
+    low = cfg.warmup_min_steps
+    if low < 0:
+        raise ValueError(f"schedule {name!r}: warmup_min_steps must be >= 0, got {low}")
+    if cfg.warmup <= 0 or not low:
+        return warmup, False
+    floor = float(math.ceil(clock.epochs_at(low))) if cfg.per_epoch else float(low)
+    return max(warmup, floor), floor > warmup
 
 
 def scale_lr_by_batch(lr: float, global_batch: int, base_batch: int | None) -> float:

@@ -77,9 +77,9 @@ class Trainer:
                                  fixed_weights=not any(k.startswith("loss.") for k in run.scalars.schedules),
                                  placed=prefetches(run.device, cfg.data.prefetch_to_device))
         self.log_point = LogPoint(cfg, p, recorder, run.scalars, run.optimizer, self.log, run.dist, run.device,
-                                  fp16=run.scaler is not None)
+                                  fp16=run.scaler is not None, ckpt_dir=run.ckpt_dir)
         metric, mode = cfg.eval.metric or task.metric, cfg.eval.mode or task.mode
-        self.early_stop = EarlyStopping(cfg.eval.patience, cfg.eval.min_delta, metric, mode, run.dist)
+        self.early_stop = EarlyStopping.for_run(cfg.eval, metric, mode, run)
         self.checkpointer = Checkpointer(run, p, self.log_point, self.log, self.early_stop, metric=metric, mode=mode)
         self.evaluator = Evaluator(cfg, run, p, self.log, check_finite=self.log_point.check_finite,
                                    after_eval=self._after_eval, sharded=run.sharded is not None)

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from visiontrain.evaluation.fonts import use_fonts_with_glyphs
 from visiontrain.evaluation.panels import panel_grid
 
 MAX_TICK_LABELS = 40  # above this many classes the axes are left unlabelled (ImageNet's 1000)
@@ -48,7 +49,7 @@ def confusion_figure(counts: torch.Tensor | np.ndarray, class_names: Sequence[An
                 if counts[i, j] > 0:
                     ax.text(j, i, int(counts[i, j]), ha="center", va="center", fontsize=7,
                             color="white" if share[i, j] > 0.5 else "black")
-    return fig
+    return use_fonts_with_glyphs(fig)
 
 
 def pr_curves_figure(recall: np.ndarray, curves: dict[str, np.ndarray], ap: dict[str, float], *,
@@ -74,7 +75,7 @@ def pr_curves_figure(recall: np.ndarray, curves: dict[str, np.ndarray], ap: dict
         ax.text(0.5, 0.5, "no class with ground truth", ha="center", va="center", transform=ax.transAxes)
     ax.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="recall", ylabel="precision", title=title)
     ax.grid(alpha=0.3)
-    return fig
+    return use_fonts_with_glyphs(fig)
 
 
 @dataclass
@@ -106,7 +107,7 @@ def detections_figure(shown: list[ShownImage], class_names: Sequence[str], *, ti
                     bbox=dict(facecolor="red", alpha=0.7, pad=1, linewidth=0))
         ax.set_title(f"{len(s.gt_labels)} true, {len(s.labels)} predicted", fontsize=8)
         ax.set_axis_off()
-    return fig
+    return use_fonts_with_glyphs(fig)
 
 
 SHEET_COLUMNS = 8
@@ -124,4 +125,4 @@ def image_sheet(images: Sequence[torch.Tensor], captions: Sequence[str], *, titl
             ax.imshow(pixels)
         ax.set_title(caption, fontsize=7)
         ax.set_axis_off()
-    return fig
+    return use_fonts_with_glyphs(fig)

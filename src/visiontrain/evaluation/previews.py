@@ -14,6 +14,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from visiontrain.evaluation.fonts import use_fonts_with_glyphs
+
 #: A colour per class, cycling: boxes of one class look alike across the images.
 PALETTE = ("#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6", "#bfef45",
            "#fabed4", "#469990", "#dcbeff", "#9a6324", "#800000", "#aaffc3", "#808000", "#000075")
@@ -126,4 +128,4 @@ def labels_figure(boxes: np.ndarray, labels: np.ndarray, image_sizes: np.ndarray
     ax_size.set_title("box sizes", fontsize=9)
     ax_centre.set_title("box centres", fontsize=9)
     ax_centre.invert_yaxis()  # image coordinates: y down
-    return fig
+    return use_fonts_with_glyphs(fig)

@@ -11,6 +11,7 @@ The task owns only the centre (saved in every checkpoint through ``state_dict``)
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal
 
@@ -54,7 +55,9 @@ class DinoConfig(TaskConfig):
     head_layers: int = doc("linear layers of the head MLP", 3)
     head_bn: bool = doc("BatchNorm in the head MLP", False)
     norm_last_layer: bool = doc("fix the weight norm of the last layer at 1 (not trained)", True)
-    global_crop_size: int = doc("side of the 2 global crops", 224)
+    global_crop_size: int = doc("side of the 2 global crops; also the side of the k-NN evaluation's images (bank "
+                                "and queries) and of the exported backbone's input, unless data.image_size is set",
+                                224)
     local_crop_size: int = doc("side of the local crops", 96)
     local_crops: int = doc("number of local crops", 8)
     global_scale: list[float] = doc("RandomResizedCrop scale range of the global crops", factory=lambda: [0.4, 1.0])
@@ -78,6 +81,8 @@ class DinoConfig(TaskConfig):
 
 
 register_task_config("dino", DinoConfig)
+
+log = logging.getLogger("visiontrain")
 
 N_GLOBAL = 2
 
@@ -126,7 +131,7 @@ class DinoTask(Task):
         from visiontrain.data.multicrop_batched import BatchedMultiCrop, CropCollate, RawMultiCropDataset, collate_raw
 
         d, t = self.cfg.data, self.cfg.task
-        data = build_classification_data(d.name, root=d.root, image_size=d.image_size, augment="none",
+        data = build_classification_data(d.name, root=d.root, image_size=self.eval_image_size(), augment="none",
                                          limit_train=d.limit_train, limit_val=d.limit_val, download=d.download)
         check_image_files(data, on_bad_image=d.image_policy(), max_skipped_share=d.max_skipped_share)
         src = data.train
@@ -149,6 +154,18 @@ class DinoTask(Task):
                             worker_datasets={"k-NN bank": self.bank})
         return TaskData(MultiCropDataset(src, spec), data.val, info, random_transforms=True,
                         worker_datasets={"k-NN bank": self.bank})
+
+    def eval_image_size(self) -> int:
+        """The side of the images the k-NN evaluation feeds the backbone: the size it trained at (the
+        global crops), unless ``data.image_size`` asks for another, which is then said once. Left to
+        the dataset's own default, an image folder would evaluate a 28 px model at 224 px."""
+        d, t = self.cfg.data, self.cfg.task
+        if d.image_size is None:
+            return t.global_crop_size
+        if d.image_size != t.global_crop_size:
+            log.info("task dino: the k-NN evaluation (bank and queries) and the export use data.image_size=%d px "
+                     "images; the training crops are task.global_crop_size=%d px", d.image_size, t.global_crop_size)
+        return d.image_size
 
     def _on_cuda(self) -> bool:
         device = self.cfg.trainer.device
@@ -258,11 +275,12 @@ class DinoTask(Task):
         return {"knn_top1": 100.0 * correct / max(total, 1.0)}
 
     def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
-        """The backbone: images [B, C, S, S] (normalised as the k-NN evaluation's) -> features [B, D],
+        """The backbone: images [B, C, S, S] prepared exactly as the k-NN evaluation prepared its
+        images (S, the resize and the normalisation as recorded in the checkpoint) -> features [B, D],
         the part used downstream; no class names: DINO predicts none."""
         from visiontrain.tasks.classification import input_metadata
 
-        size = self.cfg.task.global_crop_size
+        size = int(info.get("image_size") or self.cfg.task.global_crop_size)
         example = torch.randn(2, info["in_channels"], size, size, generator=torch.Generator().manual_seed(0))
         metadata = {**input_metadata(info.get("preprocess"), self.cfg.data, "none", size, info["in_channels"]),
                     "output": "features [B, D]: the backbone's embedding (the teacher's when exported with --ema)"}
