@@ -105,17 +105,18 @@ def test_predict_threshold_follows_the_class_loss():
 
 
 def test_the_papers_recipe_page_lists_the_post_processing_it_adds():
-    """DETR's PostProcess neither clips nor drops boxes; the page's departures say that this one does both,
-    with the code's threshold, and the code does."""
+    """DETR's and DINO-DETR's post-processing neither clips nor drops boxes; both recipe pages' departures
+    say that this one does both, with the code's threshold, and the code does."""
     from visiontrain.models import MIN_BOX_SIZE
     from visiontrain.models.detr import postprocess
 
-    page = (Path(__file__).parents[1] / "docs" / "recipes" / "detect-detr-r50-coco.md").read_text()
-    departures = " ".join(page[page.index("## Where the recipe departs from DETR"):page.index("## Small counterpart")]
-                          .split())  # as one line, however the page is wrapped
-    assert "**Post-processing clips boxes to the image and drops degenerate ones.**" in departures
-    assert f"a box narrower or lower than {MIN_BOX_SIZE:g} px after clipping is dropped" in departures
-    assert "clip_boxes_to_image" in departures and "remove_small_boxes" in departures
+    for name, original in (("detect-detr-r50-coco", "DETR"), ("detect-detr-fast-r50-coco", "DINO-DETR")):
+        page = (Path(__file__).parents[1] / "docs" / "recipes" / f"{name}.md").read_text()
+        start = page.index(f"## Where the recipe departs from {original}")
+        departures = " ".join(page[start:page.index("## Small counterpart")].split())  # however the page is wrapped
+        assert "**Post-processing clips boxes to the image and drops degenerate ones.**" in departures, name
+        assert f"a box narrower or lower than {MIN_BOX_SIZE:g} px after clipping is dropped" in departures, name
+        assert "clip_boxes_to_image" in departures and "remove_small_boxes" in departures, name
     logits = torch.zeros(1, 2, 3)
     boxes = torch.tensor([[[0.1, 0.5, 0.4, 0.2], [0.5, 0.5, MIN_BOX_SIZE / 2 / 200, 0.5]]])  # past the left edge
     (res,) = postprocess({"pred_logits": logits, "pred_boxes": boxes}, torch.tensor([[100, 200]]))  # 200 px wide

@@ -156,3 +156,19 @@ def test_missing_or_corrupt_files_are_one_line_errors_naming_the_file(run, tmp_p
     err = capsys.readouterr().err.strip()
     assert f"{bad / 'summary.json'}: not valid JSON" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "r.html").exists()
+
+
+def test_an_undefined_per_class_value_shows_a_dash_as_the_log_prints_it(run, tmp_path, capsys):
+    """A class without ground truth has AP null in metrics.jsonl: the report's per-class table shows
+    "—" there, as the log's table does, not "nan"."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("report.html"))
+    rows = [json.loads(line) for line in (copy / "metrics.jsonl").read_text().splitlines()]
+    last = max((r for r in rows if r["kind"] == "eval"), key=lambda r: r["step"])
+    last["per_class"] = {"shirt": {"AP": 0.5, "n_gt": 3}, "unseen": {"AP": None, "n_gt": 0}}
+    with open(copy / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(last) + "\n")
+    _report([str(copy)], capsys)
+    html = (copy / "report.html").read_text(encoding="utf-8")
+    table = html[html.index("<h2>Per class</h2>"):]
+    assert '<th>unseen</th><td class="num">—</td>' in table and ">nan<" not in table

@@ -314,11 +314,14 @@ def _table(rows: list[tuple[str, str]]) -> str:
     return f"<table>{body}</table>"
 
 
+NO_VALUE = "—"  # an undefined value (null in the JSON, NaN in memory), as the log's tables print it
+
+
 def _fmt(value: Any) -> str:
     if value is None:  # null is how a NaN is written (dumps_json): a missing value, as NaN is
-        return "nan"
+        return NO_VALUE
     if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.4g}"
+        return NO_VALUE if math.isnan(value) else f"{value:.4g}"
     if isinstance(value, (dict, list)):  # e.g. VOC's per-class AP
         text = ", ".join(f"{k} {_fmt(v)}" for k, v in value.items()) if isinstance(value, dict) else str(value)
         return text if len(text) <= 80 else text[:77] + "..."

@@ -1,8 +1,8 @@
 """The bad-input catalogue: every way a user's input can be wrong, driven through the CLI as a user
 runs it. Each error exits 2 with one line on stderr naming the key, value, file or annotation and
 what was expected; nothing already written (a run dir's checkpoints, metrics, weights) is lost.
-Bad data under ``data.on_bad_annotation=skip`` is dropped and counted instead. RELIABILITY-bad-input.md
-is the table of these cases with the messages observed."""
+Bad data under ``data.on_bad_annotation=skip`` is dropped and counted instead. RELIABILITY.md lists
+these cases with the messages observed."""
 from __future__ import annotations
 
 import hashlib
