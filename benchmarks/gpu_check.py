@@ -220,8 +220,10 @@ def stage_fsdp(args: argparse.Namespace, out: Results) -> None:
         bad = nonfinite_tensors(weights) if weights.is_file() else None
         finite = rc == 0 and bool(totals) and all(t is not None and abs(t) < float("inf") for t in totals) \
             and bad == []
+        # (under torchrun a rank's exit code 3, non-finite, reaches us as torchrun's 1: read the message)
+        stopped = next((line for line in output.splitlines() if "non-finite" in line and "error" in line), None)
         out.add({"run": name, "exit": rc, "finite": finite, "steps_logged": len(totals), "totals": totals[:6],
-                 "last_total": totals[-1] if totals else None, "nonfinite_weights": bad,
+                 "last_total": totals[-1] if totals else None, "nonfinite_weights": bad, "nonfinite_stop": stopped,
                  "error": None if rc == 0 else output.strip().splitlines()[-3:]})
 
 

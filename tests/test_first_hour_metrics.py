@@ -87,7 +87,7 @@ def test_readers_take_null_as_a_missing_value(tmp_path):
     assert math.isnan(record.evals[0]["APs"]) and math.isnan(record.summary["final"]["APs"])
     assert table_rows([record])[1][0][3] == "nan"  # run, steps, AP, APs
     html = build_report(run)
-    assert "None" not in html and "<th>APs</th><td class=\"num\">nan</td>" in html
+    assert "None" not in html and "<th>APs</th><td class=\"num\">—</td>" in html  # as the log's tables
 
 
 # ---------------------------------------------------------------- item 14: one scale per kind

@@ -28,9 +28,11 @@ def test_the_dry_run_passes_every_stage_and_writes_its_figures(tmp_path):
     fsdp = {r["run"]: r for r in stages["fsdp"]["records"]}
     assert set(fsdp) == {"fsdp", "unsharded"}
     # Finite or not is the finding, not a test: on this CPU bf16 convolutions of a ResNet-18 went
-    # non-finite now and then, with or without FSDP (docs/distributed.md)
+    # non-finite now and then, with or without FSDP (docs/distributed.md). Either way the run ends
+    # cleanly: finite, or stopped by the non-finite check with its message.
     for r in fsdp.values():
-        assert isinstance(r["finite"], bool) and r["steps_logged"] == 4 and r["exit"] in (0, 3), r
+        assert r["steps_logged"] == 4 and (r["finite"] or r["nonfinite_stop"]), r
+        assert r["finite"] == (r["exit"] == 0), r
 
     profile, = stages["profile"]["records"]
     for runner in ("raw", "engine"):
