@@ -42,7 +42,7 @@ from visiontrain._tv_compat import ensure_torchvision
 
 ensure_torchvision()
 from visiontrain import config as C  # noqa: E402
-from visiontrain.engine.build import loaders, stop_workers  # noqa: E402
+from visiontrain.engine.build import loaders  # noqa: E402
 from visiontrain.engine.distributed import DistInfo  # noqa: E402
 from visiontrain.engine.metrics_file import read_metrics  # noqa: E402
 from visiontrain.tasks import build_task  # noqa: E402
@@ -58,17 +58,16 @@ def loader_epochs(recipe: str, overrides: list[str], epochs: int, max_batches: i
     """Seconds to read each epoch of the training loader the engine builds for this config."""
     cfg = C.load_config(recipe, overrides)
     data = build_task(cfg).build_data()
-    sampler, train, _ = loaders(data, cfg, DistInfo(), torch.device("cpu"))
+    source, _ = loaders(data, cfg, DistInfo(), torch.device("cpu"))
     times = []
     for epoch in range(epochs):
-        sampler.set_epoch(epoch)
         start = time.perf_counter()
-        for n, _batch in enumerate(train, 1):
+        for n, _batch in enumerate(source.batches(epoch), 1):
             if max_batches is not None and n >= max_batches:
                 break
         times.append(time.perf_counter() - start)
-    stop_workers(train)
-    del data, sampler, train
+    source.close()
+    del data, source
     gc.collect()  # the cache's files go with it, before the next setting's run
     return times
 

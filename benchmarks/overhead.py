@@ -186,7 +186,7 @@ def engine_parts(steps: int) -> dict[str, float]:
 
     tr, t0, n = trainer(steps), time.perf_counter(), 0
     while n < steps:
-        for _ in tr.run.train_loader:
+        for _ in tr.run.source.batches(0):
             n += 1
             if n == steps:
                 break
@@ -199,9 +199,8 @@ def engine_parts(steps: int) -> dict[str, float]:
     tr = trainer(steps)
     t0, n, epoch = time.perf_counter(), 0, 0
     while n < steps:
-        tr.run.sampler.set_epoch(epoch)
         epoch += 1
-        for batch in tr.run.train_loader:
+        for batch in tr.run.source.batches(epoch - 1):
             tr.step_fn([batch], tr.loss_weights)
             n += 1
             if n % 50 == 0:

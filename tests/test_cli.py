@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from procs import run_cli
 from visiontrain.engine.checkpoint import load_checkpoint
+from visiontrain.engine import checkpoint_format as fmt
 
 QUICK = ["data.name=digits", "data.batch_size=64", "trainer.epochs=2", "trainer.log_every=5",
          "trainer.progress=plain", "schedules.lr.warmup=2", "schedules.lr.unit=steps", "ema.enabled=true"]
@@ -56,7 +57,7 @@ def test_fit_writes_a_complete_run_dir(fitted):
     # model.safetensors holds the final weights, equal to last.pt's
     last = load_checkpoint(fitted / "checkpoints" / "last.pt")
     final = load_file(str(fitted / "model.safetensors"))
-    assert all(torch.equal(final[k], last["model"][k]) for k in final)
+    assert all(torch.equal(final[k], fmt.model_weights(last)[k]) for k in final)
     modes = {(fitted / n).stat().st_mode & 0o777 for n in ("model.safetensors", "checkpoints/last.pt")}
     assert len(modes) == 1  # the weights file gets the same permissions as the checkpoints (not 0600)
 

@@ -386,7 +386,7 @@ def test_image_folder_rgb_path_of_the_imagenet_recipe(tmp_path, multicrop):
         "trainer.precision=fp32", "trainer.sync_bn=false", "trainer.max_steps=2", "trainer.progress=plain",
         "eval.every=0", f"task.multicrop={multicrop}", *NO_WARMUP])
     trainer = Trainer(cfg, build_task(cfg), None)
-    loader = trainer.run.train_loader
+    loader = trainer.run.source.loader
     if multicrop == "per_sample":
         crops, _ = loader.dataset.dataset[0]
     else:

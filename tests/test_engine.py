@@ -12,6 +12,7 @@ from toy_task import toy_config, train
 from visiontrain.engine.checkpoint import load_checkpoint
 from visiontrain.engine.hooks import Hook
 from visiontrain.engine.guards import NonFiniteLossError
+from visiontrain.engine import checkpoint_format as fmt
 
 
 def weights(trainer) -> dict[str, torch.Tensor]:
@@ -55,19 +56,20 @@ def test_each_precision_trains_with_clipping(run_dir, precision):
     assert totals[-1] < 0.25 * totals[0], totals
     assert (t.run.scaler is not None) == (precision == "fp16")
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-    assert (state["scaler"] is not None) == (precision == "fp16")
+    assert (fmt.entry(state, fmt.SCALER) is not None) == (precision == "fp16")
     if precision == "fp16":
-        assert state["scaler"]["scale"] > 0
+        assert fmt.entry(state, fmt.SCALER)["scale"] > 0
 
 
 def test_max_steps_stops_mid_epoch(run_dir):
     t = train(toy_config(trainer__max_steps=5, trainer__epochs=3), run_dir)
     assert t.step == 5 and t.epoch == 0 and t.step_in_epoch == 5
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-    progress = dict(state["progress"])
+    progress = dict(fmt.entry(state, fmt.PROGRESS))
     assert 0 < progress.pop("wall_s") < 600  # the training time so far, carried into a resumed run
-    assert progress == {"step": 5, "epoch": 0, "step_in_epoch": 5, "batch_size": 32, "world_size": 1,
-                        "strategy": "replicated"}
+    assert progress == {"step": 5, "epoch": 0, "step_in_epoch": 5}
+    assert fmt.entry(state, fmt.DATA) == {"seed": 0, "batch_size": 32, "world_size": 1}
+    assert fmt.strategy_of(state) == fmt.REPLICATED
 
 
 class GradProbe(Hook):
@@ -184,8 +186,8 @@ def test_nonfinite_raise_names_step_epoch_terms(run_dir):
     assert "mse=nan" in msg and "l1=" in msg and "total=nan" in msg
     assert "No checkpoint was written after that step (checkpoints/last.pt is from before it)" in msg
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-    assert state["progress"]["step"] == 10  # nothing written after the bad step
-    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    assert fmt.step_of(state) == 10  # nothing written after the bad step
+    assert all(torch.isfinite(v).all() for v in fmt.model_weights(state).values())
 
 
 def test_a_nonfinite_stop_before_any_checkpoint_says_there_is_none(run_dir):

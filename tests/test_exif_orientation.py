@@ -103,8 +103,6 @@ def test_a_detector_trains_on_rotated_photos_with_its_boxes_on_the_objects(layou
     """The training set's eight photos take all eight orientations; their annotations are upright.
     Every batch of the training loader (the first as `visiontrain preview` draws it) has each box on
     its object's pixels; then two steps train."""
-    from visiontrain.engine.build import stop_workers
-    from visiontrain.engine.first_look import first_items
     from visiontrain.engine.trainer import Trainer
 
     BUILD[layout](tmp_path / "data", ALL_ORIENTATIONS)
@@ -116,11 +114,11 @@ def test_a_detector_trains_on_rotated_photos_with_its_boxes_on_the_objects(layou
         "task.fpn_channels=32", "task.representation_size=64",  # a smaller network: the subject is the data
         "data.num_workers=0"])  # loaded in-process: the subject is the boxes, not the workers
     trainer = Trainer(cfg, build_task(cfg), tmp_path / "run")
-    loader = trainer.run.train_loader
+    source = trainer.run.source
     try:
-        batches = [loader.collate_fn(first_items(loader)), *loader]
+        batches = [source.collate(source.first_items()), *source.batches(0)]
     finally:
-        stop_workers(loader)
+        source.close()
     assert sum(len(targets) for _, _, targets in batches[1:]) == 8
     for images, _, targets in batches:
         for image, target in zip(images, targets):

@@ -20,6 +20,7 @@ from visiontrain import config as C
 from visiontrain.export import export_model
 from visiontrain.tasks import build_task
 from visiontrain.engine.task import ExportUnsupported
+from visiontrain.engine import checkpoint_format as fmt
 
 TOL = 1e-4
 
@@ -268,7 +269,7 @@ def test_cli_exports_a_checkpoint_and_prints_the_difference(classify_checkpoint,
     assert result["path"] == str(out) and out.is_file() and result["format"] == "onnx"
     assert 0 <= result["max_abs_diff"] < TOL and result["inputs"] == {"images": [2, 1, 8, 8]}
     assert result["dynamic_axes"] == {"images": {"0": "batch"}, "logits": {"0": "batch"}}
-    info = load_checkpoint(classify_checkpoint)["data_info"]
+    info = fmt.data_info_of(load_checkpoint(classify_checkpoint))
     meta = onnx_metadata(out)
     assert meta["task"] == "classification" and meta["class_names"] == info["class_names"] == [str(i) for i in range(10)]
     assert meta["category_ids"] == list(range(10)) and meta["input_size"] == {"height": 8, "width": 8}

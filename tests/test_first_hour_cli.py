@@ -18,6 +18,7 @@ import torch
 from visiontrain import cli
 from visiontrain import config as C
 from visiontrain.engine.checkpoint import load_checkpoint
+from visiontrain.engine import checkpoint_format as fmt
 
 DIGITS = ["classify-fashion", "data.name=digits", "trainer.progress=plain", "eval.every=0", "trainer.plots=false"]
 
@@ -101,7 +102,7 @@ def test_every_command_takes_a_run_dir_where_it_takes_a_checkpoint(resumed, caps
     assert code == 0, err
     code, out, err = fit(capsys, *DIGITS, "trainer.max_steps=5", "--resume", str(run), "--run-dir", str(tmp_path / "c"))
     assert code == 0 and f"resumed from {run / 'checkpoints' / 'last.pt'} at step 4" in out, err
-    assert load_checkpoint(tmp_path / "c" / "checkpoints" / "last.pt")["progress"]["step"] == 5
+    assert fmt.step_of(load_checkpoint(tmp_path / "c" / "checkpoints" / "last.pt")) == 5
     assert cli.main(["export", str(tmp_path / "nothing-here"), "--format", "onnx"]) == 2
     assert "nothing-here does not exist; give a checkpoint file or a run dir" in capsys.readouterr().err
 

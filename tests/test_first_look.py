@@ -12,8 +12,7 @@ from PIL import Image
 from procs import run_cli
 from toy_task import toy_config, train
 from visiontrain import config as C
-from visiontrain.engine.build import stop_workers
-from visiontrain.engine.first_look import first_items, parameter_table
+from visiontrain.engine.first_look import parameter_table
 from visiontrain.engine.run import build_training
 from visiontrain.tasks import build_task
 
@@ -53,15 +52,15 @@ def test_parameter_table_names_frozen_parameters_and_counts_shared_ones_once():
                                          ("detect-yolov3", ["data.limit_train=48"]),
                                          ("ssl-dino", ["data.limit_train=128", "task.knn_bank=128"])])
 def test_the_drawn_batch_is_the_first_batch_the_model_receives(recipe, size):
-    """first_items loads in the main process what the recipe's own DataLoader workers (their start
+    """The source's first_items loads in the main process what the recipe's own DataLoader workers (their start
     method, transforms, seeds) hand the first step."""
     cfg = C.load_config(recipe, size)
     run = build_training(cfg, build_task(cfg), None, resume=False, init=None)
     try:
-        drawn = run.train_loader.collate_fn(first_items(run.train_loader))
-        loaded = next(iter(run.train_loader))
+        drawn = run.source.collate(run.source.first_items())
+        loaded = next(run.source.batches(0))
     finally:
-        stop_workers(run.train_loader)
+        run.source.close()
     flat_drawn, flat_loaded = tensors(drawn), tensors(loaded)
     assert len(flat_drawn) == len(flat_loaded) > 1
     for a, b in zip(flat_drawn, flat_loaded):

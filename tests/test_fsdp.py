@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from test_distributed import run
 from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
+from visiontrain.engine import checkpoint_format as fmt
 
 FSDP = {"distributed__strategy": "fsdp"}
 COMMON = {"trainer__epochs": 2, "optim__name": "adamw", "optim__lr": 0.01, "checkpoint__every": 1,
@@ -40,7 +41,7 @@ def test_sharded_ranks_equal_one_process_with_twice_the_batch(tmp_path, case):
     assert max_diff(load_file(run_dir / "model.safetensors"), a["model"]) == 0.0
     # rank 0 wrote the .pt files; each names one complete sharded directory, and no other is left
     ckpts = run_dir / "checkpoints"
-    named = {load_checkpoint(p, resolve_sharded=False)["sharded"]["dir"] for p in ckpts.glob("*.pt")}
+    named = {fmt.sharded_record(load_checkpoint(p, resolve_sharded=False))["dir"] for p in ckpts.glob("*.pt")}
     assert sorted(p.name for p in ckpts.iterdir() if p.is_dir()) == sorted(named)
     assert all((ckpts / d / ".metadata").is_file() for d in named)
     assert not [p for p in run_dir.rglob(".step-*")]  # no half-written or set-aside directory
@@ -51,20 +52,21 @@ def test_sharded_resume_is_exact_and_consolidates(tmp_path):
     run(2, tmp_path / "whole.pt", tmp_path / "whole", **common)
     run(2, tmp_path / "part.pt", tmp_path / "part", trainer__max_steps=5, **common)  # stops mid-epoch 0
     last = tmp_path / "part" / "checkpoints" / "last.pt"
-    assert load_checkpoint(last, resolve_sharded=False)["progress"]["step"] == 5
+    assert fmt.step_of(load_checkpoint(last, resolve_sharded=False)) == 5
     run(2, tmp_path / "resumed.pt", tmp_path / "part", resume=last, **common)
     whole, resumed = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "resumed.pt")
     assert max_diff(whole["model"], resumed["model"]) == 0.0 and max_diff(whole["ema"], resumed["ema"]) == 0.0
 
     # a .pt of an FSDP run reads as one file: full tensors, the optimizer keyed by parameter name
     state = load_checkpoint(last)
-    assert max_diff(state["model"], whole["model"]) == 0.0 and max_diff(state["ema"]["module"], whole["ema"]) == 0.0
-    assert set(state["optimizer"]["state"]) == set(whole["model"])
+    assert max_diff(fmt.model_weights(state), whole["model"]) == 0.0
+    assert max_diff(fmt.ema_weights(state), whole["ema"]) == 0.0
+    assert set(fmt.optimizer_state(state)["state"]) == set(whole["model"])
     proc = subprocess.run([sys.executable, "-m", "visiontrain", "consolidate", str(last)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    full = torch.load(last.with_name("last-full.pt"), weights_only=True)
-    assert "sharded" not in full and max_diff(full["model"], whole["model"]) == 0.0
+    full = load_checkpoint(last.with_name("last-full.pt"), resolve_sharded=False)
+    assert fmt.sharded_record(full) is None and max_diff(fmt.model_weights(full), whole["model"]) == 0.0
     again = subprocess.run([sys.executable, "-m", "visiontrain", "consolidate", str(last.with_name("last-full.pt"))],
                            capture_output=True, text=True)
     assert again.returncode == 2 and "already a single-file checkpoint" in again.stderr
@@ -81,7 +83,7 @@ def test_sharded_resume_is_exact_and_consolidates(tmp_path):
 def test_a_missing_or_foreign_sharded_directory_is_named(tmp_path):
     run(2, tmp_path / "w.pt", tmp_path / "r", **COMMON, **FSDP, data__batch_size=16, trainer__max_steps=2)
     ckpts = tmp_path / "r" / "checkpoints"
-    record = load_checkpoint(ckpts / "last.pt", resolve_sharded=False)["sharded"]
+    record = fmt.sharded_record(load_checkpoint(ckpts / "last.pt", resolve_sharded=False))
     (ckpts / record["dir"] / ".metadata").unlink()
     with pytest.raises(CheckpointError, match=f"{record['dir']}.*incomplete"):
         load_checkpoint(ckpts / "last.pt")
@@ -95,8 +97,8 @@ def test_prune_keeps_what_a_pt_file_names_and_never_reuses_a_directory(tmp_path)
     sharded = ShardedCheckpoints(tmp_path, DistInfo())
     for name in ("step-4.dcp", "step-8.dcp", "step-12.dcp", ".step-16.dcp.tmp"):  # the last: a crash mid-save
         (tmp_path / name).mkdir()
-    atomic_save({"sharded": {"dir": "step-12.dcp"}}, tmp_path / "last.pt")
-    atomic_save({"sharded": {"dir": "step-4.dcp"}}, tmp_path / "best.pt")
+    for pt, named in (("last.pt", "step-12.dcp"), ("best.pt", "step-4.dcp")):
+        atomic_save({fmt.FORMAT: fmt.FORMAT_VERSION, fmt.WEIGHTS: {fmt.SHARDED: {"dir": named}}}, tmp_path / pt)
     (tmp_path / "notes.pt").write_text("not a checkpoint")  # unreadable: ignored, not fatal
     sharded.prune()
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["step-12.dcp", "step-4.dcp"]

@@ -179,7 +179,7 @@ def test_training_with_the_cache_is_bit_identical_and_resumes_exactly(tmp_path, 
     cfg = C.load_config("detect-yolov3", shipped + extra + ["data.cache=ram",  # the subject
                                                              f"data.cache_dir={tmp_path}"])  # not /dev/shm: per test
     full, resumed = fit_and_crash_resume(cfg, tmp_path, crash_at=4)  # after the checkpoint at step 4
-    per_epoch = full.run.sampler.batches_per_epoch
+    per_epoch = full.run.source.batches_per_epoch
     assert full.step == resumed.step == plain.step == 7 and per_epoch < 4 and 4 % per_epoch  # resumed mid-epoch
     for run in (full, resumed):
         assert run.task.train_set.cache.filled() >= 2 * per_epoch

@@ -14,6 +14,7 @@ from PIL import Image
 from detection_helpers import vt
 from visiontrain import config as C
 from visiontrain.inference import Classification, Detections, Predictor
+from visiontrain.engine import checkpoint_format as fmt
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,7 @@ def test_a_checkpoint_without_the_recorded_transform(classifier, classify_checkp
     from visiontrain.engine.checkpoint import load_checkpoint
 
     state = load_checkpoint(classify_checkpoint)
-    del state["data_info"]["preprocess"]
+    del fmt.data_info_of(state)["preprocess"]
     torch.save(state, tmp_path / "old.pt")
     image = noise_png(tmp_path / "x.png", 9, 11)
     same(Predictor.load(tmp_path / "old.pt", device="cpu")(image), classifier(image))

@@ -7,6 +7,7 @@ from toy_task import ToyTask, toy_config
 from visiontrain.engine.checkpoint import load_checkpoint
 from visiontrain.engine.trainer import Trainer
 from visiontrain.engine.weights import load_init_weights
+from visiontrain.engine import checkpoint_format as fmt
 
 
 def test_bf16_trains_and_logs_fp32_values(run_dir):
@@ -39,7 +40,7 @@ def test_periodic_and_k_best_checkpoints(run_dir):
     assert {"last.pt", "best.pt", "step-8.pt", "step-16.pt", "step-24.pt"} <= set(names)
     kept = [n for n in names if n.startswith("best-step")]
     assert len(kept) == 2
-    assert load_checkpoint(run_dir / "checkpoints" / "step-16.pt")["progress"]["step"] == 16
+    assert fmt.step_of(load_checkpoint(run_dir / "checkpoints" / "step-16.pt")) == 16
 
 
 def test_init_from_safetensors_loads_weights_only(run_dir, tmp_path):

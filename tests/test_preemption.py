@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from visiontrain.engine.checkpoint import load_checkpoint
 from visiontrain.engine.preemption import EXIT_PREEMPTED
+from visiontrain.engine import checkpoint_format as fmt
 
 from procs import FAULTHANDLER_ENV, finish
 
@@ -112,7 +113,7 @@ def test_ctrl_c_writes_last_in_one_line_and_exits_130(tmp_path):
     lines = [line for line in (out + err).splitlines() if "stopped by" in line]
     assert len(lines) == 1 and lines[0].startswith("visiontrain: stopped by SIGINT at step "), lines
     stopped_at = int(lines[0].split("at step ")[1].split()[0])
-    assert load_checkpoint(run / "checkpoints" / "last.pt")["progress"]["step"] == stopped_at >= 10
+    assert fmt.step_of(load_checkpoint(run / "checkpoints" / "last.pt")) == stopped_at >= 10
 
 
 def test_stop_signal_writes_last_and_resume_is_exact(uninterrupted, tmp_path):
@@ -123,7 +124,7 @@ def test_stop_signal_writes_last_and_resume_is_exact(uninterrupted, tmp_path):
     assert f"stopped by {sig.name}" in err and "--resume auto" in err
     assert (out + err).count("stopped by") == 1, err[-3000:]  # said once
     state = load_checkpoint(run / "checkpoints" / "last.pt")  # the newest checkpoint loads
-    stopped_at = state["progress"]["step"]
+    stopped_at = fmt.step_of(state)
     assert 60 <= stopped_at < 12 * (1437 // 16)
     assert not (run / "model.safetensors").exists()  # the run did not finish
 
@@ -149,7 +150,7 @@ def test_two_ranks_agree_to_stop_at_a_log_point_and_resume_exactly(tmp_path):
     run = tmp_path / "run"
     proc, out, err = signalled(run, 30, signal.SIGTERM, "--nproc", "2", overrides=FOUR)
     assert proc.returncode != 0 and "stopped by SIGTERM" in out + err, err[-3000:]
-    stopped_at = load_checkpoint(run / "checkpoints" / "last.pt")["progress"]["step"]
+    stopped_at = fmt.step_of(load_checkpoint(run / "checkpoints" / "last.pt"))
     assert stopped_at % 5 == 0 and 30 <= stopped_at < 4 * (1437 // 32)  # a log point (log_every=5)
     proc = start(run, "--nproc", "2", "--resume", "auto", overrides=FOUR)
     out, err = finish(proc, 240)

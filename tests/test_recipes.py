@@ -25,6 +25,7 @@ from procs import run_cli
 from shipped import LENGTH_AND_SIZE
 from visiontrain import config as C
 from visiontrain.engine.checkpoint import load_checkpoint
+from visiontrain.engine import checkpoint_format as fmt
 
 STEPS = 3
 FIXTURES = {"coco": build_coco, "voc": build_voc, "image-folder": build_image_folder}
@@ -136,7 +137,7 @@ def test_recipe_runs_as_shipped(recipe_runs, recipe):
     assert max(r["step"] for r in rows if r["kind"] == "train") == STEPS
     evals = [r for r in rows if r["kind"] == "eval"]
     assert evals and evals[-1]["step"] == STEPS
-    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["progress"]["step"] == STEPS
+    assert fmt.step_of(load_checkpoint(run_dir / "checkpoints" / "last.pt")) == STEPS
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == STEPS
 
     # The first look: the first batch drawn (and a detector's labels), the model's size counted.
@@ -182,7 +183,7 @@ def test_a_detector_reports_per_class_results(recipe_runs):
     matrix are drawn, and the report holds the table."""
     proc, run_dir = recipe_runs.result("detect-yolov3")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    names = load_checkpoint(run_dir / "checkpoints" / "last.pt")["data_info"]["class_names"]
+    names = fmt.data_info_of(load_checkpoint(run_dir / "checkpoints" / "last.pt"))["class_names"]
     last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
     assert last["kind"] == "eval" and list(last["per_class"]) == names and len(names) == 10
     assert all(set(row) == {"AP", "AP50", "recall", "n_gt", "voc07_AP"} for row in last["per_class"].values())

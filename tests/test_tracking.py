@@ -155,14 +155,15 @@ def test_a_sharded_best_checkpoint_goes_with_the_directory_it_names(tmp_path):
     """Under FSDP best.pt holds the name of its step-S.dcp directory of shards, and is nothing without it."""
     import torch
 
+    from visiontrain.engine import checkpoint_format as fmt
     from visiontrain.engine.mlflow_tracker import weight_files
 
     ckpts = tmp_path / "checkpoints"
     for name in ("step-8.dcp", "step-16.dcp"):  # step-16: last.pt's, not the best's
         (ckpts / name).mkdir(parents=True)
         (ckpts / name / ".metadata").write_bytes(b"x")
-    torch.save({"sharded": {"dir": "step-8.dcp"}}, ckpts / "best.pt")
-    torch.save({"sharded": {"dir": "step-8.dcp"}}, ckpts / "best_ema.pt")
+    for name in ("best.pt", "best_ema.pt"):  # what an FSDP run's .pt file holds of its weights: their directory
+        torch.save({fmt.FORMAT: fmt.FORMAT_VERSION, fmt.WEIGHTS: {fmt.SHARDED: {"dir": "step-8.dcp"}}}, ckpts / name)
     (tmp_path / "model.safetensors").write_bytes(b"w")
     assert weight_files(tmp_path) == [(tmp_path / "model.safetensors", None), (ckpts / "best.pt", "checkpoints"),
                                       (ckpts / "step-8.dcp", "checkpoints"), (ckpts / "best_ema.pt", "checkpoints")]
@@ -176,7 +177,7 @@ class StopAfter(Hook):
 
     def after_step(self) -> None:
         if self.trainer.step == self.n:
-            self.trainer.stop_flag.requested, self.trainer.stop_flag.signum = True, signal.SIGTERM
+            self.trainer.stop.flag.requested, self.trainer.stop.flag.signum = True, signal.SIGTERM
 
 
 @needs_mlflow

@@ -12,6 +12,7 @@ from procs import run_cli
 from visiontrain.config import load_config
 from visiontrain.engine import build
 from visiontrain.engine.distributed import DistInfo
+from visiontrain.engine.source import stop_workers
 from worker_lock import LOCK, LargeItems, TakesTheLock, stack_unshared
 
 SMALL_RECIPES = ("classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3", "ssl-dino")
@@ -53,12 +54,12 @@ def test_the_loaders_use_data_worker_start(start):
     from visiontrain.tasks import build_task
 
     data = build_task(cfg).build_data()
-    _, train, val = build.loaders(data, cfg, DistInfo(), torch.device("cpu"))
-    assert train.multiprocessing_context.get_start_method() == start
+    source, val = build.loaders(data, cfg, DistInfo(), torch.device("cpu"))
+    assert source.loader.multiprocessing_context.get_start_method() == start
     assert val.multiprocessing_context.get_start_method() == start
     images, labels = next(iter(val))  # the digits data and its transforms pickle and load in a worker
     assert images.shape[0] == labels.shape[0] > 0
-    build.stop_workers(train)
+    source.close()
 
 
 def ignored_signals(pid: int) -> set[int]:
@@ -80,7 +81,7 @@ def test_the_forkserver_and_its_workers_leave_stop_signals_to_the_training_proce
     stop = {int(s) for s in STOP_SIGNALS}
     assert stop <= ignored_signals(forkserver._forkserver._forkserver_pid)
     assert stop <= ignored_signals(loader._iterator._workers[0].pid)
-    build.stop_workers(loader)
+    stop_workers(loader)
     import visiontrain.data.worker_preload  # noqa: F401  (imported here, outside a server: no change)
     assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN
 
@@ -118,12 +119,12 @@ def test_every_small_recipe_loads_a_batch_with_each_start_method(recipe, start):
     cfg = load_config(recipe, [f"data.worker_start={start}", "data.limit_val=8",
                                *(["data.num_workers=1"] if recipe == "classify-fashion" else [])])
     data = build_task(cfg).build_data()
-    sampler, train, _ = build.loaders(data, cfg, DistInfo(), torch.device("cpu"))
-    assert train.multiprocessing_context.get_start_method() == start
-    images = next(iter(train))[0]
+    source, _ = build.loaders(data, cfg, DistInfo(), torch.device("cpu"))
+    assert source.loader.multiprocessing_context.get_start_method() == start
+    images = next(source.batches(0))[0]
     images = images[0] if isinstance(images, list) else images  # DINO: a list of crops, each [B, C, H, W]
     assert len(images) == cfg.data.batch_size
-    build.stop_workers(train)
+    source.close()
 
 
 def test_a_spawned_worker_stopped_mid_epoch_ends_cleanly():
@@ -135,7 +136,7 @@ def test_a_spawned_worker_stopped_mid_epoch_ends_cleanly():
                             collate_fn=stack_unshared, multiprocessing_context=build.worker_context("spawn"))
         iterator = iter(loader)
         assert next(iterator).shape == (4, 1024, 1024)
-        iterator._shutdown_workers()  # what build.stop_workers does at the end of fit
+        iterator._shutdown_workers()  # what source.stop_workers does at the end of fit
         assert [w.exitcode for w in iterator._workers] == [0]
 
 

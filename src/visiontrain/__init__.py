@@ -1,7 +1,8 @@
 """visiontrain: one PyTorch training engine for classification, detection and self-supervised
 vision models. ``visiontrain fit RECIPE`` trains; see the README.
 
-Inference from Python (docs/inference.md): ``from visiontrain import Predictor``. The names below
+Inference from Python (docs/inference.md): ``from visiontrain import Predictor``. A hook of your own
+(``trainer.hooks``, docs/custom-task.md): ``from visiontrain import Cadence, Hook``. The names below
 are imported on first use, so ``import visiontrain`` stays cheap (no torch).
 """
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {"Predictor": "visiontrain.inference", "Classification": "visiontrain.inference",
-         "ClassScore": "visiontrain.inference", "Detections": "visiontrain.inference"}
+         "ClassScore": "visiontrain.inference", "Detections": "visiontrain.inference",
+         "Hook": "visiontrain.engine.hooks", "Cadence": "visiontrain.engine.cadence"}
 __all__ = ["__version__", *_LAZY]
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from visiontrain.config import Config
+from visiontrain.engine.build import samples_per_step
 from visiontrain.engine.hooks import Hook
 from visiontrain.engine.task import Task
 from visiontrain.engine.trainer import Trainer, next_micro_batches
@@ -78,7 +79,7 @@ def run_benchmark(cfg: Config, task: Task, *, steps: int, warmup: int, synthetic
         raise ValueError(f"the recipe ran out of steps before {warmup + steps} (trainer.max_steps)")
     wall = timer.t1 - timer.t0
     t, d = cfg.trainer, cfg.data
-    samples = steps * d.batch_size * t.accum_steps * trainer.dist.world_size
+    samples = steps * samples_per_step(cfg, trainer.dist.world_size)
     if trainer.device.type == "cuda":
         memory = {"peak_device_mib": torch.cuda.max_memory_allocated(trainer.device) / 2**20}
     else:

@@ -158,7 +158,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for key, table in per_class_tables(metrics).items():  # for a person; the JSON line below holds them too
         print(class_table_text(key, table))
     split = {"split": args.split, "data_split": trained.cfg.data.val_split} if args.split == "test" else {}
-    print_json({"checkpoint": trained.path, "step": trained.state["progress"]["step"], **split, **metrics})
+    print_json({"checkpoint": trained.path, "step": trained.step, **split, **metrics})
     return 0
 
 
@@ -201,15 +201,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_consolidate(args: argparse.Namespace) -> int:
     from visiontrain.engine.checkpoint import CheckpointError, atomic_save, load_checkpoint
+    from visiontrain.engine.checkpoint_format import model_weights, sharded_record
 
     src = Path(args.checkpoint)
-    if "sharded" not in load_checkpoint(src, resolve_sharded=False, mmap=True):
+    if sharded_record(load_checkpoint(src, resolve_sharded=False, mmap=True)) is None:
         raise CheckpointError(f"{src} is already a single-file checkpoint (it names no sharded directory); "
                               f"validate, predict, export and --init read it as it is")
     state = load_checkpoint(src)  # the sharded tensors, gathered whole in this one process
     out = Path(args.out) if args.out else src.with_name(f"{src.stem}-full.pt")
     atomic_save(state, out)
-    print_json({"checkpoint": str(src), "out": str(out), "tensors": len(state["model"]),
+    print_json({"checkpoint": str(src), "out": str(out), "tensors": len(model_weights(state)),
                 "bytes": out.stat().st_size})
     return 0
 

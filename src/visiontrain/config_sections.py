@@ -170,6 +170,10 @@ class TrainerConfig:
                         False)
     profile_start: int = doc("profile: steps done before the window opens (warm-up)", 5, minimum=0)
     profile_steps: int = doc("profile: optimizer steps in the window", 5, minimum=1)
+    hooks: list[str] = doc("hooks of your own, each 'package.module:ClassName': a subclass of visiontrain.Hook "
+                           "built without arguments, found on sys.path or in the current directory; one with a "
+                           "cadence runs periodically, one with state_dict is in every checkpoint "
+                           "(docs/custom-task.md)", factory=list)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from torch import nn
 
 from visiontrain import config as C
+from visiontrain.engine import checkpoint_format as fmt
 from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
 from visiontrain.engine.run_dir import checkpoint_in
 from visiontrain.engine.task import Task
@@ -28,11 +29,15 @@ class Trained:
 
     @property
     def info(self) -> dict[str, Any]:
-        return self.state["data_info"]
+        return fmt.data_info_of(self.state)
 
     @property
     def has_ema(self) -> bool:
-        return self.state.get("ema") is not None
+        return fmt.has_ema(self.state)
+
+    @property
+    def step(self) -> int:
+        return fmt.step_of(self.state)
 
     def model(self, ema: bool = False) -> nn.Module:
         """The model with the checkpoint's weights (``ema``: the EMA's), in eval mode."""
@@ -40,7 +45,7 @@ class Trained:
             raise CheckpointError(f"{self.path}: --ema given but the checkpoint holds no EMA weights "
                                   f"(trained with ema.enabled=false)")
         model = self.task.build_model(self.info)
-        model.load_state_dict(self.state["ema"]["module"] if ema else self.state["model"])
+        model.load_state_dict(fmt.ema_weights(self.state) if ema else fmt.model_weights(self.state))
         return model.eval()
 
 
@@ -52,9 +57,9 @@ def load_trained(target: str | Path, overrides: Sequence[str] = (), split: str =
 
     path = str(checkpoint_in(target))
     state = load_checkpoint(path)
-    if "config" not in state or "data_info" not in state:
+    tree = fmt.config_of(state)
+    if tree is None or fmt.data_info_of(state) is None:
         raise CheckpointError(f"{path}: not a visiontrain training checkpoint (no config/data_info)")
-    tree = state["config"]
     for key, value in C.parse_overrides(list(overrides)):
         C._set_dotted(tree, key, value)
     if split == "test":

@@ -20,6 +20,7 @@ from detection_helpers import vt
 from visiontrain import cli
 from visiontrain import config as C
 from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
+from visiontrain.engine import checkpoint_format as fmt
 
 # Bad input is this file's subject; the runs load in-process where the data is small (the errors a
 # worker raises are tested where they differ: test_image_folder_corrupt_image_in_a_worker_is_one_line).
@@ -532,19 +533,18 @@ def test_refused_resume_keeps_config_yaml(run_copy: Path, capsys) -> None:
     assert (run_copy / "config.yaml").read_text() == before
 
 
-def test_resume_other_world_size_refused(digits_run: Path) -> None:
+def test_resume_other_world_size_refused(digits_run: Path, tmp_path: Path) -> None:
+    """The data source refuses a position counted in another number of processes' batches."""
     from visiontrain.engine.trainer import Trainer
-    from visiontrain.engine.weights import check_resume_compatible
     from visiontrain.tasks import build_task
 
-    path = digits_run / "checkpoints" / "last.pt"
-    state = load_checkpoint(path)
-    cfg = C.config_from_dict(state["config"])
-    trainer = Trainer(cfg, build_task(cfg), None)
-    check_resume_compatible(state, trainer.run, str(path))  # as written: accepted
-    state["progress"]["world_size"] = 2
+    state = load_checkpoint(digits_run / "checkpoints" / "last.pt")
+    cfg = C.config_from_dict(fmt.config_of(state))
+    fmt.entry(state, fmt.DATA)["world_size"] = 2  # as a run on two processes writes it
+    path = tmp_path / "two-processes.pt"
+    torch.save(state, path)
     with pytest.raises(CheckpointError) as info:
-        check_resume_compatible(state, trainer.run, str(path))
+        Trainer(cfg, build_task(cfg), None, resume=str(path))
     assert (f"--resume {path}: it was written with data.batch_size=16 on 2 process(es); this run has "
             f"data.batch_size=16 on 1") in str(info.value)
     assert "use --init" in str(info.value)

@@ -25,6 +25,7 @@ from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
 from visiontrain.engine.guards import NonFiniteLossError
 from visiontrain.engine.hooks import Hook
 from visiontrain.engine.trainer import Trainer
+from visiontrain.engine import checkpoint_format as fmt
 
 WORKER = Path(__file__).parent / "kill_worker.py"
 EVERY_5 = dict(checkpoint__every=5, checkpoint__unit="steps")
@@ -35,8 +36,8 @@ def finite_checkpoints(run_dir: Path) -> dict[str, int]:
     steps = {}
     for pt in sorted((run_dir / "checkpoints").glob("*.pt")):
         state = load_checkpoint(pt)
-        assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point()), pt
-        steps[pt.name] = state["progress"]["step"]
+        assert all(torch.isfinite(v).all() for v in fmt.model_weights(state).values() if v.is_floating_point()), pt
+        steps[pt.name] = fmt.step_of(state)
     return steps
 
 
@@ -120,8 +121,8 @@ def sample_of_step(step: int, **overrides) -> int:
     sampler's own order: poisoning it poisons that step."""
     cfg = toy_config(**overrides)
     probe = Trainer(cfg, ToyTask(cfg), None)
-    probe.run.sampler.set_epoch(0)
-    return list(probe.run.sampler)[step - 1][0]
+    probe.run.source.sampler.set_epoch(0)
+    return list(probe.run.source.sampler)[step - 1][0]
 
 
 class WeightsAround(Hook):
@@ -227,7 +228,7 @@ def test_fp16_overflow_is_skipped_and_counted_not_raised(run_dir):
     same = [all(torch.equal(a[k], b[k]) for k in a) for a, b in zip(snaps, snaps[1:])]
     assert same[:n] == [True] * n and not any(same[n:])  # the first n steps were skipped, no others
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-    assert state["scaler"]["scale"] == 65536.0 / 2**n
+    assert fmt.entry(state, fmt.SCALER)["scale"] == 65536.0 / 2**n
 
 
 # ---------------------------------------------------------------- out of memory

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from toy_task import toy_config
 from visiontrain import config as C
 from visiontrain.engine.checkpoint import load_checkpoint
+from visiontrain.engine import checkpoint_format as fmt
 
 WORKER = Path(__file__).parent / "kill_worker.py"
 # 256 samples / 16 = 16 steps per epoch, 48 in all: a checkpoint every 5 steps, an evaluation every 8
@@ -55,7 +56,7 @@ def chain(recipe: Path, run_dir: Path, seed: int) -> list[str]:
         killed.append(f"{phase}#{spec['n']}")
         for pt in (run_dir / "checkpoints").glob("*.pt"):  # whatever is on disk loads, the newest included
             state = load_checkpoint(pt)
-            assert state["progress"]["step"] <= 48
+            assert fmt.step_of(state) <= 48
     if len(killed) == KILLS_PER_CHAIN:
         proc = launch(recipe, run_dir, {"phase": "none"})
         assert proc.returncode == 0, proc.stderr[-2000:]

@@ -24,6 +24,7 @@ from visiontrain import config as C
 from visiontrain.engine import logging as logging_module
 from visiontrain.engine.checkpoint import load_checkpoint
 from visiontrain.engine.metrics_file import METRICS_FILE
+from visiontrain.engine import checkpoint_format as fmt
 
 # A finished digits run (4 steps) whose files are then made unwritable; its subject is the files, so
 # the run is as small as the bad-input catalogue's.
@@ -179,7 +180,7 @@ def test_a_full_disk_while_writing_metrics_names_the_file_and_resume_goes_on(tmp
                    f"{err.split('the disk is full (', 1)[1].split(')', 1)[0]}); the checkpoints written before are "
                    f"intact (a line cut short is dropped when the run resumes): continue with --resume auto once "
                    f"it can be written")
-    assert load_checkpoint(run / "checkpoints" / "last.pt")["progress"]["step"] == 10
+    assert fmt.step_of(load_checkpoint(run / "checkpoints" / "last.pt")) == 10
 
     monkeypatch.undo()
     assert cli.main(["fit", str(recipe), "--run-dir", str(run), "--resume", "auto"]) == 0

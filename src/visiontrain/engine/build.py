@@ -1,4 +1,6 @@
-"""Set-up pieces a run is built from (engine.run): device, seeds, loaders, wrapping, the step clock."""
+"""Set-up pieces a run is built from (engine.run): device, seeds, the training source and the
+evaluation loader, wrapping, the step clock and the rules of accumulation (``accum_steps_at``,
+``samples_per_step``)."""
 from __future__ import annotations
 
 import logging
@@ -15,6 +17,7 @@ from visiontrain.config import Config, ConfigError, TrainerConfig
 from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler, SeededDataset
 from visiontrain.engine.distributed import DistInfo, wrap_ddp
 from visiontrain.engine.fsdp import ShardedCheckpoints, shard_model
+from visiontrain.engine.source import LoaderSource, TrainSource
 from visiontrain.stop_signals import ignore_stop_signals
 from visiontrain.engine.schedules import StepClock
 from visiontrain.engine.worker_check import check_sendable_to_workers
@@ -43,11 +46,16 @@ def pick_device(name: str, dist_info: DistInfo) -> torch.device:
     return device
 
 
+def uses_fsdp(cfg: Config, dist_info: DistInfo) -> bool:
+    """Whether this run shards its model: ``distributed.strategy=fsdp`` under torchrun."""
+    return dist_info.enabled and cfg.distributed.strategy == "fsdp"
+
+
 def distribute(model: nn.Module, ema: Any, cfg: Config, task: Any, dist_info: DistInfo, device: torch.device,
                ckpt_dir: Any) -> tuple[nn.Module, ShardedCheckpoints | None, list[str] | None]:
     """The module the step calls, the sharded checkpoints (FSDP only) and the FSDP unit names.
     FSDP shards ``model`` (and the EMA copy) in place: build the optimizer after this."""
-    if not (dist_info.enabled and cfg.distributed.strategy == "fsdp"):
+    if not uses_fsdp(cfg, dist_info):
         return wrap_ddp(model, dist_info, device, find_unused_parameters=task.find_unused_parameters), None, None
     if cfg.trainer.precision == "fp16":
         raise ValueError("distributed.strategy=fsdp with trainer.precision=fp16: the gradient scaler does not "
@@ -62,15 +70,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device
-            ) -> tuple[ResumableBatchSampler, DataLoader, DataLoader]:
-    """The resumable batch sampler (grouped by aspect ratio when the task gives groups), and the
-    training and evaluation loaders of a task's ``TaskData``."""
+def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device) -> tuple[TrainSource, DataLoader]:
+    """The training source and the evaluation loader of a task's ``TaskData``: its own source when
+    ``data.train`` is one, else the map-style dataset through the resumable batch sampler (grouped
+    by aspect ratio when the task gives groups)."""
     d = cfg.data
+    context = worker_context(d.worker_start) if d.num_workers > 0 else None
+    if isinstance(data.train, TrainSource):
+        return data.train, val_loader(data, cfg, dist_info, device, context=context)
     sampler = train_sampler(data, cfg, dist_info)
     if isinstance(sampler, GroupedBatchSampler) and dist_info.is_main and (left_out := sampler.left_out_message()):
         log.info("%s", left_out)  # said once: grouping drops each orientation's leftovers
-    context = worker_context(d.worker_start) if d.num_workers > 0 else None
     train = train_loader(data.train, sampler, random_transforms=data.random_transforms, collate=data.train_collate,
                          num_workers=d.num_workers, pin_memory=pins(cfg, device),
                          persistent_workers=d.persistent_workers, context=context)
@@ -79,7 +89,7 @@ def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device
         check_sendable_to_workers(d.worker_start, {
             "training dataset": train.dataset, "training collate function": train.collate_fn,
             "worker init function": train.worker_init_fn})
-    return sampler, train, val
+    return LoaderSource(sampler, train), val
 
 
 def train_sampler(data: Any, cfg: Config, dist_info: DistInfo) -> ResumableBatchSampler:
@@ -149,16 +159,6 @@ def train_loader(ds: Dataset, sampler: ResumableBatchSampler, *, random_transfor
                       multiprocessing_context=context, generator=torch.Generator().manual_seed(0))
 
 
-def stop_workers(loader: DataLoader) -> None:
-    """End a loader's persistent workers now. Dropping the iterator is not enough: when a reference
-    cycle holds it, its shutdown waits for the garbage collector, and one seen shut down that way
-    (a rank of a 2-process run) never heard back from its worker: 5 s of waiting, a SIGTERM the
-    worker ignores, 5 s more."""
-    iterator, loader._iterator = loader._iterator, None
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
-
-
 def eval_loader(ds: Dataset, batch_size: int, *, collate: Callable | None, num_workers: int,
                 pin_memory: bool, dist_info: DistInfo, context: Any = None) -> DataLoader:
     sampler = None
@@ -176,6 +176,13 @@ def accum_steps_at(t: TrainerConfig, epoch: int) -> int:
     """Micro-batches per optimizer step in ``epoch``: ``trainer.accum_steps`` from
     ``trainer.accum_after_epoch`` on (0: from the start), one before."""
     return t.accum_steps if epoch >= t.accum_after_epoch else 1
+
+
+def samples_per_step(cfg: Config, world_size: int, epoch: int | None = None) -> int:
+    """The samples one optimizer step trains on, over every process (the global batch): in ``epoch``,
+    or (None) once accumulation is on."""
+    accum = cfg.trainer.accum_steps if epoch is None else accum_steps_at(cfg.trainer, epoch)
+    return cfg.data.batch_size * world_size * accum
 
 
 def make_clock(cfg: Config, batches_per_epoch: int) -> StepClock:

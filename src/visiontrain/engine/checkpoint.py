@@ -1,6 +1,8 @@
-"""A run's checkpoints: the run dir, whole-or-sharded loads, RNG capture, best-k bookkeeping.
+"""A run's checkpoints: the run dir, whole-or-sharded loads, the states of the weights and the RNGs,
+best-k bookkeeping.
 
-Every file goes through ``engine.files`` (atomic writes, weights_only reads).
+Every file goes through ``engine.files`` (atomic writes, weights_only reads) and is read in the
+current format (``engine.checkpoint_format``).
 """
 from __future__ import annotations
 
@@ -14,12 +16,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from visiontrain.engine import checkpoint_format as fmt
 from visiontrain.engine.files import CheckpointError, atomic_save, give_usual_mode, read_checkpoint_file
-from visiontrain.engine.fsdp import resolve_full
+from visiontrain.engine.fsdp import ShardedCheckpoints, resolve_full
 from visiontrain.engine.write_failure import why_not_written
 
 __all__ = ["CheckpointError", "atomic_save", "give_usual_mode", "read_checkpoint_file", "load_checkpoint",
-           "BestTracker", "ReplicatedWeights", "capture_rng", "restore_rng", "prepare_run_dir",
+           "BestTracker", "ReplicatedWeights", "WeightsState", "RngState", "capture_rng", "restore_rng",
+           "prepare_run_dir",
            "removed_if_set_up_fails", "write_run_file", "write_run_config", "remove_stale_temporaries"]
 
 
@@ -96,13 +100,14 @@ def remove_stale_temporaries(directory: Path) -> list[str]:
 
 
 def load_checkpoint(path: str | os.PathLike, *, resolve_sharded: bool = True, mmap: bool = False) -> dict[str, Any]:
-    """Load with weights_only=True onto the CPU; every failure names the file and the reason.
+    """Load with weights_only=True onto the CPU, in the current format; every failure names the file
+    and the reason.
 
     A checkpoint of an FSDP run names a directory of sharded tensors (``engine.fsdp``); it is
     returned whole, as a single-file checkpoint would be, unless ``resolve_sharded`` is False (the
     trainer then reads each rank's shards itself). ``mmap`` maps tensors instead of reading them."""
-    obj = read_checkpoint_file(path, mmap=mmap)
-    if resolve_sharded and isinstance(obj.get("sharded"), dict):
+    obj = fmt.read(read_checkpoint_file(path, mmap=mmap), path)
+    if resolve_sharded and fmt.sharded_record(obj) is not None:
         obj = resolve_full(obj, Path(path))
     return obj
 
@@ -119,6 +124,16 @@ def capture_rng() -> dict[str, Any]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+class RngState:
+    """The global random streams as a checkpoint entry (restored last: nothing may draw after it)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return capture_rng()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        restore_rng(state)
 
 
 def restore_rng(state: dict[str, Any]) -> None:
@@ -180,11 +195,31 @@ class ReplicatedWeights:
     ``engine.fsdp.ShardedCheckpoints`` is the same interface for sharded runs."""
 
     def save(self, step: int, model: Any, optimizer: Any, ema: Any) -> dict[str, Any]:
-        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "ema": ema.state_dict() if ema is not None else None}
+        return {fmt.MODEL: model.state_dict(), fmt.OPTIMIZER: optimizer.state_dict(),
+                fmt.EMA: ema.state_dict() if ema is not None else None}
 
     def load(self, source: Path, state: dict[str, Any], model: Any, optimizer: Any, ema: Any) -> None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        if ema is not None and state["ema"] is not None:
-            ema.load_state_dict(state["ema"])
+        model.load_state_dict(state[fmt.MODEL])
+        optimizer.load_state_dict(state[fmt.OPTIMIZER])
+        if ema is not None and state[fmt.EMA] is not None:
+            ema.load_state_dict(state[fmt.EMA])
+
+
+class WeightsState:
+    """The model, its optimizer and its EMA as one checkpoint entry: whole tensors in the file, or
+    (FSDP) the name of the directory of shards every rank wrote. ``checkpoint_path`` is the file a
+    resume reads, whose directory holds the shards."""
+
+    def __init__(self, run: Any, progress: Any) -> None:
+        self.run, self.progress = run, progress
+        self.store: ReplicatedWeights | ShardedCheckpoints = run.sharded or ReplicatedWeights()
+        self.checkpoint_path: Path | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        r = self.run
+        return {**self.store.save(self.progress.step, r.raw_model, r.optimizer, r.ema),
+                fmt.STRATEGY: fmt.FSDP if r.sharded is not None else fmt.REPLICATED}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        r = self.run
+        self.store.load(self.checkpoint_path, state, r.raw_model, r.optimizer, r.ema)

@@ -15,6 +15,9 @@ resumed run counts on where it stopped. Whether patience has run out is decided 
 current ``eval.patience``: a run that stopped early can be resumed with a larger patience.
 Under torchrun rank 0 decides (a detection rank other than 0 holds no metrics) and every rank
 receives its record: one broadcast per evaluation, only when patience is on.
+
+A hook of the run (``after_eval``): when patience runs out it tells the loop to end
+(``Progress.end_early``), after that evaluation's checkpoint.
 """
 from __future__ import annotations
 
@@ -22,9 +25,12 @@ import math
 from typing import Any
 
 from visiontrain.config import ConfigError, EvalConfig
+from visiontrain.engine import checkpoint_format as fmt
 from visiontrain.engine.distributed import DistInfo, broadcast_object
-from visiontrain.engine.parts import Progress
+from visiontrain.engine.evaluator import checkpoint_metric
+from visiontrain.engine.hooks import Hook
 from visiontrain.engine.metrics_file import ema_key, model_scalars
+from visiontrain.engine.parts import Progress
 from visiontrain.engine.schedules import Schedule, StepClock
 
 
@@ -42,9 +48,11 @@ def patience_start(settings: EvalConfig, clock: StepClock, lr: Schedule | None) 
     return clock.to_steps(after, settings.unit)
 
 
-class EarlyStopping:
+class EarlyStopping(Hook):
+    name = fmt.EARLY_STOP
+
     def __init__(self, patience: int, min_delta: float, metric: str, mode: str, dist: DistInfo, *,
-                 start: float = 0.0) -> None:
+                 start: float = 0.0, progress: Progress | None = None) -> None:
         if patience and not metric:
             raise ConfigError(f"eval.patience={patience} follows the checkpoint metric, and this task names none: "
                               f"set eval.metric")
@@ -53,12 +61,20 @@ class EarlyStopping:
         self.best: float | None = None
         self.best_step = -1
         self.since_best = 0  # evaluations since the last improvement
+        self.progress = progress  # told when patience runs out
 
     @classmethod
-    def for_run(cls, settings: EvalConfig, metric: str, mode: str, run: Any) -> "EarlyStopping":
-        """The stopper ``settings`` (``cfg.eval``) ask for, on a built run's clock and lr schedule."""
+    def for_run(cls, trainer: Any) -> "EarlyStopping":
+        """The stopper ``cfg.eval`` asks for, on a built run's clock and lr schedule."""
+        settings, run = trainer.cfg.eval, trainer.run
         start = patience_start(settings, run.clock, run.scalars.schedules.get("lr")) if settings.patience else 0.0
-        return cls(settings.patience, settings.min_delta, metric, mode, run.dist, start=start)
+        metric, mode = checkpoint_metric(trainer.cfg, trainer.task)
+        return cls(settings.patience, settings.min_delta, metric, mode, run.dist, start=start,
+                   progress=trainer.progress)
+
+    def after_eval(self, metrics: dict[str, Any]) -> None:
+        if self.update(metrics, self.progress.step):
+            self.trainer.log.print(f"stopping: {self.reason()}")
 
     @property
     def enabled(self) -> bool:
@@ -100,7 +116,12 @@ class EarlyStopping:
                 self.since_best += 1
         if self.dist.enabled:
             self.load_state_dict(broadcast_object(self.state_dict(), self.dist))  # host sync (evaluation)
+        self._tell_progress()
         return self.fired()
+
+    def _tell_progress(self) -> None:
+        if self.progress is not None and self.fired():
+            self.progress.end_early("early_stopping", self.reason())
 
     def reason(self) -> str:
         """Why the run ended, in the words summary.json and the log use."""
@@ -118,13 +139,4 @@ class EarlyStopping:
             return
         self.best = None if state["best"] is None else float(state["best"])
         self.best_step, self.since_best = int(state["best_step"]), int(state["since_best"])
-
-
-def end_reason(progress: Progress, max_steps: int | None, early_stop: EarlyStopping) -> dict[str, str]:
-    """Why a run ended, for summary.json: patience, ``trainer.max_steps`` or all its epochs."""
-    p = progress
-    if early_stop.fired():
-        return {"reason": "early_stopping", "message": early_stop.reason()}
-    if max_steps is not None and p.step >= max_steps and p.epoch < p.epochs:
-        return {"reason": "max_steps", "message": f"trainer.max_steps={max_steps} reached in epoch {p.epoch}"}
-    return {"reason": "epochs", "message": f"trained trainer.epochs={p.epochs} epochs"}
+        self._tell_progress()  # a resumed run whose patience ran out (under this run's eval.patience) is done

@@ -5,22 +5,28 @@ optionally step 0 (``eval.at_start``); the end of fit measures once more if the 
 been. An evaluation is a sync point by nature: it reads the recorded rows first (nothing is
 measured after a bad step under ``nonfinite=raise``), the task reads its metrics on the host, and
 under FSDP the ranks' buffers are made equal first. Choosing which checkpoints to keep from the
-metrics is the checkpointer's business: the evaluator hands them over.
+metrics is the checkpointer's business: the evaluator hands them to every hook (``after_eval``).
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
 import torch
-from torch import nn
 
 from visiontrain.config import Config
+from visiontrain.engine.cadence import Cadence
 from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.fsdp import sync_buffers
 from visiontrain.engine.logging import RunLogger
 from visiontrain.engine.metrics_file import EMA_PREFIX
-from visiontrain.engine.parts import Progress
+from visiontrain.engine.parts import Part, Progress
 from visiontrain.engine.run import EvalRun
+
+
+def checkpoint_metric(cfg: Config, task: Any) -> tuple[str, str]:
+    """The metric best checkpoints and early stopping follow, and its direction: ``eval.metric`` /
+    ``eval.mode``, else the task's."""
+    return cfg.eval.metric or task.metric, cfg.eval.mode or task.mode
 
 
 def evaluate_models(run: EvalRun, which: str = "both") -> dict[str, Any]:
@@ -43,39 +49,48 @@ def evaluate_models(run: EvalRun, which: str = "both") -> dict[str, Any]:
     return metrics
 
 
-class Evaluator:
+class Evaluator(Part):
+    name = "evaluator"
+
     def __init__(self, cfg: Config, run: EvalRun, progress: Progress, log: RunLogger, *,
-                 check_finite: Callable[[], None], after_eval: Callable[[dict[str, Any]], Any],
-                 sharded: bool) -> None:
+                 check_finite: Callable[[], None], sharded: bool) -> None:
         self.cfg, self.built, self.progress, self.log = cfg, run, progress, log
-        self.check_finite, self.after_eval, self.sharded = check_finite, after_eval, sharded
+        self.check_finite, self.sharded = check_finite, sharded
+        e = cfg.eval
+        self.cadence = Cadence(e.every, e.unit, at_end=e.unit == "epochs")  # the last epoch's end too
         self.last: dict[str, Any] = {}
         self.last_step = -1
-        self.running = False  # for an out-of-memory message: what ran out
+
+    @classmethod
+    def for_run(cls, trainer: Any) -> "Evaluator":
+        return cls(trainer.cfg, trainer.run, trainer.progress, trainer.log,
+                   check_finite=trainer.parts["log_point"].check_finite, sharded=trainer.run.sharded is not None)
 
     def due(self, step: int, epoch_end: bool) -> bool:
-        e = self.cfg.eval
-        if epoch_end:
-            done = self.progress.epochs_done()
-            return e.unit == "epochs" and (self.progress.last_epoch_done() or (e.every > 0 and done % e.every == 0))
-        return e.unit == "steps" and e.every > 0 and step % e.every == 0 and step < self.progress.total
+        """``eval.every`` in ``eval.unit`` and the last epoch; under ``eval.unit=steps`` the end of fit
+        measures the last step (``finish``, after the epoch's turn)."""
+        last = self.cadence.unit == "steps" and step >= self.progress.total
+        return not last and self.cadence.due(self.progress, epoch_end)
 
-    def due_at_start(self) -> bool:
+    def start(self) -> None:
         """``eval.at_start``: the metric at initialisation, measured the same way as later ones."""
-        return self.cfg.eval.at_start and self.progress.step == 0
+        if self.cfg.eval.at_start and self.progress.step == 0:
+            self.run()
 
-    def due_at_end(self) -> bool:
-        return self.last_step != self.progress.step
+    def finish(self) -> None:
+        """The end of fit measures the last step, unless it was measured already."""
+        if self.last_step != self.progress.step:
+            self.run()
 
     def run(self, epoch_end: bool = False) -> dict[str, Any]:
         self.check_finite()  # host sync: never evaluate or save after a bad step under `raise`
         r = self.built
         if self.sharded:
             sync_buffers([r.raw_model] + ([r.ema_model] if r.ema_model is not None else []))
-        self.running = True
+        self.progress.evaluating = True
         metrics = evaluate_models(r, self.cfg.eval.models)  # host sync (the task's metrics)
-        self.running = False
+        self.progress.evaluating = False
         self.last, self.last_step = metrics, self.progress.step
         self.log.log("eval", self.progress.step, self.progress.epoch, metrics)
-        self.after_eval(metrics)
+        self.trainer.hooks("after_eval", metrics)  # the checkpointer keeps the best, early stopping counts
         return metrics

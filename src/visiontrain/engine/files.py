@@ -20,11 +20,8 @@ from typing import Any
 
 import torch
 
+from visiontrain.engine.checkpoint_format import CheckpointError
 from visiontrain.engine.write_failure import why_not_written
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or read; the message names the file."""
 
 
 def give_usual_mode(path: str | os.PathLike) -> None:

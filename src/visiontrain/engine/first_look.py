@@ -5,12 +5,13 @@ module (total, trainable, frozen) and FLOPs per sample at the training size.
 What a user checks before trusting a run with a week of GPU time: a wrong label map, a transform
 that loses the boxes, a backbone meant to be frozen that is not, a model ten times the intended size.
 
-The batch is the one the sampler gives first (epoch 0, batch 0, with its augmentation seed), loaded
-here in the main process the way a worker loads it, so the drawing shows the very tensors of the
-first step. Nothing here moves the training streams: ``SeededDataset`` forks torch's RNG while it
-loads, and the FLOP count runs one forward pass under no_grad with every RNG forked and the
-model's buffers (BatchNorm statistics) and the task's state (DINO's centre) put back after, so a
-run with the first look trains bit-identically to one without (``trainer.summary=false``).
+The batch is the one the training source gives first (epoch 0, batch 0, with its augmentation
+seed), loaded here in the main process the way a worker loads it (``TrainSource.first_items``), so
+the drawing shows the very tensors of the first step. Nothing here moves the training streams:
+``SeededDataset`` forks torch's RNG while it loads, and the FLOP count runs one forward pass under
+no_grad with every RNG forked and the model's buffers (BatchNorm statistics) and the task's state
+(DINO's centre) put back after, so a run with the first look trains bit-identically to one without
+(``trainer.summary=false``).
 """
 from __future__ import annotations
 
@@ -24,16 +25,17 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
 from visiontrain.config import Config
 from visiontrain.engine import build
 from visiontrain.engine.checkpoint import write_run_file
 from visiontrain.engine.distributed import DistInfo
+from visiontrain.engine.hooks import Hook
 from visiontrain.engine.logging import RunLogger, dumps_json
 from visiontrain.engine.plots import save_figure
 from visiontrain.engine.run import TrainingRun
+from visiontrain.engine.source import LoaderSource, TrainSource
 from visiontrain.engine.step import to_device
 from visiontrain.engine.task import Task
 
@@ -42,15 +44,6 @@ log = logging.getLogger("visiontrain")
 #: Samples of the first batch whose forward pass is counted (two: BatchNorm needs more than one value).
 FLOP_SAMPLES = 2
 SUMMARY_FILE = "model_summary.json"
-
-
-def first_items(loader: DataLoader, limit: int | None = None) -> list[Any]:
-    """The samples of the loader's first batch (its first ``limit``), loaded as a worker loads them:
-    the batch sampler's first keys through the dataset's ``__getitems__`` where it has one, as
-    torch's fetcher does."""
-    keys = next(iter(loader.batch_sampler))[:limit]
-    getitems = getattr(loader.dataset, "__getitems__", None)
-    return getitems(keys) if getitems else [loader.dataset[k] for k in keys]
 
 
 def write_previews(task: Task, batch: Any, out_dir: Path) -> list[Path]:
@@ -184,8 +177,8 @@ def first_look(run: TrainingRun, task: Task, log: RunLogger, *, plots: bool, sum
     plots = plots and run.writes
     if not (plots or summary):
         return
-    collate = run.train_loader.collate_fn
-    items = first_items(run.train_loader, None if plots else FLOP_SAMPLES)
+    collate = run.source.collate
+    items = run.source.first_items(None if plots else FLOP_SAMPLES)
     if plots:
         try:
             write_previews(task, collate(items), run.run_dir / "plots")
@@ -203,7 +196,25 @@ def preview(cfg: Config, task: Task, out_dir: Path) -> list[Path]:
     or a process group: the same seed, data, sampler and first batch (of a single-process run)."""
     build.seed_everything(cfg.seed)  # as engine.run.build_training does before build_data
     data = task.build_data()
-    sampler = build.train_sampler(data, cfg, DistInfo())
-    loader = build.train_loader(data.train, sampler, random_transforms=data.random_transforms,
-                                collate=data.train_collate, num_workers=0, pin_memory=False, persistent_workers=False)
-    return write_previews(task, loader.collate_fn(first_items(loader)), out_dir)
+    if isinstance(data.train, TrainSource):
+        source = data.train
+    else:
+        sampler = build.train_sampler(data, cfg, DistInfo())
+        source = LoaderSource(sampler, build.train_loader(
+            data.train, sampler, random_transforms=data.random_transforms, collate=data.train_collate, num_workers=0,
+            pin_memory=False, persistent_workers=False))
+    return write_previews(task, source.collate(source.first_items()), out_dir)
+
+
+class FirstLook(Hook):
+    """The first look as a hook of the run: before the first step of a fresh run, after every other
+    ``before_train`` hook (a task's may bind what its forward pass needs, as DINO's teacher)."""
+
+    @classmethod
+    def for_run(cls, trainer: Any) -> "FirstLook":
+        return cls()
+
+    def before_train(self) -> None:
+        t = self.trainer
+        if t.step == 0:  # a fresh run: its first batch drawn, the model's size logged
+            first_look(t.run, t.task, t.log, plots=t.cfg.trainer.plots, summary=t.cfg.trainer.summary)

@@ -30,6 +30,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from visiontrain.config import DistributedConfig
+from visiontrain.engine import checkpoint_format as fmt
 from visiontrain.engine.files import CheckpointError, read_checkpoint_file
 from visiontrain.engine.distributed import DistInfo, broadcast_object
 
@@ -153,19 +154,20 @@ class ShardedCheckpoints:
                 os.replace(tmp, self.dir / name)
                 _fsync_dir(self.dir)
             self._written = (step, name)
-        return {"sharded": {"dir": self._written[1], "optimizer": has_state, "param_groups": groups},
-                "ema": {"updates": ema_.updates} if ema_ is not None else None}
+        return {fmt.SHARDED: {"dir": self._written[1], "optimizer": has_state, "param_groups": groups},
+                fmt.EMA: {"updates": ema_.updates} if ema_ is not None else None}
 
     def load(self, source: Path, state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
              ema_: Any) -> None:
-        """Every rank calls: each reads its own shards of the directory the ``.pt`` file names."""
+        """Every rank calls: each reads its own shards of the directory the ``.pt`` file ``source`` names
+        (``state``: its weights entry)."""
         from torch.distributed import checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
                                                              set_model_state_dict, set_optimizer_state_dict)
 
-        record = state["sharded"]
+        record = state[fmt.SHARDED]
         path = dcp_path(Path(source).parent, record)
-        ema = ema_.module if ema_ is not None and state["ema"] is not None else None
+        ema = ema_.module if ema_ is not None and state[fmt.EMA] is not None else None
         if record["optimizer"]:  # initialises the fresh optimizer's state (zero-lr step), then overwritten
             model_sd, optim_sd = get_state_dict(model, optimizer)
             tensors: dict[str, Any] = {"model": model_sd, "optim": optim_sd["state"]}
@@ -184,17 +186,17 @@ class ShardedCheckpoints:
                                                         "param_groups": record["param_groups"]})
         if ema is not None:
             set_model_state_dict(ema, tensors["ema"])
-            ema_.updates = int(state["ema"]["updates"])
+            ema_.updates = int(state[fmt.EMA]["updates"])
 
     def prune(self) -> None:
         """Rank 0, after writing its ``.pt`` files: delete the directories none of them names."""
         named = set()
         for pt in self.dir.glob("*.pt"):
             try:
-                record = read_checkpoint_file(pt, mmap=True).get("sharded")
+                record = fmt.sharded_record(fmt.read(read_checkpoint_file(pt, mmap=True), pt))
             except CheckpointError:
                 continue  # unreadable (or not a checkpoint): nothing it names could be used
-            if isinstance(record, dict):
+            if record is not None:
                 named.add(record.get("dir"))
         for entry in self.dir.iterdir():  # and what a crash mid-save left: .step-S.dcp.tmp
             if entry.is_dir() and (entry.name.startswith(".step-") or
@@ -248,16 +250,12 @@ def load_full(path: Path) -> dict[str, Any]:
 
 def resolve_full(state: dict[str, Any], pointer: Path) -> dict[str, Any]:
     """A ``.pt`` file that names a DCP directory, as the single-file checkpoint it stands for:
-    full ``model``, ``ema`` and ``optimizer`` (keyed by parameter name, as torch's
-    ``get_optimizer_state_dict`` gives it). What validate, predict, export and --init read."""
-    record = state["sharded"]
+    full model, EMA and optimizer (keyed by parameter name, as torch's ``get_optimizer_state_dict``
+    gives it). What validate, predict, export and --init read."""
+    record = fmt.sharded_record(state)
     tensors = load_full(dcp_path(pointer.parent, record))
-    out = {k: v for k, v in state.items() if k != "sharded"}
-    out["model"] = tensors["model"]
-    out["optimizer"] = {"state": tensors.get("optim", {}), "param_groups": record["param_groups"]}
-    if state.get("ema") is not None:
-        out["ema"] = {"module": tensors["ema"], "updates": state["ema"]["updates"]}
-    return out
+    optimizer = {"state": tensors.get("optim", {}), "param_groups": record["param_groups"]}
+    return fmt.with_full_weights(state, tensors["model"], optimizer, tensors.get("ema"))
 
 
 def _fsync_dir(path: Path) -> None:

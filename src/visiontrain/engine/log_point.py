@@ -5,6 +5,9 @@ read from the device in one transfer, checked against the non-finite policy, and
 with the lr, throughput, data-wait share and ETA. At an epoch's end the rows since the last log
 point are read too, and the epoch's means printed as a table. The evaluator and the checkpointer
 call :meth:`LogPoint.check_finite` first, so nothing is evaluated or saved after a bad step.
+
+``LogPoint.due`` is the one statement of "is this a log point": the stop check asks it too, to
+know where the ranks agree on a stop signal.
 """
 from __future__ import annotations
 
@@ -16,37 +19,46 @@ from typing import Any
 import torch
 
 from visiontrain.config import Config
-from visiontrain.engine.build import accum_steps_at
+from visiontrain.engine.build import samples_per_step
+from visiontrain.engine.cadence import Cadence
 from visiontrain.engine.distributed import DistInfo, all_reduce_mean
 from visiontrain.engine.guards import check_rows
 from visiontrain.engine.logging import RunLogger
 from visiontrain.engine.metrics import EpochMeans, PendingRows, StepRecorder
-from visiontrain.engine.parts import Progress
+from visiontrain.engine.parts import Part, Progress
 from visiontrain.engine.scalars import ScheduledScalars
 
 
-class LogPoint:
+class LogPoint(Part):
+    name = "log_point"
+
     def __init__(self, cfg: Config, progress: Progress, recorder: StepRecorder, scalars: ScheduledScalars,
                  optimizer: torch.optim.Optimizer, log: RunLogger, dist: DistInfo, device: torch.device,
                  fp16: bool, ckpt_dir: Path | None = None) -> None:
         self.cfg, self.progress, self.recorder, self.scalars = cfg, progress, recorder, scalars
         self.ckpt_dir = ckpt_dir  # named in a non-finite error: what the run can go back to
         self.optimizer, self.log, self.dist, self.device, self.fp16 = optimizer, log, dist, device, fp16
-        self.every = cfg.trainer.log_every
+        # every trainer.log_every steps and the last; each epoch's end too
+        self.cadence = Cadence(cfg.trainer.log_every, "steps", at_end=True)
         self.pending = PendingRows()  # rows read from the device, not yet logged
         self.epoch_means = EpochMeans()
         self.skipped = self.overflow_skipped = 0
         self.samples_seen = 0  # in this process (for throughput), counted at log points
-        self.data_s = 0.0  # the window's time spent waiting for batches (the loop adds to it)
         self.start()
+
+    @classmethod
+    def for_run(cls, trainer: Any) -> "LogPoint":
+        run = trainer.run
+        return cls(trainer.cfg, trainer.progress, trainer.recorder, run.scalars, run.optimizer, trainer.log, run.dist,
+                   run.device, fp16=run.scaler is not None, ckpt_dir=run.ckpt_dir)
 
     def start(self) -> None:
         """At the start of fit: the throughput window and the ETA count from here."""
         self.t_window = self.t_start = time.perf_counter()
-        self.start_step, self.data_s = self.progress.step, 0.0
+        self.start_step, self.progress.data_s = self.progress.step, 0.0
 
     def due(self, step: int, epoch_end: bool) -> bool:
-        return epoch_end or step % self.every == 0 or step == self.progress.total
+        return epoch_end or self.cadence.due(self.progress, epoch_end)
 
     def run(self, epoch_end: bool = False) -> None:
         if not epoch_end or self.recorder.n or self.pending:  # at an epoch's end: its steps since the last one
@@ -67,15 +79,14 @@ class LogPoint:
 
     def write(self) -> None:
         p, now = self.progress, time.perf_counter()
-        window_s, data_s, elapsed = now - self.t_window, self.data_s, now - self.t_start
-        self.t_window, self.data_s = now, 0.0
+        window_s, data_s, elapsed = now - self.t_window, p.data_s, now - self.t_start
+        self.t_window, p.data_s = now, 0.0
         self.check_finite()  # host sync: moves the recorded rows to self.pending
         n, values = self.pending.pop_means()
         if not n:
             return
         self.epoch_means.add(values, n)
-        d = self.cfg.data
-        samples = n * d.batch_size * self.dist.world_size * accum_steps_at(self.cfg.trainer, p.epoch)
+        samples = n * samples_per_step(self.cfg, self.dist.world_size, p.epoch)
         self.samples_seen += samples
         values.update(self.scalars.logged(self.optimizer))
         values["skipped_steps"], values["fp16_overflow_skips"] = self.skipped, self.overflow_skipped

@@ -127,10 +127,11 @@ def weight_files(run_dir: Path) -> list[tuple[Path, str | None]]:
             continue
         files.append((path, "checkpoints"))
         if sharded:
-            from visiontrain.engine.files import read_checkpoint_file
+            from visiontrain.engine.checkpoint import load_checkpoint
+            from visiontrain.engine.checkpoint_format import sharded_record
             from visiontrain.engine.fsdp import dcp_path
 
-            record = read_checkpoint_file(path).get("sharded")
+            record = sharded_record(load_checkpoint(path, resolve_sharded=False))
             if record is not None and (ckpts / str(record["dir"]), "checkpoints") not in files:
                 files.append((dcp_path(ckpts, record), "checkpoints"))
     return files

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from visiontrain.config_sections import SCHEDULED_SCALARS
 from visiontrain.engine.hooks import Hook
 from visiontrain.engine.metrics_file import (Row, ema_key, is_ema, model_key, numeric_keys, read_metrics,
                                              series)
@@ -34,7 +35,7 @@ log = logging.getLogger("visiontrain")
 
 THROUGHPUT = {"samples_per_s", "data_s", "compute_s", "eta_s", "gpu_peak_mem_gb", "skipped_steps",
               "fp16_overflow_skips"}
-SCHEDULED = {"lr", "weight_decay", "momentum", "ema_decay", "bn_momentum"}
+SCHEDULED = frozenset(SCHEDULED_SCALARS)
 
 
 #: Training keys that measure what an evaluation key of another name measures (same scale:
@@ -181,6 +182,11 @@ class PlotHook(Hook):
     def __init__(self, run_dir: Path, min_interval_s: float = 30.0) -> None:
         self.run_dir, self.min_interval_s = run_dir, min_interval_s
         self.last = -math.inf
+
+    @classmethod
+    def for_run(cls, trainer: Any) -> "PlotHook | None":
+        """``trainer.plots`` on the rank that writes the run dir."""
+        return cls(trainer.run.run_dir) if trainer.run.writes and trainer.cfg.trainer.plots else None
 
     def before_train(self) -> None:
         self.last = time.monotonic()

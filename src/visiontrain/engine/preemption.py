@@ -3,7 +3,9 @@
 
 The signal handler only sets a host-side flag. A single process acts on it after the current
 step; under torchrun the ranks agree at the next log point with one extra all-reduce there (a log
-point is already a sync point), so no step pays a collective for it. The trainer then writes
+point is already a sync point), so no step pays a collective for it. Where the log points are is
+the log point's own rule (``LogPoint.due``): the stop check asks it, so the ranks cannot disagree
+on where to all-reduce. The trainer then writes
 ``checkpoints/last.pt`` and raises :class:`Preempted`; the CLI exits with ``EXIT_PREEMPTED`` (4),
 or ``EXIT_INTERRUPTED`` (130, the shell's 128 + SIGINT) after a Ctrl-C, and ``--resume auto``
 continues exactly. A second Ctrl-C stops at once (KeyboardInterrupt), without a checkpoint of its
@@ -24,6 +26,7 @@ from typing import Any, Callable
 
 import torch
 
+from visiontrain.engine.parts import Part
 from visiontrain.stop_signals import STOP_SIGNALS
 
 EXIT_PREEMPTED = 4
@@ -87,32 +90,50 @@ class StopFlag:
         return signal.Signals(self.signum).name if self.signum is not None else "a stop signal"
 
 
-class StopCheck:
+class StopCheck(Part):
     """The loop's part that acts on a stop signal: after the step it arrived in (one process), or
     at the next log point, where the ranks agree with one all-reduce (a log point already syncs).
     It writes ``last.pt`` through ``save`` and raises :class:`Preempted`. At an epoch's end it runs
-    after that epoch's checkpoint; within an epoch not at its last step (the epoch's end comes next)."""
+    after that epoch's checkpoint; within an epoch not at its last step (the epoch's end comes next).
+    As a hook it installs the signal handlers for ``fit``'s duration."""
 
-    def __init__(self, flag: StopFlag, progress: Any, *, log_every: int, distributed: bool, device: torch.device,
-                 save: Callable[[], None], where: Callable[[], str], close: Callable[[], None]) -> None:
-        self.flag, self.progress, self.log_every, self.distributed = flag, progress, log_every, distributed
+    name, keeps = "stop", True
+
+    def __init__(self, flag: StopFlag, progress: Any, *, log_point: Callable[[int, bool], bool], distributed: bool,
+                 device: torch.device, save: Callable[[], None], where: str, close: Callable[[], None]) -> None:
+        self.flag, self.progress, self.log_point, self.distributed = flag, progress, log_point, distributed
         self.device, self.save, self.where, self.close = device, save, where, close
 
-    def due(self, step: int, epoch_end: bool) -> bool:
-        p = self.progress
-        if epoch_end:
-            return step < p.total and self._agreed(True)
-        at_log_point = step % self.log_every == 0 or step == p.total
-        return (self.flag.requested or at_log_point) and not p.epoch_steps_done() and self._agreed(at_log_point)
+    @classmethod
+    def for_run(cls, trainer: Any) -> "StopCheck":
+        run, parts = trainer.run, trainer.parts
+        where = f"{run.ckpt_dir / 'last.pt'} written; continue with --resume auto" if run.ckpt_dir is not None \
+            else "no run dir, nothing written"
+        return cls(StopFlag(), trainer.progress, log_point=parts["log_point"].due, distributed=run.dist.enabled,
+                   device=run.device, save=parts["checkpointer"].save_last, where=where, close=trainer.log.close)
 
-    def _agreed(self, at_log_point: bool) -> bool:
-        if self.distributed:
-            return at_log_point and self.flag.any_rank(self.device)  # host sync (log point)
-        return self.flag.requested
+    def before_train(self) -> None:
+        self.flag.install()  # SIGTERM / SIGUSR1 while fit() runs: checkpoint, then Preempted
+
+    def after_train(self) -> None:
+        self.flag.restore()
+
+    def on_exception(self, err: BaseException) -> None:
+        self.flag.restore()
+
+    def due(self, step: int, epoch_end: bool) -> bool:
+        """Host-only: under torchrun every log point (where ``run`` agrees), else a signal that arrived.
+        Never at an epoch's last step before its end, nor at the end of the run's last epoch."""
+        p = self.progress
+        if not (p.step < p.total if epoch_end else not p.epoch_steps_done()):
+            return False
+        return self.log_point(step, epoch_end) if self.distributed else self.flag.requested
 
     def run(self, epoch_end: bool = False) -> None:
+        if self.distributed and not self.flag.any_rank(self.device):  # host sync (log point): the ranks agree
+            return
         self.save()  # every rank: it reads the metric rows (a collective); rank 0 writes
         p = self.progress
         self.close()  # the CLI prints the one line that says where the run stopped
-        raise Preempted(f"stopped by {self.flag.name} at step {p.step} (epoch {p.epoch}); {self.where()}",
+        raise Preempted(f"stopped by {self.flag.name} at step {p.step} (epoch {p.epoch}); {self.where}",
                         self.flag.signum)

@@ -9,6 +9,7 @@ Perfetto or chrome://tracing) and ``profile/summary.txt`` (the operators by tota
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -48,7 +49,8 @@ class ProfileSteps(Hook):
         self.trainer.log.print(f"profile of steps {self.start + 1}..{self.trainer.step} written to {self.out_dir}")
         self.prof, self.done = None, True
 
-
-def profiler_hooks(profile: bool, start: int, steps: int, run_dir: Path | None, writes: bool) -> list[Hook]:
-    """The profiler hook when ``trainer.profile`` is on and this rank writes the run dir."""
-    return [ProfileSteps(run_dir / "profile", start, steps)] if profile and writes else []
+    @classmethod
+    def for_run(cls, trainer: Any) -> "ProfileSteps | None":
+        """The profiler when ``trainer.profile`` is on and this rank writes the run dir."""
+        t, run = trainer.cfg.trainer, trainer.run
+        return cls(run.run_dir / "profile", t.profile_start, t.profile_steps) if t.profile and run.writes else None

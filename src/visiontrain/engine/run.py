@@ -16,7 +16,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from visiontrain.config import Config
-from visiontrain.data.samplers import ResumableBatchSampler
 from visiontrain.engine import build
 from visiontrain.engine.checkpoint import prepare_run_dir
 from visiontrain.engine.distributed import DistInfo, convert_sync_bn, init_distributed
@@ -27,6 +26,7 @@ from visiontrain.models.freezing import freeze_parameters
 from visiontrain.engine.precision import make_scaler, precision_note
 from visiontrain.engine.scalars import ScheduledScalars
 from visiontrain.engine.schedules import StepClock, scale_lr_by_batch
+from visiontrain.engine.source import TrainSource
 from visiontrain.engine.task import Task
 from visiontrain.engine.weights import load_init_weights
 
@@ -50,8 +50,7 @@ class TrainingRun(EvalRun):
     run_dir: Path | None = None
     ema: ModelEma | None = None              # what updates ema_model after each step
     model: nn.Module | None = None           # what the step calls: DDP/FSDP-wrapped, compiled when asked
-    sampler: ResumableBatchSampler | None = None
-    train_loader: DataLoader | None = None
+    source: TrainSource | None = None        # the training data (engine.source): batches of an epoch, its state
     optimizer: torch.optim.Optimizer | None = None
     scaler: Any = None                       # fp16's GradScaler, else None
     sharded: ShardedCheckpoints | None = None  # FSDP: model, EMA and optimizer checkpoint sharded
@@ -85,8 +84,8 @@ def place_model(model: nn.Module, cfg: Config, dist: DistInfo, device: torch.dev
     if cfg.trainer.sync_bn:  # before the EMA copy, so a teacher/EMA gets the same layers
         model = convert_sync_bn(model, dist, device)
     model.to(device)
-    fsdp = dist.enabled and cfg.distributed.strategy == "fsdp"
-    if cfg.trainer.channels_last and not fsdp:  # FSDP shards contiguous parameters only; the images stay NHWC
+    # FSDP shards contiguous parameters only; the images stay NHWC
+    if cfg.trainer.channels_last and not build.uses_fsdp(cfg, dist):
         model.to(memory_format=torch.channels_last)
     return model
 
@@ -99,7 +98,7 @@ def build_training(cfg: Config, task: Task, run_dir: Path | None, *, resume: boo
     stale = prepare_run_dir(run_dir) if writes else []
     build.seed_everything(cfg.seed)
     data = task.build_data()
-    sampler, train_loader, val_loader = build.loaders(data, cfg, dist, device)
+    source, val_loader = build.loaders(data, cfg, dist, device)
     model = task.build_model(data.info)
     notes = [] if resume else [r for r in (task.init_weights(model),) if r]
     if init:
@@ -115,12 +114,12 @@ def build_training(cfg: Config, task: Task, run_dir: Path | None, *, resume: boo
     groups = task.param_groups(model) or build_param_groups(
         model, o.weight_decay, no_decay_bias_norm=o.no_decay_bias_norm, lr_mult=o.lr_mult)
     check_coverage(model, groups)
-    base_lr = scale_lr_by_batch(o.lr, cfg.data.batch_size * dist.world_size * cfg.trainer.accum_steps, o.base_batch)
+    base_lr = scale_lr_by_batch(o.lr, build.samples_per_step(cfg, dist.world_size), o.base_batch)
     optimizer = build_optimizer(groups, o.name, lr=base_lr, momentum=o.momentum, beta2=o.beta2, eps=o.eps,
                                 nesterov=o.nesterov, impl=o.impl)
     if cfg.trainer.compile:
         wrapped = torch.compile(wrapped)
-    clock = build.make_clock(cfg, sampler.batches_per_epoch)
+    clock = build.make_clock(cfg, source.batches_per_epoch)
     bases = {"lr": base_lr, "weight_decay": o.weight_decay, "momentum": o.momentum, "ema_decay": cfg.ema.decay,
              "bn_momentum": 0.1}
     scalars = ScheduledScalars(cfg.schedules, bases, clock, optimizer, model, task, ema)
@@ -134,7 +133,7 @@ def build_training(cfg: Config, task: Task, run_dir: Path | None, *, resume: boo
         notes.append(f"frozen {len(frozen)} parameter tensors")
     return TrainingRun(cfg, task, dist, device, data.info, model, ema and ema.module, val_loader, run_dir=run_dir,
                        ema=ema, model=wrapped,
-                       sampler=sampler, train_loader=train_loader, optimizer=optimizer,
+                       source=source, optimizer=optimizer,
                        scaler=make_scaler(cfg.trainer.precision, device), sharded=sharded, base_lr=base_lr,
                        clock=clock, scalars=scalars, notes=notes)
 

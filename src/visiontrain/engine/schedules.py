@@ -207,9 +207,8 @@ class Schedule:
             return end + (base - end) * (1.0 - t) ** self.power
         if self.shape == "step" and self.step_size > 0:
             return base * self.gamma ** math.floor((step - w) / self.step_size)
-        if self.shape in ("step", "multistep"):  # `step` in epochs: decays precomputed
-            return base * self.gamma ** bisect_right(self.milestones, step)
-        raise ValueError(f"schedule {self.name!r}: unknown shape {self.shape!r}")
+        # multistep, or `step` in epochs (its decays precomputed): build_schedule admits no other shape
+        return base * self.gamma ** bisect_right(self.milestones, step)
 
 
 def _finite(name: str, fld: str, value: float, *, min_value: float | None = None) -> float:

@@ -25,7 +25,6 @@ from torch import nn
 from visiontrain.data.batch_ops import channels_last as to_channels_last
 from visiontrain.engine.distributed import grad_sync_paused
 from visiontrain.engine.fsdp import is_sharded, local
-from visiontrain.engine.guards import NonFiniteLossError  # noqa: F401  (raised for what the step records)
 from visiontrain.engine.metrics import StepRecorder
 from visiontrain.engine.param_groups import is_fused
 from visiontrain.engine.precision import autocast

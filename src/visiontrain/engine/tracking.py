@@ -10,7 +10,8 @@ Who makes the trackers ends them: a ``Trainer`` given none makes them from ``cfg
 them when ``fit`` returns; the CLI makes its own, so that it ends them after it wrote report.html
 and the report reaches the tracker with the final status. A failure inside ``fit`` ends them at
 once, FAILED, or KILLED when the run was stopped (a stop signal, Ctrl-C); ``end`` is idempotent.
-Torch-free, as ``engine.logging`` is.
+:class:`TrackRun` is the hook that does all this for a run; a tracker with ``state_dict`` /
+``load_state_dict`` has that state in every checkpoint. Torch-free, as ``engine.logging`` is.
 """
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
-from visiontrain.config import Config
+from visiontrain.config import Config, config_to_dict
+from visiontrain.engine import checkpoint_format as fmt
+from visiontrain.engine.hooks import Hook
 from visiontrain.engine.provenance import Launch, record_launch
 
 FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
@@ -78,3 +81,44 @@ def make_trackers(cfg: Config, run_dir: str | Path | None, recipe: str | None = 
         experiment = Path(recipe).stem if recipe else Path(run_dir).resolve().name
         trackers.append(MlflowTracker(cfg.logging, Path(run_dir), experiment))
     return trackers
+
+
+class TrackRun(Hook):
+    """This launch in provenance.json and the trackers started, when ``fit`` starts (rank 0 of a run
+    with a run dir); the trackers ended FAILED or KILLED when it fails, FINISHED when it returns if
+    ``ends`` (the trainer made them). Its state: each tracker's that has one, by class name."""
+
+    name = fmt.TRACKERS
+
+    def __init__(self, trackers: list[Tracker], launch: Launch, *, ends: bool) -> None:
+        self.trackers, self.launch, self.ends = trackers, launch, ends
+
+    @property
+    def stateful(self) -> dict[str, Any]:
+        return {type(t).__name__: t for t in self.trackers if hasattr(t, "state_dict")}
+
+    @property
+    def has_state(self) -> bool:
+        """Only a run whose trackers keep state has a ``trackers`` entry in its checkpoints."""
+        return bool(self.stateful)
+
+    def before_train(self) -> None:
+        t = self.trainer
+        if t.run.writes:
+            start_tracking(self.trackers, t.run.run_dir, self.launch, config_to_dict(t.cfg), step=t.step,
+                           resumed_from=t.resumed_from, world_size=t.dist.world_size)
+
+    def after_train(self) -> None:
+        if self.ends:
+            end_trackers(self.trackers, FINISHED)
+
+    def on_exception(self, err: BaseException) -> None:
+        end_trackers(self.trackers, status_of(err))  # FAILED, or KILLED by a stop signal
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: tracker.state_dict() for name, tracker in self.stateful.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, tracker in self.stateful.items():
+            if name in state:
+                tracker.load_state_dict(state[name])

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from visiontrain.engine import checkpoint_format as fmt
 from visiontrain.engine.checkpoint import CheckpointError, give_usual_mode, load_checkpoint
 from visiontrain.engine.files import not_weights
 
@@ -26,10 +27,7 @@ def _state_from_file(path: str | Path) -> dict[str, torch.Tensor]:
             return load_file(str(path))
         except SafetensorError as err:  # a Rust error: the CLI would otherwise print a traceback
             raise CheckpointError(f"weights file {path} is truncated or corrupt: {err}") from None
-    state = load_checkpoint(path)
-    if "model" in state and isinstance(state["model"], dict):
-        return state["model"]
-    return state
+    return fmt.model_weights(load_checkpoint(path))
 
 
 def _input_conv_adaptable(src: torch.Tensor, dst: torch.Tensor) -> bool:
@@ -101,20 +99,22 @@ def _model_text(config: Any, info: Any) -> str:
 
 
 def check_resume_compatible(state: dict[str, Any], run: Any, source: str) -> None:
-    """Refuse a resume that cannot continue exactly, naming what differs. ``run``: the run being
-    resumed into (engine.run.TrainingRun: its config, model, process count, sharding)."""
-    sharded = isinstance(state.get("sharded"), dict)
-    for key in ("sharded" if sharded else "model", "optimizer", "progress", "rng"):
-        if key not in state and not (sharded and key == "optimizer"):
-            raise CheckpointError(f"--resume {source}: not a visiontrain training checkpoint "
-                                  f"(no {key!r}); use --init to load its weights only")
-    strategy = state["progress"].get("strategy", "replicated")
+    """Refuse a resume whose weights cannot continue exactly, naming what differs. ``run``: the run
+    being resumed into (engine.run.TrainingRun: its config, model, sharding). What the other parts
+    need of it, each checks as it loads its own state (the data source: the batch size and the
+    number of processes)."""
+    missing = fmt.missing_entries(state)
+    if missing:
+        raise CheckpointError(f"--resume {source}: not a visiontrain training checkpoint "
+                              f"(no {missing[0]!r}); use --init to load its weights only")
+    record = fmt.sharded_record(state)
+    sharded = record is not None
     same = "resume it with the same distributed.strategy on the same number of processes"
     if sharded and run.sharded is None:
         why = f"it is sharded (written under distributed.strategy=fsdp) and this run is not; {same}"
     elif not sharded and run.sharded is not None:
         why = "an FSDP run resumes only from the sharded checkpoints it writes, and this file is a single one"
-    elif strategy == "fsdp" and not sharded:
+    elif fmt.strategy_of(state) == fmt.FSDP and not sharded:
         why = "it was consolidated from an FSDP run (its optimizer state is keyed by parameter name); " + same
     else:
         why = ""
@@ -122,8 +122,8 @@ def check_resume_compatible(state: dict[str, Any], run: Any, source: str) -> Non
         raise CheckpointError(f"--resume {source}: {why}; or use --init {source} to start from its weights")
     from visiontrain.engine.fsdp import sharded_shapes
 
-    theirs = sharded_shapes(Path(source).parent, state["sharded"]) if sharded else \
-        {k: tuple(v.shape) for k, v in state["model"].items()}
+    theirs = sharded_shapes(Path(source).parent, record) if sharded else \
+        {k: tuple(v.shape) for k, v in fmt.model_weights(state).items()}
     own = run.raw_model.state_dict()
     bad = [f"{k} {theirs[k]} vs {tuple(v.shape)}" for k, v in own.items()
            if k in theirs and theirs[k] != tuple(v.shape)]
@@ -134,17 +134,8 @@ def check_resume_compatible(state: dict[str, Any], run: Any, source: str) -> Non
             f"missing tensors: {', '.join(missing[:5])}" if missing else ""]))
         from visiontrain.config import config_to_dict
 
-        theirs_text = _model_text(state.get("config"), state.get("data_info"))
+        theirs_text = _model_text(fmt.config_of(state), fmt.data_info_of(state))
         own_text = _model_text(config_to_dict(run.cfg), run.data_info)
         models = f"checkpoint: {theirs_text}; this run: {own_text}"
         raise CheckpointError(f"--resume {source}: the checkpoint is of another model or class count "
                               f"({models}; {detail}); use --init {source} to start from its weights instead")
-    p = state["progress"]
-    cfg = run.cfg
-    if int(p.get("batch_size", cfg.data.batch_size)) != cfg.data.batch_size or \
-            int(p.get("world_size", 1)) != run.dist.world_size:
-        raise CheckpointError(
-            f"--resume {source}: it was written with data.batch_size={p.get('batch_size')} on "
-            f"{p.get('world_size')} process(es); this run has data.batch_size={cfg.data.batch_size} on "
-            f"{run.dist.world_size}. An exact resume needs both unchanged (the position inside the "
-            f"epoch is counted in batches); use --init to start a new run from its weights")

@@ -1,0 +1,95 @@
+"""The training data as the loop sees it: one interface, whatever the data is made of.
+
+The trainer asks a :class:`TrainSource` for this process's batches of an epoch from a given batch on
+(a resumed run starts mid-epoch), and the checkpoint holds the source's state; neither knows more.
+:class:`LoaderSource` is today's source: a map-style dataset, the resumable batch sampler
+(``data.samplers``: the order of an epoch is a function of the seed and the epoch) and a DataLoader.
+A task may hand the engine any other source as ``TaskData.train`` (a stream, shards read in
+order...): to resume exactly it must give, for (epoch, start_batch), the batches the uninterrupted
+run gave from that batch on. Under torchrun each process's source gives its own share, and every
+process the same number of batches.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Protocol, runtime_checkable
+
+from torch.utils.data import DataLoader
+
+from visiontrain.data.samplers import ResumableBatchSampler
+
+
+@runtime_checkable
+class TrainSource(Protocol):
+    batches_per_epoch: int  # this process's batches in every epoch
+
+    def batches(self, epoch: int, start_batch: int = 0) -> Iterator[Any]:
+        """This process's batches of ``epoch`` (0-based) from batch ``start_batch`` on, on the host,
+        drawing nothing from the global random streams (a resumed run asks for them at another point
+        of those streams than the run it continues): a DataLoader here takes a generator of its own."""
+
+    def first_items(self, limit: int | None = None) -> list[Any]:
+        """The samples of epoch 0's first batch (its first ``limit``), loaded as training loads them,
+        without moving a random stream the run draws from: what the first look draws and measures."""
+
+    def collate(self, items: list[Any]) -> Any:
+        """Samples into a batch, as ``batches`` gives them."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the epoch's order depends on besides (epoch, start_batch); in every checkpoint."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict``; a state this source cannot continue exactly raises ValueError
+        saying why."""
+
+    def close(self) -> None:
+        """Release what the source holds (worker processes) at the end of ``fit``."""
+
+
+class LoaderSource:
+    """A map-style dataset through a ``ResumableBatchSampler`` and a DataLoader (``engine.build``)."""
+
+    def __init__(self, sampler: ResumableBatchSampler, loader: DataLoader) -> None:
+        self.sampler, self.loader = sampler, loader
+        self.batches_per_epoch = sampler.batches_per_epoch
+
+    def batches(self, epoch: int, start_batch: int = 0) -> Iterator[Any]:
+        self.sampler.set_epoch(epoch, start_batch=start_batch)
+        return iter(self.loader)
+
+    def first_items(self, limit: int | None = None) -> list[Any]:
+        """The batch sampler's first keys through the dataset's ``__getitems__`` where it has one, as
+        torch's fetcher does; ``SeededDataset`` forks torch's RNG while it loads."""
+        keys = next(iter(self.loader.batch_sampler))[:limit]
+        getitems = getattr(self.loader.dataset, "__getitems__", None)
+        return getitems(keys) if getitems else [self.loader.dataset[k] for k in keys]
+
+    def collate(self, items: list[Any]) -> Any:
+        return self.loader.collate_fn(items)
+
+    def state_dict(self) -> dict[str, Any]:
+        s = self.sampler
+        return {"seed": s.seed, "batch_size": s.batch_size, "world_size": s.world_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The seed of the data order; refused (ValueError) when the batch size or the number of
+        processes differs, as the position inside an epoch is counted in this process's batches."""
+        s = self.sampler
+        size, world = state.get("batch_size") or s.batch_size, state.get("world_size") or 1
+        if int(size) != s.batch_size or int(world) != s.world_size:
+            raise ValueError(f"it was written with data.batch_size={size} on {world} process(es); this run has "
+                             f"data.batch_size={s.batch_size} on {s.world_size}. An exact resume needs both "
+                             f"unchanged (the position inside the epoch is counted in batches)")
+        s.seed = int(state["seed"])
+
+    def close(self) -> None:
+        stop_workers(self.loader)
+
+
+def stop_workers(loader: DataLoader) -> None:
+    """End a loader's persistent workers now. Dropping the iterator is not enough: when a reference
+    cycle holds it, its shutdown waits for the garbage collector, and one seen shut down that way
+    (a rank of a 2-process run) never heard back from its worker: 5 s of waiting, a SIGTERM the
+    worker ignores, 5 s more."""
+    iterator, loader._iterator = loader._iterator, None
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()

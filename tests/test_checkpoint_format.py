@@ -1,0 +1,144 @@
+"""The checkpoint's format: composed of the registered states, read in one module, upgraded from the
+format before it (a run interrupted under commit 22eb1c6 finishes bit-identically), and a newer
+format refused in one line."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import format1_run
+from procs import run_cli
+from toy_task import ToyTask, toy_config
+from visiontrain.engine import checkpoint_format as fmt
+from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
+from visiontrain.engine.trainer import Trainer
+
+FIXTURE = Path(__file__).parent / "fixtures" / "format1"
+
+
+def fixture_run(tmp_path: Path) -> Path:
+    """A run dir holding the fixture's last.pt, as the interrupted run left it."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(FIXTURE / "last.pt", run / "checkpoints" / "last.pt")
+    return run
+
+
+def test_a_run_interrupted_under_format_1_ends_bit_identical_to_its_straight_run(tmp_path):
+    torch.set_num_threads(1)  # as the fixture was made (conftest's setting, said again here)
+    cfg = toy_config(**format1_run.OVERRIDES)
+    run = fixture_run(tmp_path)
+    raw = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert raw[fmt.FORMAT] == 1  # the file as commit 22eb1c6 wrote it
+    resumed = Trainer(cfg, ToyTask(cfg), run, resume=str(run / "checkpoints" / "last.pt"))
+    assert (resumed.step, resumed.epoch, resumed.step_in_epoch) == (format1_run.CHECKPOINT_AT, 1, 8)
+    resumed.fit()
+    final = torch.load(FIXTURE / "final.pt", weights_only=True)
+    assert resumed.step == format1_run.TOTAL_STEPS
+    for which, module in (("model", resumed.raw_model), ("ema", resumed.ema.module)):
+        for name, tensor in module.state_dict().items():
+            assert torch.equal(tensor, final[which][name]), f"{which}.{name}"
+    # what it writes now is the current format
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)[fmt.FORMAT] == fmt.FORMAT_VERSION
+
+
+def test_a_format_1_checkpoint_reads_as_the_current_format(tmp_path):
+    from visiontrain.trained import load_trained
+
+    state = load_checkpoint(FIXTURE / "last.pt")
+    assert state[fmt.FORMAT] == fmt.FORMAT_VERSION and not fmt.missing_entries(state)
+    assert fmt.step_of(state) == format1_run.CHECKPOINT_AT and fmt.strategy_of(state) == fmt.REPLICATED
+    assert fmt.entry(state, fmt.DATA) == {"seed": 0, "batch_size": 16, "world_size": 1}
+    trained = load_trained(FIXTURE / "last.pt")  # what validate, predict and export take
+    assert trained.step == format1_run.CHECKPOINT_AT and trained.has_ema
+    assert trained.model(ema=True)(torch.zeros(1, 16)).shape == (1, 1)
+
+
+def test_a_newer_format_is_refused_in_one_line_naming_both_versions(tmp_path):
+    run = fixture_run(tmp_path)
+    state = load_checkpoint(run / "checkpoints" / "last.pt")
+    state[fmt.FORMAT] = fmt.FORMAT_VERSION + 1
+    torch.save(state, run / "checkpoints" / "last.pt")
+    before = sorted(p.name for p in run.rglob("*"))
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(run / "checkpoints" / "last.pt")
+    assert (f"has format {fmt.FORMAT_VERSION + 1}, newer than format {fmt.FORMAT_VERSION} that this visiontrain "
+            f"reads") in str(err.value)
+    proc = run_cli("validate", str(run / "checkpoints" / "last.pt"))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"format {fmt.FORMAT_VERSION + 1}" in lines[0] and f"format {fmt.FORMAT_VERSION}" in lines[0]
+    assert sorted(p.name for p in run.rglob("*")) == before  # nothing written
+
+
+def test_the_checkpoint_is_composed_of_the_registered_states(tmp_path):
+    cfg = toy_config(trainer__max_steps=3, ema__enabled=True)
+    trainer = Trainer(cfg, ToyTask(cfg), tmp_path / "run")
+    trainer.fit()
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert list(state) == [fmt.FORMAT, *trainer.states.names(), fmt.CONFIG, fmt.DATA_INFO]
+    assert trainer.states.names() == [fmt.WEIGHTS, fmt.PROGRESS, fmt.DATA, fmt.TASK, fmt.LOG_POINT, fmt.BEST,
+                                      fmt.EARLY_STOP, fmt.RNG]
+    with pytest.raises(ValueError, match="checkpoint entry 'progress' is taken"):
+        trainer.states.register(fmt.PROGRESS, trainer.progress)
+
+
+class ReadsOf(dict):
+    """A checkpoint that notes which module reads each of its top-level entries by name."""
+
+    def __init__(self, *args: Any, reads: list[tuple[str, str]]) -> None:
+        super().__init__(*args)
+        self.reads = reads
+
+    def _note(self, key: Any) -> None:
+        self.reads.append((key, sys._getframe(2).f_globals.get("__name__", "?")))
+
+    def __getitem__(self, key: Any) -> Any:
+        self._note(key)
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._note(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: Any) -> bool:
+        self._note(key)
+        return super().__contains__(key)
+
+
+def test_only_the_format_module_reads_a_checkpoint_entry_by_name(tmp_path, monkeypatch):
+    """Every reader of a checkpoint goes through engine.checkpoint_format: resume, validate/predict/
+    export (trained.py), --init, consolidate's check and the FSDP pruning of directories."""
+    from visiontrain.engine.fsdp import ShardedCheckpoints
+    from visiontrain.engine.distributed import DistInfo
+    from visiontrain.engine.weights import load_init_weights
+    from visiontrain.trained import load_trained
+
+    cfg = toy_config(trainer__max_steps=4, ema__enabled=True)
+    Trainer(cfg, ToyTask(cfg), tmp_path / "a").fit()
+    last = tmp_path / "a" / "checkpoints" / "last.pt"
+    reads: list[tuple[str, str]] = []
+    load = torch.load
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        obj = load(*args, **kwargs)
+        return ReadsOf(obj, reads=reads) if isinstance(obj, dict) and fmt.FORMAT in obj else obj
+
+    monkeypatch.setattr(torch, "load", watched)
+    more = toy_config(trainer__max_steps=6, ema__enabled=True)
+    Trainer(more, ToyTask(more), tmp_path / "a", resume=str(last)).fit()
+    trained = load_trained(last)
+    trained.model(ema=True), trained.step
+    fresh = ToyTask(cfg).build_model({"dim": 16})
+    load_init_weights(fresh, last)
+    fmt.sharded_record(load_checkpoint(last, resolve_sharded=False))
+    ShardedCheckpoints(tmp_path / "a" / "checkpoints", DistInfo()).prune()
+    names = {*fmt.META, fmt.WEIGHTS, fmt.PROGRESS, fmt.DATA, fmt.TASK, fmt.LOG_POINT, fmt.BEST, fmt.EARLY_STOP, fmt.RNG}
+    outside = sorted({(key, module) for key, module in reads if module != fmt.__name__})
+    assert not outside, f"checkpoint entries read outside {fmt.__name__}: {outside}"
+    assert {key for key, _ in reads} == names  # every entry was read, so the check saw every reader
