@@ -33,7 +33,7 @@ READ_METHODS = {"item", "tolist", "cpu", "numpy"}
 # The modules a training step runs through (set-up and checkpoint I/O read CPU values by nature).
 HOT_PATH = ("step.py", "trainer.py", "metrics.py", "ema.py", "build.py", "hooks.py", "distributed.py", "parts.py",
             "log_point.py", "evaluator.py", "checkpointer.py", "preemption.py", "scalars.py", "prefetch.py", "run.py",
-            "eval_loop.py")
+            "eval_loop.py", "cadence.py", "source.py", "early_stop.py", "assembly.py")
 
 
 def host_reads(path: Path) -> list[int]:
@@ -194,10 +194,12 @@ def test_the_architecture_page_names_only_modules_that_exist():
     assert len(named) > 20, named  # the page names the engine's parts; a regex that found none proves nothing
     missing = [n for n in sorted(named) if not ((SRC.parents[1] / n) if n.startswith("tests/") else SRC / n).is_file()]
     assert not missing, f"docs/architecture.md names files that do not exist: {missing}"
-    classes = set(re.findall(r"`(Task|TaskData|ExportSpec|DictOutputs|EvalData|TrainStep|Progress|StopCheck)`", page))
-    from visiontrain.engine import eval_loop, parts, preemption, step, task
+    classes = set(re.findall(r"`(Task|TaskData|ExportSpec|DictOutputs|EvalData|TrainStep|Progress|StopCheck|Part|"
+                             r"Cadence|TrainSource|LoaderSource|States|WeightsState)`", page))
+    from visiontrain.engine import cadence, checkpoint, checkpoint_format, eval_loop, parts, preemption, source, step, task
 
-    where = {**vars(task), **vars(eval_loop), **vars(parts), **vars(preemption), **vars(step)}
+    where = {**vars(task), **vars(eval_loop), **vars(parts), **vars(preemption), **vars(step), **vars(cadence),
+             **vars(source), **vars(checkpoint_format), **vars(checkpoint)}
     assert classes and all(c in where for c in classes), classes - set(where)
 
 

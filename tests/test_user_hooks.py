@@ -76,3 +76,39 @@ def test_a_path_that_is_not_a_hook_is_one_line_and_nothing_is_written(tmp_path, 
     assert err[0].startswith(f"visiontrain: error: trainer.hooks: {path!r}") and says in err[0], err[0]
     assert "expected 'package.module:ClassName', a subclass of visiontrain.Hook built without arguments" in err[0]
     assert not run.exists()
+
+
+class RunIdTracker:
+    """A tracker (engine.tracking) with state: the id of the run it records into, as an experiment
+    tracker's run id; a resumed run goes on recording into the same one."""
+
+    packages = ()
+
+    def __init__(self) -> None:
+        self.run_id, self.started_with = None, []
+
+    def start(self, config, provenance, step) -> None:
+        self.started_with.append(self.run_id)
+        self.run_id = self.run_id or f"run-{step}"
+
+    def log(self, kind, step, epoch, values) -> None:
+        pass
+
+    def end(self, status) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {"run_id": self.run_id}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.run_id = state["run_id"]
+
+
+def test_a_trackers_state_is_in_the_checkpoint_and_resumed(tmp_path):
+    cfg = toy_config(trainer__max_steps=8, trainer__epochs=2)
+    Trainer(cfg, ToyTask(cfg), tmp_path / "run", trackers=[RunIdTracker()]).fit()
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    assert fmt.entry(load_checkpoint(last), fmt.TRACKERS) == {"RunIdTracker": {"run_id": "run-0"}}
+    again, more = RunIdTracker(), toy_config(trainer__epochs=2)
+    Trainer(more, ToyTask(more), tmp_path / "run", resume=str(last), trackers=[again]).fit()
+    assert again.started_with == ["run-0"] and again.run_id == "run-0"

@@ -64,6 +64,7 @@ def _default_run_dir(recipe: str) -> Path:
 def cmd_fit(args: argparse.Namespace) -> int:
     from visiontrain.engine.checkpoint import removed_if_set_up_fails
     from visiontrain.engine.distributed import shutdown
+    from visiontrain.engine.hooks import load_hooks
     from visiontrain.engine.provenance import Launch
     from visiontrain.engine.run_dir import checkpoint_in, resolve_resume
     from visiontrain.engine.tracking import FINISHED, end_trackers, make_trackers, status_of
@@ -78,6 +79,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     rank0 = os.environ.get("RANK", "0") == "0"
     # rank 0's trackers (MLflow): a missing package or a bad URI is an error now, before any process starts
     trackers = make_trackers(cfg, run_dir, args.recipe)
+    load_hooks(cfg.trainer.hooks)  # a trainer.hooks entry that is no hook, too
     resume, notes = resolve_resume(run_dir, args.resume, is_main=rank0 and not torchrun)
     init = str(checkpoint_in(args.init)) if args.init else None
     if torchrun:
