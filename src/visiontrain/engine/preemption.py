@@ -5,8 +5,8 @@ The signal handler only sets a host-side flag. A single process acts on it after
 step; under torchrun the ranks agree at the next log point with one extra all-reduce there (a log
 point is already a sync point), so no step pays a collective for it. Where the log points are is
 the log point's own rule (``LogPoint.due``): the stop check asks it, so the ranks cannot disagree
-on where to all-reduce. The trainer then writes
-``checkpoints/last.pt`` and raises :class:`Preempted`; the CLI exits with ``EXIT_PREEMPTED`` (4),
+on where to all-reduce. The stop check then writes ``checkpoints/last.pt`` and raises
+:class:`Preempted`; the CLI exits with ``EXIT_PREEMPTED`` (4),
 or ``EXIT_INTERRUPTED`` (130, the shell's 128 + SIGINT) after a Ctrl-C, and ``--resume auto``
 continues exactly. A second Ctrl-C stops at once (KeyboardInterrupt), without a checkpoint of its
 own: every checkpoint already written is complete (atomic writes).
