@@ -24,10 +24,8 @@ from typing import Any, Callable
 
 import torch
 
+from visiontrain.exit_codes import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from visiontrain.stop_signals import STOP_SIGNALS
-
-EXIT_PREEMPTED = 4
-EXIT_INTERRUPTED = 130  # Ctrl-C
 
 
 class Preempted(Exception):
