@@ -41,7 +41,7 @@ from visiontrain.config import TaskConfig, doc  # noqa: E402
 from visiontrain.engine.eval_loop import EvalData  # noqa: E402
 from visiontrain.engine.hooks import Hook  # noqa: E402
 from visiontrain.engine.trainer import Trainer  # noqa: E402
-from visiontrain.engine.task import Task, TaskData  # noqa: E402
+from visiontrain.engine.task import Task, TaskData, register_task  # noqa: E402
 
 BATCH, IN, HIDDEN, OUT, SAMPLES, LR = 32, 64, 128, 10, 3200, 1e-3
 
@@ -85,9 +85,6 @@ class MlpConfig(TaskConfig):
     name: str = doc("task name", "bench-mlp")
 
 
-C.register_task_config("bench-mlp", MlpConfig)
-
-
 class MlpTask(Task):
     name = "bench-mlp"
     default_loss_weights = {"ce": 1.0}
@@ -105,6 +102,9 @@ class MlpTask(Task):
 
     def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, float]:
         return {}
+
+
+register_task("bench-mlp", MlpTask, MlpConfig)
 
 
 class LoopTimer(Hook):

@@ -204,7 +204,7 @@ def test_every_builtin_recipe_loads(recipe: str) -> None:
     assert type(cfg.seed) is int and type(cfg.optim.lr) is float and cfg.optim.lr > 0
     assert type(cfg.data.batch_size) is int and cfg.data.batch_size > 0
     assert cfg.trainer.precision in ("fp32", "bf16", "fp16")
-    assert type(cfg.task) is C._TASK_CONFIGS[cfg.task.name]
+    assert type(cfg.task) is C.registered_task(cfg.task.name).config_class
 
 
 def test_describe_keys_every_key_documented() -> None:

@@ -509,8 +509,8 @@ def key_exists(key: str) -> bool:
     head, rest = parts[0], parts[1:]
     if head == "task":
         fields: dict[str, typing.Any] = {}
-        for cls in C._TASK_CONFIGS.values():
-            fields.update(_field_types(cls))
+        for entry in C.TASK_REGISTRY.values():
+            fields.update(_field_types(entry.config_class))
         if not rest or rest[0] not in fields:
             return False
         return len(rest) == 1 or (len(rest) == 2 and _is_mapping(fields[rest[0]]))

@@ -143,8 +143,8 @@ def test_a_spawned_worker_stopped_mid_epoch_ends_cleanly():
 SHIFTED_TASK = '''"""Classification whose training images pass through a lambda, held by the dataset."""
 from torch.utils.data import Dataset
 
-from visiontrain.tasks import TASKS
-from visiontrain.tasks.classification import ClassificationTask
+from visiontrain.engine.task import register_task
+from visiontrain.tasks.classification import ClassificationConfig, ClassificationTask
 
 
 class Shifted(Dataset):
@@ -166,7 +166,7 @@ class ShiftedTask(ClassificationTask):
         return data
 
 
-TASKS["classification"] = ShiftedTask
+register_task("classification", ShiftedTask, ClassificationConfig)
 '''
 
 

@@ -17,8 +17,7 @@ from visiontrain import config as C
 from visiontrain.config import TaskConfig, doc
 from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.trainer import Trainer
-from visiontrain.tasks import TASKS
-from visiontrain.engine.task import Task, TaskData
+from visiontrain.engine.task import Task, TaskData, register_task
 
 
 @dataclass
@@ -33,9 +32,6 @@ class ToyConfig(TaskConfig):
     poison_sample: int = doc("training sample whose input is NaN: a poisoned batch (-1 = none)", -1)
     scripted: list[float] = doc("evaluation: also report these values as `scripted`, one per evaluation "
                                 "(the last repeats); a metric whose course a test chooses", factory=list)
-
-
-C.register_task_config("toy", ToyConfig)
 
 
 class ToyData(Dataset):
@@ -106,7 +102,7 @@ class ToyTask(Task):
         self.evaluations = state["evaluations"]
 
 
-TASKS["toy"] = ToyTask
+register_task("toy", ToyTask, ToyConfig)
 
 
 def toy_config(**overrides: Any) -> C.Config:

@@ -7,6 +7,7 @@ are imported on first use, so ``import visiontrain`` stays cheap (no torch).
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __version__ = "0.1.0"
@@ -19,7 +20,5 @@ __all__ = ["__version__", *_LAZY]
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'visiontrain' has no attribute {name!r}")

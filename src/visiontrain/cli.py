@@ -1,4 +1,5 @@
-"""The command line: parse it, run the command (``visiontrain.commands``), map errors to exit codes.
+"""The command line: parse it, run the command (``visiontrain.commands``), map errors to exit codes
+(``visiontrain.exit_codes``).
 
     visiontrain recipes
     visiontrain fit RECIPE|FILE [k=v ...] [--run-dir DIR] [--resume auto|PATH] [--init PATH] [--nproc N]
@@ -18,13 +19,16 @@ import argparse
 import gc
 import logging
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 import yaml
 
 from visiontrain import config as C
-from visiontrain.commands import (EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_USAGE, cmd_benchmark, cmd_compare,
-                                  cmd_consolidate, cmd_export, cmd_fit, cmd_predict, cmd_preview, cmd_recipes,
-                                  cmd_report, cmd_show_config, cmd_validate)
+from visiontrain.commands import (cmd_benchmark, cmd_compare, cmd_consolidate, cmd_export, cmd_fit, cmd_predict,
+                                  cmd_preview, cmd_recipes, cmd_report, cmd_show_config, cmd_validate)
+from visiontrain.engine.write_failure import WriteError
+from visiontrain.exit_codes import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_USAGE
+from visiontrain.launch import command_line, import_user_module
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -37,8 +41,6 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     def of(name: str) -> str:
         try:
             return version(name)
@@ -160,12 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from visiontrain.engine.checkpoint import CheckpointError
-    from visiontrain.engine.preemption import EXIT_INTERRUPTED, Preempted
+    from visiontrain.engine.preemption import Preempted
     from visiontrain.engine.guards import NonFiniteLossError, OutOfMemory
-    from visiontrain.engine.write_failure import WriteError
     from visiontrain.models import PretrainedUnavailable
     import visiontrain.tasks  # noqa: F401  (registers every task's config section)
-    from visiontrain.launch import command_line, import_user_module
 
     args.command_line = command_line(sys.argv[1:] if argv is None else argv)  # recorded in provenance.json
     try:

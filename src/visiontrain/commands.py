@@ -12,11 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from visiontrain import config as C
+from visiontrain.compare import compare, config_diff
 from visiontrain.engine.logging import class_table_text, dumps_json
 from visiontrain.engine.metrics_file import per_class_tables
-
-EXIT_USAGE, EXIT_NONFINITE = 2, 3  # and engine.preemption: 4 preempted, 130 Ctrl-C (last.pt written: resume)
-EXIT_OUT_OF_MEMORY = 5
+from visiontrain.engine.provenance import Launch
+from visiontrain.engine.run_files import REPORT_FILE, SUMMARY_FILE
+from visiontrain.engine.tracking import FINISHED, end_trackers, make_trackers, status_of
+from visiontrain.exit_codes import EXIT_USAGE
+from visiontrain.launch import exec_torchrun
+from visiontrain.report import write_report
 
 
 def print_json(value: Any) -> None:
@@ -65,10 +69,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from visiontrain.engine.checkpoint import removed_if_set_up_fails
     from visiontrain.engine.distributed import shutdown
     from visiontrain.engine.hooks import load_hooks
-    from visiontrain.engine.provenance import Launch
     from visiontrain.engine.run_dir import checkpoint_in, resolve_resume
-    from visiontrain.engine.tracking import FINISHED, end_trackers, make_trackers, status_of
-    from visiontrain.launch import exec_torchrun
     from visiontrain.engine.preemption import Preempted
     from visiontrain.engine.trainer import Trainer
     from visiontrain.tasks import build_task
@@ -103,7 +104,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise
     shutdown()
     if summary:  # rank 0 of a run with a run dir
-        report = (str(run_dir / "report.html") if (run_dir / "report.html").is_file() else None) if done \
+        report = (str(run_dir / REPORT_FILE) if (run_dir / REPORT_FILE).is_file() else None) if done \
             else _final_report(run_dir)
         print_json({"run_dir": str(run_dir), "report": report, **summary})
     end_trackers(trackers, FINISHED)  # after the report: it reaches the tracker with the final status
@@ -121,15 +122,13 @@ def _finished(trainer: Any, resume: str, run_dir: Path) -> dict[str, Any]:
         trainer.log.print(f"{resume} is at step {trainer.step}, this run's last: nothing to train (raise "
                           f"trainer.epochs or trainer.max_steps to train further)")
     trainer.log.close()
-    summary = run_dir / "summary.json"
+    summary = run_dir / SUMMARY_FILE
     return json.loads(summary.read_text()) if trainer.dist.is_main and summary.is_file() else {}
 
 
 def _final_report(run_dir: Path) -> str | None:
     """RUN_DIR/report.html at the end of every fit. The run is done and saved by now: a report
     that cannot be written is a warning, not a failed run (``visiontrain report`` can retry)."""
-    from visiontrain.report import write_report
-
     try:
         return str(write_report(run_dir)[0])
     except Exception as err:  # noqa: BLE001
@@ -167,6 +166,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     """A classifier's top-k classes (predictions.json, --sheet: sheet.png) or a detector's boxes
     (drawings and detections.json), through the Python API (``visiontrain.inference``)."""
+    from visiontrain.engine.task import Prediction
     from visiontrain.inference import Predictor
     from visiontrain.predict import classify_images, predict_images
 
@@ -174,7 +174,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise C.ConfigError(f"--top-k: must be an integer >= 1 (classes written per image), got {args.top_k}")
     predictor = Predictor.load(args.checkpoint, ema=args.ema, device=args.device)
     out, what = Path(args.out), f"{predictor.checkpoint} is a {predictor.task.name} checkpoint"
-    if predictor.kind == "detection":
+    if predictor.prediction is Prediction.BOXES:
         if args.top_k is not None or args.sheet:
             raise C.ConfigError(f"--top-k and --sheet apply to classification checkpoints; {what} "
                                 f"(a detector: its drawings are written, --threshold sets their minimum score)")
@@ -236,8 +236,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from visiontrain.compare import compare, config_diff
-
     out = Path(args.out)
     tables = [("runs side by side (metrics: the last evaluation)", compare(args.runs, out, args.metrics)),
               ("config keys that differ", config_diff(args.runs))]
@@ -253,8 +251,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from visiontrain.report import write_report
-
     path, plots = write_report(args.run_dir, args.out)
     print_json({"run_dir": args.run_dir, "report": str(path), "plots": plots, "bytes": path.stat().st_size})
     return 0

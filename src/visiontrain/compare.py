@@ -21,7 +21,9 @@ from typing import Any
 import yaml
 
 from visiontrain.config import flatten
-from visiontrain.engine.metrics_file import Metrics, Row, is_ema, is_per_class, nan_for_null, read_metrics, series
+from visiontrain.engine.metrics_file import (SAMPLES_PER_S, Metrics, Row, is_ema, is_per_class, nan_for_null,
+                                             read_metrics, series)
+from visiontrain.engine.run_files import CONFIG_FILE, SUMMARY_FILE
 
 
 @dataclass
@@ -49,7 +51,7 @@ def read_run(run_dir: str | Path) -> RunRecord:
     """A run dir's logged rows and summary; a missing or unreadable ``metrics.jsonl`` or
     ``summary.json`` is an error naming the file, as the user asked about this run."""
     metrics = read_metrics(run_dir, strict=True)
-    summary_path = Path(run_dir) / "summary.json"
+    summary_path = Path(run_dir) / SUMMARY_FILE
     try:
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     except json.JSONDecodeError as err:  # e.g. a write cut short: name the file, as for the rows
@@ -74,7 +76,7 @@ def config_diff(run_dirs: list[str]) -> tuple[list[str], list[list[str]]]:
     are equal; a run without config.yaml (a metrics file given alone) is left out."""
     configs: dict[str, dict[str, Any]] = {}
     for name, run_dir in zip(unique_names(run_dirs), run_dirs):
-        path = Path(run_dir) / "config.yaml"
+        path = Path(run_dir) / CONFIG_FILE
         if path.is_file():
             try:
                 configs[name] = flatten(yaml.safe_load(path.read_text()) or {})
@@ -107,7 +109,7 @@ def table_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
         best_text = ", ".join(f"{k} {_fmt(v)}" for k, v in best.items()) if best else "-"  # model / ema
         rate = r.summary.get("samples_per_s")
         if rate is None and r.train:
-            rate = r.train[-1].get("samples_per_s")
+            rate = r.train[-1].get(SAMPLES_PER_S)
         wall = r.summary.get("wall_s")
         rows.append([r.name, str(steps), *(_fmt(last.get(m)) for m in metrics),
                      f"{metric}: {best_text}" if metric else best_text,

@@ -22,9 +22,9 @@ from visiontrain.config_sections import (SCHEDULED_SCALARS, CheckpointConfig, Da
                                          ScheduleShape, ScheduleUnit, TaskConfig, TrainerConfig, doc)
 from visiontrain.typed_config import ConfigError, build_typed, type_name
 
-__all__ = ["Config", "ConfigError", "LoggingConfig", "TaskConfig", "config_from_dict", "config_to_dict",
-           "describe_keys", "doc", "dump_config", "flatten", "list_recipes", "load_config", "parse_overrides",
-           "register_task_config"]
+__all__ = ["Config", "ConfigError", "LoggingConfig", "RegisteredTask", "TASK_REGISTRY", "TaskConfig",
+           "config_from_dict", "config_to_dict", "describe_keys", "doc", "dump_config", "flatten", "list_recipes",
+           "load_config", "parse_overrides", "registered_task"]
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -45,11 +45,27 @@ class Config:
     logging: LoggingConfig = doc("experiment tracking section (MLflow)", factory=LoggingConfig)
 
 
-_TASK_CONFIGS: dict[str, type[TaskConfig]] = {}
+@dataclass(frozen=True)
+class RegisteredTask:
+    """What ``task.name`` names: the class that builds the task and the dataclass that types its
+    ``task:`` section. Filled only by ``engine.task.register_task``, which checks both; kept in
+    this room, the lowest that reads it, because a recipe is typed before any task is built."""
+    task_class: type                    # a visiontrain.engine.task.Task (a room above this one)
+    config_class: type[TaskConfig]
 
 
-def register_task_config(name: str, cls: type[TaskConfig]) -> None:
-    _TASK_CONFIGS[name] = cls
+#: task.name -> its task. ``import visiontrain.tasks`` registers the built-in ones.
+TASK_REGISTRY: dict[str, RegisteredTask] = {}
+
+
+def registered_task(name: Any) -> RegisteredTask:
+    """The task registered as ``name``; an unknown name names the close one and every known one."""
+    found = TASK_REGISTRY.get(name)
+    if found is None:
+        close = difflib.get_close_matches(str(name), list(TASK_REGISTRY), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"task.name: unknown task {name!r}{hint}; expected one of {', '.join(sorted(TASK_REGISTRY))}")
+    return found
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
@@ -108,13 +124,8 @@ def config_from_dict(tree: dict, source: str = "config") -> Config:
     tree = dict(tree)
     task_tree = dict(tree.pop("task", None) or {})
     task_name = task_tree.get("name", TaskConfig.name)
-    task_cls = _TASK_CONFIGS.get(task_name)
-    if task_cls is None:
-        close = difflib.get_close_matches(str(task_name), list(_TASK_CONFIGS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{source}: task.name: unknown task {task_name!r}{hint}; "
-                          f"expected one of {', '.join(sorted(_TASK_CONFIGS))}")
     try:
+        task_cls = registered_task(task_name).config_class
         cfg = build_typed(Config, tree, root=Config)
         cfg.task = build_typed(task_cls, task_tree, "task.", root=Config)
     except ConfigError as err:

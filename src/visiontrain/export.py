@@ -25,8 +25,10 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from visiontrain import __version__
 from visiontrain.engine.task import ExportSpec, ExportUnsupported, Task
 from visiontrain.engine.write_failure import WriteError, os_error_in, why_not_written
+from visiontrain.trained import load_trained
 
 FORMATS: dict[str, str] = {"onnx": ".onnx", "exported-program": ".pt2", "torchscript": ".torchscript.pt"}
 ONNX_OPSET = 17
@@ -189,8 +191,6 @@ def export_model(task: Task, model: nn.Module, info: dict[str, Any], fmt: str, o
 
 
 def _version() -> str:
-    from visiontrain import __version__
-
     return __version__
 
 
@@ -199,8 +199,6 @@ def export_checkpoint(checkpoint: str | Path, fmt: str, out: str | Path | None =
     """Rebuild a training checkpoint's task and model (config + data_info + weights) and export it;
     ``checkpoint`` may be a run dir; ``out`` defaults to the checkpoint's path with the format's suffix.
     The result names the checkpoint file it read."""
-    from visiontrain.trained import load_trained
-
     if fmt not in FORMATS:
         raise ExportUnsupported(f"--format: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     trained = load_trained(checkpoint)

@@ -25,7 +25,9 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from visiontrain.engine.task import PredictUnsupported, Task
+from visiontrain.data.images import image_tensor
+from visiontrain.engine.task import Prediction, PredictUnsupported, Task
+from visiontrain.trained import load_trained
 
 DEFAULT_TOP_K = 5
 DETECTION_BATCH = 1  # a detector's batch pads its images to one size: one at a time sees each as it is
@@ -86,8 +88,8 @@ def _device(device: str | torch.device | None) -> torch.device:
 
 
 def check_predicts(task: Task, checkpoint: str = "") -> None:
-    """A task that keeps the protocol's ``predict`` (DINO) is refused with what to use instead."""
-    if type(task).predict is Task.predict:
+    """A task that predicts nothing on images (DINO) is refused with what to use instead."""
+    if task.predicts is Prediction.NONE:
         where = f"{checkpoint}: " if checkpoint else ""
         raise PredictUnsupported(f"{where}task {task.name!r} makes no predictions on images; predict works for "
                                  f"classification and detection checkpoints (a DINO backbone's features: "
@@ -113,24 +115,23 @@ class Predictor:
         """``target``: a checkpoint, or a run dir (its best.pt, else last.pt). ``ema``: the EMA's
         weights. ``device``: where the model runs (default: the GPU if there is one). ``overrides``:
         ``key=value`` over the saved config (e.g. ``data.root=...``)."""
-        from visiontrain.trained import load_trained
-
         trained = load_trained(target, overrides)
         check_predicts(trained.task, trained.path)  # before the model is built
         return cls(trained.task, trained.model(ema=ema), trained.info, device=device, checkpoint=trained.path)
 
     @property
-    def kind(self) -> str:
-        """'detection' for a detector (boxes), 'classification' otherwise (class probabilities)."""
-        from visiontrain.tasks.detection import DetectionTask
+    def prediction(self) -> Prediction:
+        """What the task predicts, as it declares it (``Task.predicts``): boxes or class scores."""
+        return self.task.predicts
 
-        return "detection" if isinstance(self.task, DetectionTask) else "classification"
+    @property
+    def kind(self) -> str:
+        """'detection' for a detector (boxes), 'classification' for a classifier (class probabilities)."""
+        return self.prediction.value
 
     def read(self, image: Any, what: str = "image") -> torch.Tensor:
         """``image`` as the task's ``predict`` takes it: [C, H, W] with the model's channels, uint8
         or float in [0, 1] (what :func:`visiontrain.data.images.image_tensor` accepts)."""
-        from visiontrain.data.images import image_tensor
-
         return image_tensor(image, self.channels, what)
 
     def __call__(self, images: Any, *, top_k: int | None = None, threshold: float | None = None,
@@ -139,7 +140,7 @@ class Predictor:
         ``top_k`` (classification): classes kept, default 5 or the class count if lower.
         ``threshold`` (detection): minimum score, default the task's (``predict_threshold``).
         ``batch_size``: images per forward pass (detection default 1, classification 64)."""
-        detection = self.kind == "detection"
+        detection = self.prediction is Prediction.BOXES
         if detection and top_k is not None:
             raise ValueError(f"top_k applies to classification; {self._what()} is a detector (use threshold)")
         if not detection and threshold is not None:

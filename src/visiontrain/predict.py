@@ -12,6 +12,10 @@ from typing import Any
 
 import torch
 
+from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.evaluation.coco import to_coco_results
+from visiontrain.evaluation.figures import image_sheet
+
 
 def output_names(images: list[str]) -> list[Path]:
     """The drawn file of each input, relative to the output directory: the input's path relative to
@@ -46,13 +50,9 @@ def predict_images(predictor: Any, images: list[str], out: Path, *, score_thresh
     each result also names its input, ``file_name`` as given, and its drawing, ``drawn``, relative to
     OUT). ``predictor``: a detection ``visiontrain.inference.Predictor``; ``score_threshold`` None:
     the task's ``predict_threshold``. Returns the detection count."""
-    from visiontrain._tv_compat import ensure_torchvision
-
     ensure_torchvision()  # nothing before this point need have loaded torchvision (e.g. the rcnn task)
     from torchvision.utils import draw_bounding_boxes
     from PIL import Image
-
-    from visiontrain.evaluation.coco import to_coco_results
 
     out.mkdir(parents=True, exist_ok=True)
     results: list[dict] = []
@@ -92,8 +92,6 @@ def classify_images(predictor: Any, images: list[str], out: Path, *, top_k: int 
     written = {"predictions": str(out / "predictions.json"), "sheet": None}
     (out / "predictions.json").write_text(json.dumps(rows, indent=1))
     if sheet:
-        from visiontrain.evaluation.figures import image_sheet
-
         figure = image_sheet([img for img, _ in shown], [c for _, c in shown], title="top class and probability")
         figure.savefig(out / "sheet.png")
         written["sheet"] = str(out / "sheet.png")

@@ -24,8 +24,13 @@ from typing import Any
 import yaml
 
 from visiontrain.compare import RunRecord, read_run
-from visiontrain.engine.metrics_file import ROW_KEYS, ema_key, is_number, is_per_class, per_class_tables
+from visiontrain.config import TASK_REGISTRY
+from visiontrain.engine.metrics_file import (COMPUTE_S, DATA_S, EPOCH, ROW_KEYS, SAMPLES_PER_S, STEP, TIME, ema_key,
+                                             is_number, is_per_class, per_class_tables)
 from visiontrain.engine.plots import write_curves
+from visiontrain.engine.provenance import read_provenance
+from visiontrain.engine.run_files import (CONFIG_FILE, MODEL_SUMMARY_FILE, PLOTS_DIR, PROVENANCE_FILE, REPORT_FILE,
+                                          SUMMARY_FILE)
 from visiontrain.engine.write_failure import WriteError, why_not_written
 
 CSS = """
@@ -65,7 +70,7 @@ def build_report(run_dir: str | Path) -> str:
              ("data", (config.get("data") or {}).get("name")), ("optimizer", (config.get("optim") or {}).get("name"))]
     finished = bool(run.summary)
     badge = ('<span class="badge done">finished</span>' if finished else
-             '<span class="badge open">unfinished: no summary.json</span>')
+             f'<span class="badge open">unfinished: no {SUMMARY_FILE}</span>')
     sub = " · ".join(f"{k} <b>{escape(str(v))}</b>" for k, v in facts if v is not None)
     ended = (run.summary.get("ended") or {}).get("message")
     if ended:
@@ -83,9 +88,9 @@ def build_report(run_dir: str | Path) -> str:
         f'<div class="plots">{figures}</div>' if plots else '<p class="muted">no plots</p>',
         _provenance_html(run_dir),
         "<h2>Config</h2>",
-        "<details><summary>config.yaml</summary>"
+        f"<details><summary>{CONFIG_FILE}</summary>"
         f"<pre>{escape(config_text)}</pre></details>" if config_text else
-        f'<p class="muted">no config.yaml in {escape(str(run_dir))}</p>',
+        f'<p class="muted">no {CONFIG_FILE} in {escape(str(run_dir))}</p>',
     ]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(run.name)}: visiontrain report</title><style>{CSS}</style></head>\n"
@@ -107,7 +112,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Pa
     A file that cannot be written (a read-only run dir, a full disk) is a ``WriteError`` naming it;
     the run dir is only read, so ``out`` elsewhere reports a run that cannot be written to."""
     text = build_report(run_dir)
-    path = Path(out) if out is not None else Path(run_dir) / "report.html"
+    path = Path(out) if out is not None else Path(run_dir) / REPORT_FILE
     tmp = path.with_name(f".{path.name}.tmp")  # a reader never sees half a page
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -126,9 +131,9 @@ def _plots_html(run: RunRecord, run_dir: Path) -> tuple[int, str]:
     """RUN_DIR/plots/ embedded (how many, the HTML). A run without its curves (trained with
     trainer.plots=false, or stopped before its first evaluation) gets them drawn into RUN_DIR/plots,
     or, when the run dir cannot be written (a read-only copy), into a temporary directory."""
-    roots = [run_dir / "plots"]
+    roots = [run_dir / PLOTS_DIR]
     with tempfile.TemporaryDirectory(prefix="visiontrain-report-") as spare:
-        if run.train and not (run_dir / "plots" / "losses.png").is_file():
+        if run.train and not (run_dir / PLOTS_DIR / "losses.png").is_file():
             try:
                 write_curves(run_dir)
             except OSError:
@@ -143,7 +148,7 @@ def _plots_html(run: RunRecord, run_dir: Path) -> tuple[int, str]:
 def _read_config(run_dir: Path) -> tuple[str, dict[str, Any]]:
     """config.yaml as written (shown verbatim) and as a plain mapping. It is not validated against
     today's schema: a report of an older run must not fail on a renamed key."""
-    path = run_dir / "config.yaml"
+    path = run_dir / CONFIG_FILE
     if not path.is_file():
         return "", {}
     text = path.read_text(encoding="utf-8")
@@ -165,10 +170,10 @@ def _checkpoint_metric(run: RunRecord, config: dict[str, Any]) -> tuple[str | No
     metric, mode = ev.get("metric"), ev.get("mode")
     if metric is None or mode is None:
         try:
-            from visiontrain.tasks import TASKS
+            import visiontrain.tasks  # noqa: F401  (registers the built-in tasks; loads torch, which the rest skips)
 
-            cls = TASKS.get(str((config.get("task") or {}).get("name")))
-        except ImportError:  # pragma: no cover - a broken install still gets the rest of the report
+            cls = TASK_REGISTRY[str((config.get("task") or {}).get("name"))].task_class
+        except (ImportError, KeyError):  # a broken install, or a task of a module not imported: no default
             cls = None
         metric = metric or getattr(cls, "metric", None)
         mode = mode or getattr(cls, "mode", None)
@@ -177,7 +182,7 @@ def _checkpoint_metric(run: RunRecord, config: dict[str, Any]) -> tuple[str | No
 
 def _best(run: RunRecord, key: str, mode: str) -> tuple[float, int] | None:
     """(best value, step of its first occurrence) of one evaluation metric, NaN never best."""
-    points = [(row[key], row["step"]) for row in run.evals if is_number(row.get(key)) and not math.isnan(row[key])]
+    points = [(row[key], row[STEP]) for row in run.evals if is_number(row.get(key)) and not math.isnan(row[key])]
     if not points:
         return None
     value = (max if mode == "max" else min)(v for v, _ in points)
@@ -208,7 +213,7 @@ def _last_values(run: RunRecord) -> tuple[dict[str, Any], str]:
     """The last evaluation's values (summary.json's ``final`` if no row has any) and where from."""
     last = run.evals[-1] if run.evals else {}
     values = {k: v for k, v in last.items() if k not in ROW_KEYS} or run.summary.get("final", {})
-    return values, f"step {last['step']}, epoch {last.get('epoch', '?')}" if last else "summary.json"
+    return values, f"step {last[STEP]}, epoch {last.get(EPOCH, '?')}" if last else SUMMARY_FILE
 
 
 def _per_class_html(run: RunRecord) -> list[str]:
@@ -236,27 +241,27 @@ def _throughput(run: RunRecord) -> list[tuple[str, str]]:
     """Speed from the training rows: each row covers one log window of ``data_s + compute_s``
     seconds at ``samples_per_s``, so the mean rate is weighted by window length (not a mean of
     rates), and the data-wait share is the time the step waited for the loader."""
-    s = run.summary
-    steps = s.get("steps", run.metrics.last_step)
+    summary = run.summary
+    steps = summary.get("steps", run.metrics.last_step)
     rows: list[tuple[str, str]] = [("steps", str(steps))]
-    if "epochs" in s:
-        rows.append(("epochs", str(s["epochs"])))
-    if is_number(s.get("wall_s")):
-        rows.append(("wall time", _duration(s["wall_s"])))
+    if "epochs" in summary:
+        rows.append(("epochs", str(summary["epochs"])))
+    if is_number(summary.get("wall_s")):
+        rows.append(("wall time", _duration(summary["wall_s"])))
     else:
-        times = [r["time"] for r in run.train + run.evals if is_number(r.get("time"))]
+        times = [r[TIME] for r in run.train + run.evals if is_number(r.get(TIME))]
         if len(times) > 1:
             rows.append(("wall time", f"{_duration(max(times) - min(times))} (between first and last row)"))
-    windows = [(r["samples_per_s"], r["data_s"], r["compute_s"]) for r in run.train
-               if all(is_number(r.get(k)) for k in ("samples_per_s", "data_s", "compute_s"))]
+    windows = [(r[SAMPLES_PER_S], r[DATA_S], r[COMPUTE_S]) for r in run.train
+               if all(is_number(r.get(k)) for k in (SAMPLES_PER_S, DATA_S, COMPUTE_S))]
     total_s = sum(d + c for _, d, c in windows)
     if windows and total_s > 0:
         rows.append(("mean samples/s (training)", f"{sum(r * (d + c) for r, d, c in windows) / total_s:,.1f}"))
         rows.append(("data-wait share", f"{100 * sum(d for _, d, _ in windows) / total_s:.1f} %"))
-    if is_number(s.get("samples_per_s")):
-        rows.append(("samples/s over wall time", f"{s['samples_per_s']:,.1f}"))
+    if is_number(summary.get("samples_per_s")):
+        rows.append(("samples/s over wall time", f"{summary['samples_per_s']:,.1f}"))
     for key in ("skipped_steps", "fp16_overflow_skips"):
-        value = s.get(key, run.train[-1].get(key) if run.train else None)
+        value = summary.get(key, run.train[-1].get(key) if run.train else None)
         if value:
             rows.append((key.replace("_", " "), str(value)))
     return rows
@@ -264,14 +269,14 @@ def _throughput(run: RunRecord) -> list[tuple[str, str]]:
 
 def _model_html(run_dir: Path) -> str:
     """The model's size from RUN_DIR/model_summary.json (written at the start of a fresh run)."""
-    path = run_dir / "model_summary.json"
+    path = run_dir / MODEL_SUMMARY_FILE
     if not path.is_file():
         return ""
     size = json.loads(path.read_text())
     head = "<tr><th>module</th><th>class</th><th>params</th><th>trainable</th><th>frozen</th></tr>"
-    rows = "".join(f'<tr><td>{escape(m["name"])}</td><td>{escape(m["kind"])}</td>'
-                   + "".join(f'<td class="num">{m[k]:,}</td>' for k in ("total", "trainable", "frozen")) + "</tr>"
-                   for m in [*size["modules"], size["total"]])
+    rows = "".join(f'<tr><td>{escape(module["name"])}</td><td>{escape(module["kind"])}</td>'
+                   + "".join(f'<td class="num">{module[k]:,}</td>' for k in ("total", "trainable", "frozen"))
+                   + "</tr>" for module in [*size["modules"], size["total"]])
     flops = size.get("flops_per_sample")
     note = (f"{flops / 1e9:.4g} GFLOPs per sample ({escape(size['flops_note'])})" if flops
             else f"FLOPs: {escape(size['flops_note'])}")
@@ -281,17 +286,15 @@ def _model_html(run_dir: Path) -> str:
 
 def _provenance_html(run_dir: Path) -> str:
     """Where the run came from (provenance.json): each launch, and the last one's code and machine."""
-    from visiontrain.engine.provenance import read_provenance
-
     try:
         launches = read_provenance(run_dir).get("launches") or []
     except ValueError as err:  # the rest of the report still stands
         return f'<h2>Provenance</h2><p class="muted">{escape(str(err))}</p>'
     if not launches:
-        return '<h2>Provenance</h2><p class="muted">no provenance.json (a run of an older visiontrain)</p>'
+        return f'<h2>Provenance</h2><p class="muted">no {PROVENANCE_FILE} (a run of an older visiontrain)</p>'
     last = launches[-1]
     git = last.get("git") or {}
-    rows = [*((f"{la.get('started')} at step {la.get('step')}", la.get("command")) for la in launches),
+    rows = [*((f"{launch.get('started')} at step {launch.get('step')}", launch.get("command")) for launch in launches),
             ("recipe", last.get("recipe")),
             ("git commit", f"{git['commit']}{' (dirty)' if git.get('dirty') else ''}" if git else "not a git checkout"),
             ("host", f"{last.get('host')}: {last.get('platform')}, {last.get('cpu_count')} CPUs"),

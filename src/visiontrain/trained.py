@@ -18,6 +18,7 @@ from visiontrain.engine import checkpoint_format as fmt
 from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
 from visiontrain.engine.run_dir import checkpoint_in
 from visiontrain.engine.task import Task
+from visiontrain.tasks import build_task
 
 
 @dataclass
@@ -53,8 +54,6 @@ def load_trained(target: str | Path, overrides: Sequence[str] = (), split: str =
     """``target``: a checkpoint file or a run dir. ``overrides``: ``key=value`` over the saved config
     (e.g. ``data.root=...`` to evaluate on data that has moved). ``split="test"``: the task evaluates
     on ``data.test_split`` instead of the validation split."""
-    from visiontrain.tasks import build_task
-
     path = str(checkpoint_in(target))
     state = load_checkpoint(path)
     tree = fmt.config_of(state)
@@ -72,8 +71,6 @@ def _on_test_split(tree: dict, path: str) -> tuple[C.Config, Task]:
     """The config (and task) of a run with ``data.test_split`` in the validation split's place. The test
     split must be one training never touched: neither the training split nor the one validated (and
     chosen best.pt by) during training."""
-    from visiontrain.tasks import build_task
-
     fixed = type(C.config_from_dict(tree, source=path).task).unread_data_keys.get("val_split")
     if fixed:  # else its config check would say only that the task does not read data.val_split
         raise C.ConfigError(f"--split test: this run's task has fixed splits, so there is no test split to "

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from visiontrain._tv_compat import ensure_torchvision
+
 SPEC_KEYS = ("size", "resize", "mean", "std", "geometry_on_uint8")
 
 
@@ -77,8 +79,6 @@ class EvalTransform:
 
     def geometry(self, x: Tensor) -> Tensor:
         """The resize and the centre crop alone (the pixels keep their dtype)."""
-        from visiontrain._tv_compat import ensure_torchvision
-
         ensure_torchvision()
         import torchvision.transforms.v2.functional as TF
 

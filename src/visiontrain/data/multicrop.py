@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from visiontrain.data.datasets.in_memory import tv_v2
+
 
 @dataclass(frozen=True)
 class MultiCropSpec:
@@ -54,8 +56,6 @@ class MultiCrop:
         self._build()
 
     def _build(self) -> None:
-        from visiontrain.data.datasets.in_memory import tv_v2
-
         v2, s = tv_v2(), self.spec
         bicubic = v2.InterpolationMode.BICUBIC
 

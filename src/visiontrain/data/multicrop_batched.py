@@ -24,6 +24,7 @@ import math
 from dataclasses import asdict
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
@@ -145,7 +146,6 @@ def _as_uint8(image: Any) -> Tensor:
     """A raw item's image (uint8 tensor [C, H, W], or a PIL image) as a uint8 tensor."""
     if isinstance(image, Tensor):
         return image
-    import numpy as np
 
     array = np.asarray(image, dtype=np.uint8)
     array = array[:, :, None] if array.ndim == 2 else array

@@ -13,12 +13,11 @@ the server exits when that process is gone).
 import multiprocessing.context
 import os
 import sys
+from multiprocessing import forkserver
 
 
 def _in_forkserver() -> bool:
     """Whether this import runs inside multiprocessing's forkserver start-up (its preloading)."""
-    from multiprocessing import forkserver
-
     frame = sys._getframe()
     while frame is not None:
         if frame.f_code is forkserver.main.__code__:

@@ -34,7 +34,11 @@ METRICS_FILE = "metrics.jsonl"
 #: The row kinds: a training log window, and an evaluation.
 TRAIN, EVAL = "train", "eval"
 #: What every row carries besides its scalars; readers leave these out of the metric keys.
-ROW_KEYS = ("kind", "step", "epoch", "time")
+KIND, STEP, EPOCH, TIME = "kind", "step", "epoch", "time"
+ROW_KEYS = (KIND, STEP, EPOCH, TIME)
+#: A training row's throughput: samples per second over its log window, and the window's seconds spent
+#: waiting for data and computing.
+SAMPLES_PER_S, DATA_S, COMPUTE_S = "samples_per_s", "data_s", "compute_s"
 #: The prefix of the EMA model's evaluation metrics (``ema/top1``): one spelling for writer and readers.
 EMA_PREFIX = "ema/"
 #: The evaluation key of a task's per-class table, ``{class name: {column: value}}``.
@@ -75,8 +79,7 @@ def per_class_tables(values: dict[str, Any]) -> dict[str, dict[str, dict[str, An
 def make_row(kind: str, step: int, epoch: int, values: dict[str, Any], now: float | None = None) -> Row:
     """One row as ``RunLogger`` writes it (before ``dumps_json``); the bookkeeping keys come first so
     that a person reading the file with ``head`` sees what each line is."""
-    return {"kind": kind, "step": step, "epoch": epoch, "time": round(time.time() if now is None else now, 3),
-            **values}
+    return {KIND: kind, STEP: step, EPOCH: epoch, TIME: round(time.time() if now is None else now, 3), **values}
 
 
 def nan_for_null(value: Any) -> Any:

@@ -27,10 +27,8 @@ from typing import Any, Callable
 import torch
 
 from visiontrain.engine.parts import Part
+from visiontrain.exit_codes import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from visiontrain.stop_signals import STOP_SIGNALS
-
-EXIT_PREEMPTED = 4
-EXIT_INTERRUPTED = 130  # Ctrl-C
 
 
 class Preempted(Exception):

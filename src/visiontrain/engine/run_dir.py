@@ -17,22 +17,24 @@ from typing import Any
 from visiontrain.config import ConfigError, flatten
 from visiontrain.engine.checkpoint import CheckpointError
 from visiontrain.engine.mlflow_tracker import RUN_DIR_FILES as MLFLOW_FILES
-from visiontrain.engine.provenance import PROVENANCE_FILE
+from visiontrain.engine.run_files import (BEST_CHECKPOINT, CHECKPOINTS_DIR, CONFIG_FILE, FINAL_WEIGHTS,
+                                          LAST_CHECKPOINT, METRICS_FILE, PLOTS_DIR, PROFILE_DIR, PROVENANCE_FILE,
+                                          REPORT_FILE, SUMMARY_FILE, TENSORBOARD_DIR)
 from visiontrain.engine.write_failure import why_not_written
 
-#: What a run writes beside its checkpoints.
-RUN_FILES = ("config.yaml", "metrics.jsonl", "tb", "plots", "summary.json", "report.html", "model.safetensors",
-             "model_ema.safetensors", "profile", PROVENANCE_FILE, *MLFLOW_FILES)
+#: What a run writes beside its checkpoints (engine.run_files names each).
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, TENSORBOARD_DIR, PLOTS_DIR, SUMMARY_FILE, REPORT_FILE, *FINAL_WEIGHTS,
+             PROFILE_DIR, PROVENANCE_FILE, *MLFLOW_FILES)
 
 
-def checkpoint_in(target: str | os.PathLike, names: tuple[str, ...] = ("best.pt", "last.pt")) -> Path:
+def checkpoint_in(target: str | os.PathLike, names: tuple[str, ...] = (BEST_CHECKPOINT, LAST_CHECKPOINT)) -> Path:
     """``target`` if it is a checkpoint file; for a run dir, the first of its ``checkpoints/<names>``
     that exists. validate, predict, export and --init read best.pt, else last.pt; --resume last.pt."""
     path = Path(target)
     if path.is_dir():
-        found = next((path / "checkpoints" / n for n in names if (path / "checkpoints" / n).is_file()), None)
+        found = next((path / CHECKPOINTS_DIR / n for n in names if (path / CHECKPOINTS_DIR / n).is_file()), None)
         if found is None:
-            wanted = " or ".join(f"checkpoints/{n}" for n in names)
+            wanted = " or ".join(f"{CHECKPOINTS_DIR}/{n}" for n in names)
             raise CheckpointError(f"{path}: a directory without {wanted}; give a run dir of `visiontrain fit` "
                                   f"or a checkpoint file")
         return found
@@ -43,11 +45,12 @@ def checkpoint_in(target: str | os.PathLike, names: tuple[str, ...] = ("best.pt"
 
 def previous_attempt(run_dir: Path) -> list[str]:
     """The files (relative to ``run_dir``) of a run that wrote no last.pt: empty when there is one."""
-    if (run_dir / "checkpoints" / "last.pt").is_file():
+    checkpoints = run_dir / CHECKPOINTS_DIR
+    if (checkpoints / LAST_CHECKPOINT).is_file():
         return []
     found = [name for name in RUN_FILES if (run_dir / name).exists()]
-    checkpoints = run_dir / "checkpoints"
-    return found + ([f"checkpoints/{p.name}" for p in sorted(checkpoints.iterdir())] if checkpoints.is_dir() else [])
+    return found + ([f"{CHECKPOINTS_DIR}/{p.name}" for p in sorted(checkpoints.iterdir())] if checkpoints.is_dir()
+                    else [])
 
 
 def resolve_resume(run_dir: Path, resume: str | None, *, is_main: bool = True) -> tuple[str | None, list[str]]:
@@ -55,9 +58,9 @@ def resolve_resume(run_dir: Path, resume: str | None, *, is_main: bool = True) -
 
     ``resume`` is the ``--resume`` argument: None, ``auto``, a checkpoint or a run dir (its last.pt).
     Only the main process (``is_main``) moves files; every rank decides the same way."""
-    last = run_dir / "checkpoints" / "last.pt"
+    last = run_dir / CHECKPOINTS_DIR / LAST_CHECKPOINT
     if resume not in (None, "auto"):
-        return str(checkpoint_in(resume, ("last.pt",))), []
+        return str(checkpoint_in(resume, (LAST_CHECKPOINT,))), []
     if last.is_file():
         if resume == "auto":
             return str(last), []
@@ -72,11 +75,11 @@ def resolve_resume(run_dir: Path, resume: str | None, *, is_main: bool = True) -
     if resume is None:
         return None, []
     if not leftovers:
-        return None, [f"no checkpoint in {run_dir / 'checkpoints'}: starting a new run"]
+        return None, [f"no checkpoint in {run_dir / CHECKPOINTS_DIR}: starting a new run"]
     aside = run_dir / f"attempt-without-checkpoint-{time.strftime('%Y%m%d-%H%M%S')}"
     if is_main:
         try:
-            (aside / "checkpoints").mkdir(parents=True)
+            (aside / CHECKPOINTS_DIR).mkdir(parents=True)
             for name in leftovers:
                 os.replace(run_dir / name, aside / name)
         except OSError as err:
@@ -84,7 +87,7 @@ def resolve_resume(run_dir: Path, resume: str | None, *, is_main: bool = True) -
                                   f"({err.filename or run_dir}); --resume auto starts afresh there and sets the "
                                   f"earlier attempt's files aside: make it writable or choose another --run-dir"
                                   ) from err
-    return None, [f"no checkpoint in {run_dir / 'checkpoints'}: starting a new run; the files of the earlier "
+    return None, [f"no checkpoint in {run_dir / CHECKPOINTS_DIR}: starting a new run; the files of the earlier "
                   f"attempt ({', '.join(leftovers)}) are now in {aside}"]
 
 

@@ -9,6 +9,7 @@ images, labels or boxes.
 from __future__ import annotations
 
 import abc
+import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from visiontrain.config import Config
+from visiontrain.config import TASK_REGISTRY, Config, RegisteredTask, TaskConfig
 from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.hooks import Hook
 
@@ -65,8 +66,19 @@ class PredictUnsupported(ValueError):
     """A task that makes no predictions on images (DINO's features); the message says what to use."""
 
 
+class Prediction(enum.Enum):
+    """What a task's ``predict`` gives for an image. ``visiontrain.inference``, ``visiontrain predict``
+    and the CLI read a task's predictions by this declaration, never by the task's class, so a new
+    family (masks, later) is a new member here and a reader for it, not a switch on task types. The
+    value is ``Predictor.kind``."""
+    NONE = "none"                       # no predictions on images (DINO: its backbone is exported)
+    CLASS_SCORES = "classification"     # {"probabilities": [C]}
+    BOXES = "detection"                 # {"boxes" [N, 4] XYXY, "scores" [N], "labels" [N]}; predict_threshold
+
+
 class Task(abc.ABC):
     name: str = ""
+    predicts: Prediction = Prediction.NONE      # a task that overrides ``predict`` says here what it returns
     default_loss_weights: dict[str, float] = {}
     metric: str = ""                            # default checkpoint metric
     mode: str = "max"
@@ -170,6 +182,29 @@ class Task(abc.ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned; a task without training state has nothing to do."""
+
+
+def register_task(name: str, task_class: type[Task], config_class: type[TaskConfig]) -> None:
+    """Make ``task.name: NAME`` in a recipe mean this task: its ``task:`` section typed and checked by
+    ``config_class``, and the task built as ``task_class(cfg)`` by every command. Called where the
+    task is defined, at import; registering a name again replaces it (a built-in task's subclass
+    under the built-in's name). A declaration the commands could not act on fails here, naming
+    the class, rather than at a user's first ``visiontrain predict``."""
+    if not (isinstance(task_class, type) and issubclass(task_class, Task)
+            and isinstance(config_class, type) and issubclass(config_class, TaskConfig)):
+        raise ValueError(f"register_task({name!r}): expected a subclass of Task and one of TaskConfig, "
+                         f"got {task_class!r} and {config_class!r}")
+    where = f"register_task({name!r}): {task_class.__name__}"
+    if task_class.name != name:
+        raise ValueError(f"{where}.name is {task_class.name!r}; a task registers under its own name")
+    overrides_predict = task_class.predict is not Task.predict
+    if overrides_predict != (task_class.predicts is not Prediction.NONE):
+        raise ValueError(f"{where} overrides predict but declares predicts = Prediction.NONE; say what it "
+                         f"returns (Prediction.CLASS_SCORES or Prediction.BOXES)" if overrides_predict else
+                         f"{where} declares predicts = {task_class.predicts} but does not override predict")
+    if task_class.predicts is Prediction.BOXES and not hasattr(task_class, "predict_threshold"):
+        raise ValueError(f"{where} predicts boxes but has no predict_threshold (the default minimum score)")
+    TASK_REGISTRY[name] = RegisteredTask(task_class, config_class)
 
 
 class DictOutputs(nn.Module):

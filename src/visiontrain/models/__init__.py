@@ -10,8 +10,10 @@ import fnmatch
 import os
 from typing import Any
 
+import torch
 from torch import nn
 
+from visiontrain._tv_compat import ensure_torchvision
 from visiontrain.models.small_cnn import SmallCNN
 
 __all__ = ["SmallCNN", "build_model"]
@@ -29,8 +31,6 @@ MIN_BOX_SIZE = 1e-2
 
 
 def _timm():
-    from visiontrain._tv_compat import ensure_torchvision
-
     ensure_torchvision()
     import timm
 
@@ -80,8 +80,6 @@ def cached_torch_hub_weights(weights: Any, name: str, key: str = "task.pretraine
     """torchvision ``weights`` (an enum member) if its file is already in the torch hub cache;
     otherwise a clear error up front: training machines are often offline, and a download attempt that
     hangs or fails deep inside torchvision is worse."""
-    import torch
-
     path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(weights.url))
     if not os.path.isfile(path):
         raise PretrainedUnavailable(

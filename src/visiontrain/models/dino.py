@@ -12,13 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from visiontrain.models import _timm, suggest_models
+
 
 def build_backbone(name: str, *, in_channels: int, image_size: int, patch_size: int | None,
                    drop_path_rate: float, extra: dict[str, Any]) -> nn.Module:
     """A timm feature extractor (``num_classes=0``). ViT-style models get ``img_size``,
     ``patch_size`` and ``dynamic_img_size=True`` (position embeddings resampled for the local crops)."""
-    from visiontrain.models import _timm, suggest_models
-
     timm = _timm()
     if not timm.is_model(name):
         hints = suggest_models(name)

@@ -9,6 +9,8 @@ import re
 
 from torch import nn
 
+from visiontrain._tv_compat import ensure_torchvision
+
 __all__ = ["freeze_parameters"]
 
 
@@ -29,8 +31,6 @@ def freeze_parameters(model: nn.Module, patterns: list[str], frozen_bn: bool = T
 
 
 def _freeze_batchnorms(module: nn.Module) -> None:
-    from visiontrain._tv_compat import ensure_torchvision
-
     ensure_torchvision()
     from torchvision.ops import FrozenBatchNorm2d
 

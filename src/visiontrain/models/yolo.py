@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from visiontrain._tv_compat import ensure_torchvision
 from visiontrain.models import MIN_BOX_SIZE, check_pretrained_reachable, pretrained_error
 
 #: GluonCV's / Darknet's nine COCO anchors (w, h) in input pixels, three per stride 8, 16, 32.
@@ -67,8 +68,6 @@ def _width_overrides(timm: Any, name: str, width: float) -> dict[str, Any]:
 
 def _timm_features(name: str, pretrained: bool, width: float = 1.0) -> tuple[nn.Module, list[int], list[int]]:
     """A timm ``features_only`` backbone and the positions/channels of its stride 8, 16, 32 maps."""
-    from visiontrain._tv_compat import ensure_torchvision
-
     ensure_torchvision()
     import timm
 
@@ -177,8 +176,6 @@ def postprocess(raw: Sequence[torch.Tensor], anchors: torch.Tensor, num_classes:
     ``orig_sizes`` (H, W) and clipped to it, degenerate ones (side < ``MIN_BOX_SIZE``) dropped, then
     the ``pre_nms_topk`` best (box, class) pairs by objectness x class probability, those above
     ``conf_threshold``, per-class NMS at ``nms_iou``, the best ``max_detections``."""
-    from visiontrain._tv_compat import ensure_torchvision
-
     ensure_torchvision()
     from torchvision.ops import batched_nms, clip_boxes_to_image, remove_small_boxes
 

@@ -1,27 +1,15 @@
-"""Task registry: ``task.name`` -> Task class. Importing this registers every task's config."""
+"""The built-in tasks. Importing this package registers each (``engine.task.register_task``, called
+in the task's own module); ``build_task`` builds whichever task a config names, a user's included."""
 from __future__ import annotations
 
-import difflib
-
-from visiontrain.config import Config
+from visiontrain.config import Config, registered_task
 from visiontrain.engine.task import Task, TaskData
-from visiontrain.tasks.classification import ClassificationTask
-from visiontrain.tasks.detr import DetrTask
-from visiontrain.tasks.dino import DinoTask
-from visiontrain.tasks.rcnn import RcnnTask
-from visiontrain.tasks.yolo import YoloTask
-
-TASKS: dict[str, type[Task]] = {"classification": ClassificationTask, "detr": DetrTask, "rcnn": RcnnTask,
-                                "yolo": YoloTask, "dino": DinoTask}
+from visiontrain.tasks import classification, detr, dino, rcnn, yolo  # noqa: F401  (each registers itself)
 
 
 def build_task(cfg: Config) -> Task:
-    cls = TASKS.get(cfg.task.name)
-    if cls is None:
-        close = difflib.get_close_matches(cfg.task.name, list(TASKS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"task.name: unknown task {cfg.task.name!r}{hint}; expected one of {', '.join(TASKS)}")
-    return cls(cfg)
+    """The task ``cfg.task.name`` names, built from ``cfg``."""
+    return registered_task(cfg.task.name).task_class(cfg)
 
 
-__all__ = ["TASKS", "Task", "TaskData", "build_task"]
+__all__ = ["Task", "TaskData", "build_task"]

@@ -13,12 +13,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from visiontrain.config import TaskConfig, doc, register_task_config
+from visiontrain.config import TaskConfig, doc
+from visiontrain.data.datasets import build_classification_data, check_image_files, classification_eval_transform
 from visiontrain.data.eval_transform import EvalTransform
+from visiontrain.data.normalize import NormalizeOnDevice
 from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.hooks import Hook
 from visiontrain.engine.metrics_file import PER_CLASS
-from visiontrain.engine.task import ExportSpec, Task, TaskData
+from visiontrain.engine.task import ExportSpec, Prediction, Task, TaskData, register_task
+from visiontrain.evaluation.confusion import classification_per_class
+from visiontrain.evaluation.figures import confusion_figure
+from visiontrain.evaluation.previews import Tile, display_pixels, grid, tiles_image
+from visiontrain.models import LOCAL_MODELS, build_model
 
 
 #: The detection-only ``data.*`` keys, which no classifier reads (DINO's neither).
@@ -50,9 +56,6 @@ class ClassificationConfig(TaskConfig):
     mix_prob: float = doc("probability that a batch is mixed at all", 1.0)
     cutmix_prob: float = doc("with both on: probability of cutmix rather than mixup", 0.5)
     mix_off_epochs: int = doc("switch mixup/cutmix off for the last N epochs", 0)
-
-
-register_task_config("classification", ClassificationConfig)
 
 
 def mix_batch(x: torch.Tensor, target: torch.Tensor, *, mixup_alpha: float, cutmix_alpha: float,
@@ -87,7 +90,6 @@ def recorded_eval_transform(preprocess: dict[str, Any] | None, data: Any, augmen
     and digits reads the dataset again (their normalisation is the train split's statistics)."""
     if preprocess is not None:
         return EvalTransform.from_spec(preprocess)
-    from visiontrain.data.datasets import classification_eval_transform
 
     logging.getLogger("visiontrain").info(
         "the checkpoint's data_info has no 'preprocess' (written by an older visiontrain): rebuilding the "
@@ -128,6 +130,7 @@ class MixSwitchOff(Hook):
 
 class ClassificationTask(Task):
     name = "classification"
+    predicts = Prediction.CLASS_SCORES
     default_loss_weights = {"ce": 1.0}
     metric, mode = "top1", "max"
 
@@ -141,8 +144,6 @@ class ClassificationTask(Task):
         self.confusion: torch.Tensor | None = None  # the last evaluation's counts [true, predicted]
 
     def build_data(self) -> TaskData:
-        from visiontrain.data.datasets import build_classification_data, check_image_files
-
         d = self.cfg.data
         data = build_classification_data(d.name, root=d.root, image_size=d.image_size, augment=d.augment,
                                          limit_train=d.limit_train, limit_val=d.limit_val,
@@ -159,14 +160,11 @@ class ClassificationTask(Task):
     def device_transform(self) -> Callable[[Any], Any] | None:
         if not self.cfg.data.normalize_on_device:
             return None
-        from visiontrain.data.normalize import NormalizeOnDevice
 
         normalize = NormalizeOnDevice()  # image-folder's ImageNet statistics
         return lambda batch: (normalize(batch[0]), *batch[1:])
 
     def build_model(self, info: dict[str, Any]) -> nn.Module:
-        from visiontrain.models import LOCAL_MODELS, build_model
-
         t = self.cfg.task
         self.num_classes = info["num_classes"]
         self.class_names = list(info.get("class_names") or range(self.num_classes))
@@ -198,8 +196,6 @@ class ClassificationTask(Task):
     def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, Any]:
         """top-1 / top-5 in percent, the mean loss, and per class the precision, recall and F1 of
         the top-1 predictions with the class's support (``classification_per_class``)."""
-        from visiontrain.evaluation.confusion import classification_per_class
-
         device = data.device
         sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, count
         c = self.num_classes
@@ -224,8 +220,6 @@ class ClassificationTask(Task):
         return metrics
 
     def preview_figures(self, batch: Any) -> dict[str, Any]:
-        from visiontrain.evaluation.previews import Tile, display_pixels, grid, tiles_image
-
         images, labels = batch
         n = min(PREVIEW_IMAGES, len(images))
         mean, std = getattr(self, "normalisation", (None, None))
@@ -237,7 +231,6 @@ class ClassificationTask(Task):
     def eval_figures(self) -> dict[str, Any]:
         if self.confusion is None:
             return {}
-        from visiontrain.evaluation.figures import confusion_figure
 
         return {"confusion_matrix": confusion_figure(self.confusion, self.class_names)}
 
@@ -272,3 +265,6 @@ class ClassificationTask(Task):
     def hooks(self) -> list[Hook]:
         t = self.cfg.task
         return [MixSwitchOff()] if (t.mixup_alpha > 0 or t.cutmix_alpha > 0) and t.mix_off_epochs else []
+
+
+register_task("classification", ClassificationTask, ClassificationConfig)

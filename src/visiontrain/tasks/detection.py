@@ -14,9 +14,15 @@ import torch
 from torch import nn
 
 from visiontrain.config import TaskConfig, doc
+from visiontrain.data.bad_data import listed
+from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD, NormalizeOnDevice
 from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.metrics_file import PER_CLASS
-from visiontrain.engine.task import Task, TaskData
+from visiontrain.engine.task import Prediction, Task, TaskData
+from visiontrain.evaluation.coco import coco_evaluation, to_coco_results
+from visiontrain.evaluation.confusion import BACKGROUND, CONFUSION_IOU, CONFUSION_SCORE, detection_confusion
+from visiontrain.evaluation.figures import ShownImage, confusion_figure, detections_figure, pr_curves_figure
+from visiontrain.evaluation.previews import Tile, boxes_caption, display_pixels, grid, labels_figure, tiles_image
 
 log = logging.getLogger("visiontrain")
 
@@ -74,6 +80,7 @@ def predictions_and_truths(records: list[Any], detections: list[dict], category_
 class DetectionTask(Task):
     """A detector: ``transforms`` and ``predict_batch`` are the family-specific parts."""
 
+    predicts = Prediction.BOXES
     shown_detections: list[dict] | None = None  # the last evaluation's detections on the drawn images
     kept: KeptEvaluation | None = None  # the last evaluation's PR curves and confusion matrix
     predict_threshold: float = 0.5  # `visiontrain predict`'s default minimum score
@@ -90,7 +97,6 @@ class DetectionTask(Task):
     def build_data(self) -> TaskData:
         from visiontrain.data.detection.splits import build_detection_splits
         from visiontrain.data.detection.transforms import collate_detection
-        from visiontrain.data.bad_data import listed
 
         d = self.cfg.data
         train, val = build_detection_splits(d.name, root=d.root, train_split=d.train_split,
@@ -118,7 +124,6 @@ class DetectionTask(Task):
     def device_transform(self) -> Callable[[Any], Any] | None:
         if not self.cfg.data.normalize_on_device:
             return None
-        from visiontrain.data.normalize import NormalizeOnDevice
 
         normalize = NormalizeOnDevice()
         return lambda batch: (normalize(batch[0], batch[1]), *batch[1:])
@@ -126,8 +131,6 @@ class DetectionTask(Task):
     def collect_detections(self, model: nn.Module, data: EvalData) -> list[dict] | None:
         """COCO-format detections of the whole validation set, gathered to rank 0; None on the
         other ranks (they have nothing to score)."""
-        from visiontrain.evaluation.coco import to_coco_results
-
         detections: list[dict] = []
         for (images, mask, targets), real in data:
             orig = torch.stack([t["orig_size"] for t in targets])
@@ -155,9 +158,6 @@ class DetectionTask(Task):
         """COCO AP (pycocotools) and per class AP, AP50, recall and n_gt (``CocoEvaluation.per_class``);
         keeps the PR curves at IoU 0.5 and the confusion matrix of the same detections for
         ``eval_figures`` (a few kilobytes: the detections themselves are not kept)."""
-        from visiontrain.evaluation.coco import coco_evaluation
-        from visiontrain.evaluation.confusion import detection_confusion
-
         result = coco_evaluation(self.val_set.coco_ground_truth(), detections)
         per_class = result.per_class()
         preds, gts = predictions_and_truths(self.val_set.records, detections, self.info["category_ids"])
@@ -169,12 +169,6 @@ class DetectionTask(Task):
     def preview_figures(self, batch: Any) -> dict[str, Any]:
         """The first training batch with its boxes (padded as the model receives it), and the
         training set's labels: boxes per class, their sizes and centres."""
-        import numpy as np
-
-        from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD
-        from visiontrain.evaluation.previews import (Tile, boxes_caption, display_pixels, grid, labels_figure,
-                                                    tiles_image)
-
         images, _, targets = batch[:3]
         n = min(PREVIEW_IMAGES, len(images))
         tiles = [Tile(display_pixels(images[i], IMAGENET_MEAN, IMAGENET_STD), boxes_caption(len(t["labels"])),
@@ -193,9 +187,6 @@ class DetectionTask(Task):
     def eval_figures(self) -> dict[str, Any]:
         """From the last evaluation: the first validation images with their detections over the
         ground truth, the PR curves per class at IoU 0.5, and the confusion matrix with background."""
-        from visiontrain.evaluation.confusion import BACKGROUND, CONFUSION_IOU, CONFUSION_SCORE
-        from visiontrain.evaluation.figures import confusion_figure, pr_curves_figure
-
         figures = {"val_detections": self.detections_figure()} if self.shown_detections is not None else {}
         kept = self.kept
         if kept is not None:
@@ -211,8 +202,6 @@ class DetectionTask(Task):
 
     def detections_figure(self) -> Any:
         """The first validation images with the last evaluation's detections over the ground truth."""
-        from visiontrain.evaluation.figures import ShownImage, detections_figure
-
         to_label = {c: i for i, c in enumerate(self.info["category_ids"])}
         shown = []
         for index in range(min(SHOWN_IMAGES, len(self.val_set))):
@@ -229,8 +218,6 @@ class DetectionTask(Task):
     def export_metadata(self, info: dict[str, Any]) -> dict[str, Any]:
         """What every detector's exported file says about its input and labels; each detector adds
         its resize rule, box format and post-processing."""
-        from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD
-
         n = info["num_classes"]
         return {"class_names": list(info.get("class_names") or map(str, range(n))),
                 "category_ids": list(info.get("category_ids") or range(n)),

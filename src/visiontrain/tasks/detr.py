@@ -13,8 +13,12 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from visiontrain.config import doc, register_task_config
-from visiontrain.engine.task import ExportSpec
+from visiontrain.config import doc
+from visiontrain.engine.checkpoint import CheckpointError
+from visiontrain.engine.task import DictOutputs, ExportSpec, register_task
+from visiontrain.engine.weights import load_init_weights
+from visiontrain.models import MIN_BOX_SIZE
+from visiontrain.models.detr_queries import QueryOptions
 from visiontrain.tasks.detection import DetectionConfig, DetectionTask, unread_data_keys
 
 
@@ -72,8 +76,6 @@ class DetrConfig(DetectionConfig):
     crop_max: int = doc("crop branch: largest crop side", 600)
 
 
-register_task_config("detr", DetrConfig)
-
 CLASS_WEIGHTS = {"ce": 1.0, "focal": 2.0, "varifocal": 1.0}  # the paper, Deformable DETR, RT-DETR
 
 
@@ -111,7 +113,6 @@ class DetrTask(DetectionTask):
     def build_model(self, info: dict[str, Any]) -> nn.Module:
         from visiontrain.models.detr import DETR
         from visiontrain.models.detr_loss import HungarianMatcher, SetCriterion
-        from visiontrain.models.detr_queries import QueryOptions
 
         t = self.cfg.task
         sigmoid = t.class_loss != "ce"
@@ -134,9 +135,6 @@ class DetrTask(DetectionTask):
         """``task.backbone_weights``: a ResNet's own weights (torchvision or timm names: conv1, bn1,
         layer1..) into the trunk; its classifier and the layers DETR does not use are ignored, and a
         grey stem is adapted to RGB."""
-        from visiontrain.engine.checkpoint import CheckpointError
-        from visiontrain.engine.weights import load_init_weights
-
         path = self.cfg.task.backbone_weights
         if not path:
             return None
@@ -174,8 +172,6 @@ class DetrTask(DetectionTask):
         [B,3,H,W] prepared as for evaluation and their padding mask [B,H,W] (True = padding), of any
         height and width (checked on a wider image too): the Hungarian-free post-processing is a
         softmax and a box scale, left to the caller (the metadata describes it)."""
-        from visiontrain.engine.task import DictOutputs
-
         side = -(-self.cfg.task.val_size // 32) * 32
         seed = torch.Generator().manual_seed(0)
         images = torch.randn(2, 3, side, side, generator=seed)
@@ -189,7 +185,6 @@ class DetrTask(DetectionTask):
                           metadata=self._export_metadata(info))
 
     def _export_metadata(self, info: dict[str, Any]) -> dict[str, Any]:
-        from visiontrain.models import MIN_BOX_SIZE
         from visiontrain.models.detr import SIGMOID_TOP_K
 
         t = self.cfg.task
@@ -204,3 +199,6 @@ class DetrTask(DetectionTask):
                 "num_queries": t.num_queries, "box_format": "cxcywh", "min_box_size": MIN_BOX_SIZE,
                 "box_frame": "fractions of the real (unpadded) resized image: multiply by the original image's "
                              "width and height, then clip to it"}
+
+
+register_task("detr", DetrTask, DetrConfig)

@@ -19,15 +19,22 @@ import torch
 from torch import nn
 from torch.utils.data import Subset
 
-from visiontrain.config import ConfigError, TaskConfig, doc, register_task_config
+from visiontrain.config import ConfigError, TaskConfig, doc
 from visiontrain.data.batch_ops import channels_last as to_channels_last
+from visiontrain.data.datasets import build_classification_data, check_image_files
+from visiontrain.data.multicrop import MultiCropDataset, MultiCropSpec
+from visiontrain.data.multicrop_batched import BatchedMultiCrop, CropCollate, RawMultiCropDataset, collate_raw
 from visiontrain.engine.build import eval_loader, worker_context
 from visiontrain.engine.distributed import DistInfo
 from visiontrain.engine.ema import unwrap
 from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.hooks import Hook
-from visiontrain.engine.task import ExportSpec, Task, TaskData
-from visiontrain.tasks.classification import CLASSIFICATION_UNREAD
+from visiontrain.engine.task import ExportSpec, Task, TaskData, register_task
+from visiontrain.evaluation.knn import extract_features, knn_predict
+from visiontrain.evaluation.previews import Tile, display_pixels, tiles_image
+from visiontrain.models.dino import (DinoHead, MultiCropWrapper, build_backbone, dino_loss, set_fused_attention,
+                                     update_center)
+from visiontrain.tasks.classification import CLASSIFICATION_UNREAD, input_metadata
 
 
 @dataclass
@@ -80,8 +87,6 @@ class DinoConfig(TaskConfig):
     knn_bank: int | None = doc("k-NN evaluation: use the first N train images as the bank (null: all)", None)
 
 
-register_task_config("dino", DinoConfig)
-
 log = logging.getLogger("visiontrain")
 
 N_GLOBAL = 2
@@ -126,10 +131,6 @@ class DinoTask(Task):
 
     # ------------------------------------------------------------------ data and model
     def build_data(self) -> TaskData:
-        from visiontrain.data.datasets import build_classification_data, check_image_files
-        from visiontrain.data.multicrop import MultiCropDataset, MultiCropSpec
-        from visiontrain.data.multicrop_batched import BatchedMultiCrop, CropCollate, RawMultiCropDataset, collate_raw
-
         d, t = self.cfg.data, self.cfg.task
         data = build_classification_data(d.name, root=d.root, image_size=self.eval_image_size(), augment="none",
                                          limit_train=d.limit_train, limit_val=d.limit_val, download=d.download)
@@ -187,8 +188,6 @@ class DinoTask(Task):
         return make_crops
 
     def build_model(self, info: dict[str, Any]) -> nn.Module:
-        from visiontrain.models.dino import DinoHead, MultiCropWrapper, build_backbone, set_fused_attention
-
         t = self.cfg.task
         self.num_classes = info["num_classes"]
         backbone = build_backbone(t.backbone, in_channels=info["in_channels"], image_size=t.global_crop_size,
@@ -201,8 +200,6 @@ class DinoTask(Task):
 
     # ------------------------------------------------------------------ training
     def losses(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
-        from visiontrain.models.dino import dino_loss, update_center
-
         crops, _ = batch
         t = self.cfg.task
         student_out = model(crops)
@@ -220,8 +217,6 @@ class DinoTask(Task):
 
     def preview_figures(self, batch: Any) -> dict[str, Any]:
         """The first samples' views side by side: the global crops, then the local ones."""
-        from visiontrain.evaluation.previews import Tile, display_pixels, tiles_image
-
         crops = self.cropper(batch[0], batch[2]) if self.cropper is not None else batch[0]
         n, (mean, std) = min(4, len(crops[0])), self.normalisation
         rows = [[Tile(display_pixels(view[i], mean, std), f"{'global' if v < N_GLOBAL else 'local'} {v}")
@@ -247,8 +242,6 @@ class DinoTask(Task):
     def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, float]:
         """k-NN top-1 of the backbone's features: the bank (train images, no augmentation) sharded
         over ranks and gathered, each rank's share of the test set voted against it, counts summed."""
-        from visiontrain.evaluation.knn import extract_features, knn_predict
-
         t, d = self.cfg.task, self.cfg.data
         wrapper = unwrap(model)
 
@@ -278,10 +271,11 @@ class DinoTask(Task):
         """The backbone: images [B, C, S, S] prepared exactly as the k-NN evaluation prepared its
         images (S, the resize and the normalisation as recorded in the checkpoint) -> features [B, D],
         the part used downstream; no class names: DINO predicts none."""
-        from visiontrain.tasks.classification import input_metadata
-
         size = int(info.get("image_size") or self.cfg.task.global_crop_size)
         example = torch.randn(2, info["in_channels"], size, size, generator=torch.Generator().manual_seed(0))
         metadata = {**input_metadata(info.get("preprocess"), self.cfg.data, "none", size, info["in_channels"]),
                     "output": "features [B, D]: the backbone's embedding (the teacher's when exported with --ema)"}
         return ExportSpec(unwrap(model).backbone.eval(), (example,), ["images"], ["features"], metadata=metadata)
+
+
+register_task("dino", DinoTask, DinoConfig)

@@ -16,9 +16,10 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from visiontrain.config import doc, register_task_config
+from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.config import doc
 from visiontrain.engine.param_groups import NormGroups, build_param_groups
-from visiontrain.engine.task import ExportSpec, TaskData
+from visiontrain.engine.task import ExportSpec, TaskData, register_task
 from visiontrain.tasks.detection import DetectionConfig, DetectionTask, unread_data_keys
 
 LOSSES = ("loss_objectness", "loss_rpn_box_reg", "loss_classifier", "loss_box_reg")
@@ -57,9 +58,6 @@ class RcnnConfig(DetectionConfig):
     vertical_flip: bool = doc("also flip training images vertically (aerial photos)", False)
 
 
-register_task_config("rcnn", RcnnConfig)
-
-
 def collate_with_sizes(batch: list[tuple[Any, dict[str, Any]]]) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
     """The detection collate plus ``hw``: each image's real (h, w) as Python ints, read from the
     images' shapes here in the data loader, so the training step never reads sizes from the device."""
@@ -86,8 +84,6 @@ class RcnnTask(DetectionTask):
                              f"task.max_size={t.max_size} (the longer side is capped at max_size)")
 
     def transforms(self) -> tuple[Any, Any]:
-        from visiontrain._tv_compat import ensure_torchvision
-
         ensure_torchvision()
         import torchvision.transforms.v2 as T
 
@@ -171,3 +167,6 @@ class RcnnTask(DetectionTask):
         return ExportSpec(RcnnExport(model).eval(), (example,), ["image"], ["boxes", "labels", "scores"],
                           dynamic_batch=False, dynamic_axes={"image": {2: "height", 3: "width"}, **detections},
                           check_inputs=[(wide,)], metadata=metadata)
+
+
+register_task("rcnn", RcnnTask, RcnnConfig)

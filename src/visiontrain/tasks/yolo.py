@@ -14,12 +14,15 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from visiontrain.config import doc, register_task_config
+from visiontrain.config import doc
 from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.hooks import Hook
 from visiontrain.engine.metrics_file import PER_CLASS
-from visiontrain.models.yolo import COCO_ANCHORS
-from visiontrain.engine.task import ExportSpec
+from visiontrain.engine.task import ExportSpec, register_task
+from visiontrain.evaluation.voc import voc_map
+from visiontrain.models import MIN_BOX_SIZE
+from visiontrain.models.yolo import COCO_ANCHORS, STRIDES, YOLOv3, decode, postprocess
+from visiontrain.models.yolo_loss import build_targets, mixup, multiscale_size, pad_targets, rescale_batch, yolo_losses
 from visiontrain.tasks.detection import DetectionConfig, DetectionTask, predictions_and_truths, unread_data_keys
 
 
@@ -63,9 +66,6 @@ class YoloConfig(DetectionConfig):
     pre_nms_topk: int = doc("(box, class) candidates per image going into NMS", 400)
     max_detections: int = doc("detections kept per image after NMS", 100)
     group_aspect: bool = doc("batch images of like aspect ratio together (useful with letterbox)", True)
-
-
-register_task_config("yolo", YoloConfig)
 
 
 def _check_config(t: YoloConfig) -> None:
@@ -129,8 +129,6 @@ class YoloTask(DetectionTask):
         return train, yolo_val_transform(t.val_size, letterbox=t.letterbox)
 
     def build_model(self, info: dict[str, Any]) -> nn.Module:
-        from visiontrain.models.yolo import YOLOv3
-
         t = self.cfg.task
         self.num_classes = info["num_classes"]
         return YOLOv3(info["num_classes"], len(t.anchors) // 3, backbone=t.backbone, backbone_width=t.backbone_width,
@@ -138,10 +136,6 @@ class YoloTask(DetectionTask):
                       obj_prior=t.obj_prior)
 
     def losses(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
-        from visiontrain.models.yolo import decode
-        from visiontrain.models.yolo_loss import (build_targets, mixup, multiscale_size, pad_targets,
-                                                  rescale_batch, yolo_losses)
-
         """Multi-scale resize, then mixup, then targets from the decoded predictions: in that order
         so the targets see the boxes exactly as the network sees the pixels. All on the device."""
         t = self.cfg.task
@@ -172,8 +166,6 @@ class YoloTask(DetectionTask):
 
     def predict_batch(self, model: nn.Module, images: torch.Tensor, mask: torch.Tensor,
                       orig_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        from visiontrain.models.yolo import postprocess
-
         t = self.cfg.task
         valid_hw = torch.stack([(~mask).any(2).sum(1), (~mask).any(1).sum(1)], 1)  # unpadded (h, w)
         return postprocess(model(images), self.anchors(images.device), self.num_classes, valid_hw, orig_sizes,
@@ -201,8 +193,6 @@ class YoloTask(DetectionTask):
         """The network up to its three raw maps (decoding and NMS are left to the caller, described
         in the metadata) on a square ``val_size`` batch of two (torch.export would specialise a batch
         of one to 1); batch, height and width left free, checked on a wider image too."""
-        from visiontrain.models.yolo import STRIDES
-
         model.eval()
         size = self.cfg.task.val_size
         names = [f"out_stride{s}" for s in STRIDES]
@@ -216,9 +206,6 @@ class YoloTask(DetectionTask):
     def _export_metadata(self, info: dict[str, Any]) -> dict[str, Any]:
         """How a program without visiontrain prepares an image and decodes the three maps (what
         ``predict_batch`` does, docs/inference.md's script does from these keys)."""
-        from visiontrain.models import MIN_BOX_SIZE
-        from visiontrain.models.yolo import STRIDES
-
         t = self.cfg.task
         resize = {"mode": "longer_side", "longer_side": t.val_size} if t.letterbox else \
             {"mode": "stretch", "height": t.val_size, "width": t.val_size}
@@ -239,11 +226,12 @@ class YoloTask(DetectionTask):
                 "max_detections": t.max_detections}
 
 
+register_task("yolo", YoloTask, YoloConfig)
+
+
 def voc07_from_coco_results(records: list[Any], detections: list[dict], category_ids: list[int]) -> dict[str, Any]:
     """VOC07 11-point AP at IoU 0.5 of COCO-format results against the dataset's own records
     (absolute XYXY, contiguous labels, VOC ``difficult`` flags where the reader has them):
     ``voc_map``'s ``{"mAP", "per_class"}``, per class in the order of ``category_ids``."""
-    from visiontrain.evaluation.voc import voc_map
-
     preds, gts = predictions_and_truths(records, detections, category_ids)
     return voc_map(preds, gts, len(category_ids), use_07_metric=True)

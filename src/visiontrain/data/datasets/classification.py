@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from visiontrain.data.datasets.fashion_mnist import CLASS_NAMES, load_fashion_mnist
 from visiontrain.data.datasets.in_memory import check_augment, make_in_memory_pair
 from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.typed_config import did_you_mean
@@ -114,8 +115,6 @@ def build_classification_data(
                              f"(ROOT/<split>/<class>/) and the splits of detection datasets")
 
     if name == "fashion-mnist":
-        from visiontrain.data.datasets.fashion_mnist import CLASS_NAMES, load_fashion_mnist
-
         (tx, ty), (vx, vy) = load_fashion_mnist(root, download)
         classes, max_value, padding, flip_ok = list(CLASS_NAMES), 255.0, 2, True
     else:  # digits

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from visiontrain._tv_compat import ensure_torchvision
+
 DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
 CACHE_ENV = "VISIONTRAIN_DATA_CACHE"
 DEFAULT_CACHE = "data-cache"
@@ -132,8 +134,6 @@ def load_split(directory: Path, split: str) -> tuple[Tensor, Tensor]:
 
 
 def _download(cache: Path) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    from visiontrain._tv_compat import ensure_torchvision
-
     ensure_torchvision()
     from torchvision.datasets import FashionMNIST
 

@@ -28,10 +28,12 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from visiontrain._tv_compat import ensure_torchvision
 from visiontrain.data.bad_data import check_skipped_share, class_difference, listed
 from visiontrain.data.datasets.in_memory import IMAGENET_MEAN, IMAGENET_STD, VAL_CROP_RATIO, check_augment, tv_v2
 from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.data.image_check import problem_kind, unreadable_images
+from visiontrain.data.images import UnreadableImageError, open_rgb
 
 DEFAULT_IMAGE_SIZE = 224
 LIMIT_SEED = 0  # the fixed seed of the class-balanced data.limit_* subsets (balanced_subset)
@@ -64,7 +66,6 @@ class ImageFolderClassification(Dataset):
 
     def _build(self) -> None:
         v2 = tv_v2()
-        import torch
 
         s = self.image_size
         if self.mode == "val":  # one rule with inference: the EvalTransform, or its geometry alone for uint8
@@ -103,8 +104,6 @@ class ImageFolderClassification(Dataset):
         """The decoded RGB PIL image and its label, for transforms built elsewhere (DINO's multi-crop).
         A corrupt or truncated file raises ``UnreadableImageError`` naming it; under ``skip`` the next
         image stands in (the same one every time, so a resumed run loads what it would have)."""
-        from visiontrain.data.images import UnreadableImageError, open_rgb
-
         for offset in range(len(self.samples)):
             path, label = self.samples[(index + offset) % len(self.samples)]
             try:
@@ -172,8 +171,6 @@ def scan_split(directory: Path, class_to_idx: dict[str, int]) -> list[tuple[str,
 
     Hidden files and files under hidden sub-directories of a class folder are skipped. A class
     folder without a readable image is an error naming the split directory and the classes."""
-    from visiontrain._tv_compat import ensure_torchvision
-
     ensure_torchvision()
     from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension, make_dataset
 

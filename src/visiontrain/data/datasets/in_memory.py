@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from visiontrain._tv_compat import ensure_torchvision
 from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401  (re-exported)
 
@@ -29,8 +30,6 @@ VAL_CROP_RATIO = 0.875  # val: Resize(int(size / 0.875)) then CenterCrop(size)
 
 def tv_v2():
     """``torchvision.transforms.v2``, imported after the torchvision compatibility shim."""
-    from visiontrain._tv_compat import ensure_torchvision
-
     ensure_torchvision()
     from torchvision.transforms import v2
 

@@ -32,8 +32,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from visiontrain._tv_compat import ensure_torchvision
 from visiontrain.data.bad_data import listed
-from visiontrain.data.detection.images import BadAnnotationError
+from visiontrain.data.detection.images import BadAnnotationError, read_rgb
 from visiontrain.data.image_cache import ImageCache
 from visiontrain.data.image_check import problem_kind
 
@@ -154,9 +155,6 @@ class DetectionDataset(Dataset):
 
     def load(self, index: int) -> tuple[Any, dict[str, Any]]:
         """The untransformed sample (see the module docstring)."""
-        from visiontrain._tv_compat import ensure_torchvision
-        from visiontrain.data.detection.images import read_rgb
-
         ensure_torchvision()
         from torchvision import tv_tensors
 

@@ -5,7 +5,12 @@ import os
 from pathlib import Path
 
 from visiontrain.data.bad_data import check_skipped_share, class_difference
+from visiontrain.data.detection import embedded
 from visiontrain.data.detection.base import IMAGE_REASONS, DetectionDataset
+from visiontrain.data.detection.coco import read_coco
+from visiontrain.data.detection.voc import read_voc
+from visiontrain.data.detection.yolo import read_yolo
+from visiontrain.data.image_cache import open_caches
 from visiontrain.typed_config import did_you_mean
 
 FORMATS = ("coco", "voc", "yolo", "fashion-mosaic", "neon-trees")
@@ -60,14 +65,10 @@ def build_detection_splits(name: str, *, root: str | None, train_split: str, val
     ``check_skipped``."""
     policy = dict(on_bad_annotation=on_bad_annotation, on_bad_image=on_bad_image)
     if name in ("coco", "fashion-mosaic", "neon-trees"):
-        from visiontrain.data.detection.coco import read_coco
-
         if name == "coco":
             base = _need_root(name, root, "ROOT/annotations/instances_<split>.json and ROOT/<split>/*.jpg")
             ann = lambda split: base / "annotations" / f"instances_{split}.json"  # noqa: E731
         else:
-            from visiontrain.data.detection import embedded
-
             build = embedded.build_fashion_mosaic if name == "fashion-mosaic" else embedded.build_neon_trees
             base = Path(build(Path(root) if root else data_cache_dir()))
             ann = lambda split: base / "annotations" / f"{split}.json"  # noqa: E731
@@ -77,14 +78,10 @@ def build_detection_splits(name: str, *, root: str | None, train_split: str, val
         train = read_coco(str(ann(train_split)), str(base / train_split), limit=limit_train, **policy)
         val = read_coco(str(ann(val_split)), str(base / val_split), limit=limit_val, **policy)
     elif name == "voc":
-        from visiontrain.data.detection.voc import read_voc
-
         base = _need_root(name, root, "ROOT/ImageSets/Main/<split>.txt, ROOT/Annotations, ROOT/JPEGImages")
         train = read_voc(str(base), train_split, limit=limit_train, **policy)
         val = read_voc(str(base), val_split, class_names=train.class_names, limit=limit_val, **policy)
     elif name == "yolo":
-        from visiontrain.data.detection.yolo import read_yolo
-
         base = _need_root(name, root, "ROOT/images/<split>/*.jpg, ROOT/labels/<split>/*.txt, ROOT/data.yaml")
         train = read_yolo(str(base), train_split, limit=limit_train, **policy)
         val = read_yolo(str(base), val_split, limit=limit_val, **policy)
@@ -99,8 +96,6 @@ def build_detection_splits(name: str, *, root: str | None, train_split: str, val
                          f"split {train_split!r} ({len(train.class_names):,}), in the same order: "
                          f"{class_difference(train.class_names, val.class_names, train_split, val_split)}")
     if cache == "ram":
-        from visiontrain.data.image_cache import open_caches
-
         caches = open_caches({"train": train.image_shapes(), "val": val.image_shapes()}, budget_gb=cache_gb,
                              directory=cache_dir)
         train, val = train.with_cache(caches["train"]), val.with_cache(caches["val"])
