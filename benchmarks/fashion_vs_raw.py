@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from visiontrain import config as C
-from visiontrain.engine.trainer import Trainer
+from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.tasks import build_task
 
 BATCH, LR, WD = 256, 3e-3, 0.05

@@ -35,13 +35,13 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from visiontrain._tv_compat import ensure_torchvision  # noqa: E402
 from visiontrain import config as C  # noqa: E402
+from visiontrain._tv_compat import ensure_torchvision  # noqa: E402
 from visiontrain.config import TaskConfig, doc  # noqa: E402
-from visiontrain.engine.eval_loop import EvalData  # noqa: E402
-from visiontrain.engine.hooks import Hook  # noqa: E402
-from visiontrain.engine.trainer import Trainer  # noqa: E402
-from visiontrain.engine.task import Task, TaskData, register_task  # noqa: E402
+from visiontrain.engine.loop.trainer import Trainer  # noqa: E402
+from visiontrain.engine.protocols.hooks import Hook  # noqa: E402
+from visiontrain.engine.protocols.task import Task, TaskData, register_task  # noqa: E402
+from visiontrain.engine.step.eval_loop import EvalData  # noqa: E402
 
 BATCH, IN, HIDDEN, OUT, SAMPLES, LR = 32, 64, 128, 10, 3200, 1e-3
 
@@ -169,7 +169,7 @@ def lightning_loop(steps: int) -> float | None:
 def engine_parts(steps: int) -> dict[str, float]:
     """Where the engine's cost goes (--breakdown), each µs/step: the engine's loader alone; the
     trainer around a step that does nothing; TrainStep called straight from a bare loop."""
-    from visiontrain.engine.step import TrainStep
+    from visiontrain.engine.step.pipeline import TrainStep
 
     class NoopStep(TrainStep):
         def __call__(self, batches: Any, weights: Any) -> None:

@@ -33,9 +33,9 @@ from visiontrain._tv_compat import ensure_torchvision
 ensure_torchvision()
 from visiontrain import config as C  # noqa: E402
 from visiontrain.benchmark import run_benchmark  # noqa: E402
-from visiontrain.engine import build  # noqa: E402
-from visiontrain.engine.distributed import DistInfo  # noqa: E402
-from visiontrain.engine.step import to_device  # noqa: E402
+from visiontrain.engine.build.loaders import loaders  # noqa: E402
+from visiontrain.engine.parallel.distributed import DistInfo  # noqa: E402
+from visiontrain.engine.step.pipeline import to_device  # noqa: E402
 from visiontrain.models import build_model  # noqa: E402
 from visiontrain.tasks import build_task  # noqa: E402
 
@@ -100,7 +100,7 @@ def detr_step(model_name: str, batch: int, device: torch.device, precision: str,
     params = [p for p in model.parameters() if p.requires_grad]
     if compiled:
         model = torch.compile(model)
-    sampler, loader, _ = build.loaders(data, cfg, DistInfo(), device)  # the engine's first batch, seeded alike
+    sampler, loader, _ = loaders(data, cfg, DistInfo(), device)  # the engine's first batch, seeded alike
     sampler.set_epoch(0)
     images, mask, targets = next(iter(loader))
     sample = to_device((images.contiguous(memory_format=torch.channels_last), mask, targets), device)
@@ -199,7 +199,7 @@ def profile_case(model: str, size: int, batch: int, device: torch.device, precis
     CUDA activity): what the engine's step does that the loop's does not, in kernels and in calls."""
     from torch.profiler import ProfilerActivity, profile
 
-    from visiontrain.engine.hooks import Hook
+    from visiontrain.engine.protocols.hooks import Hook
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)

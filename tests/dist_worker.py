@@ -11,9 +11,9 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 from toy_task import ToyTask, toy_config  # noqa: E402
-from visiontrain.engine.distributed import shutdown  # noqa: E402
-from visiontrain.engine.fsdp import full_state_dict  # noqa: E402
-from visiontrain.engine.trainer import Trainer  # noqa: E402
+from visiontrain.engine.loop.trainer import Trainer  # noqa: E402
+from visiontrain.engine.parallel.distributed import shutdown  # noqa: E402
+from visiontrain.engine.parallel.fsdp import full_state_dict  # noqa: E402
 
 out, run_dir, overrides = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
 resume = sys.argv[4] if len(sys.argv) > 4 else None

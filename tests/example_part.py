@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from visiontrain.engine.cadence import Cadence
-from visiontrain.engine.parts import Part
+from visiontrain.engine.protocols.cadence import Cadence
+from visiontrain.engine.protocols.part import Part
 
 
 class WeightTrail(Part):

@@ -39,8 +39,8 @@ def final_weights(trainer: Any) -> dict[str, dict[str, torch.Tensor]]:
 
 def make(out: Path) -> None:
     from toy_task import ToyTask, toy_config
-    from visiontrain.engine.hooks import Hook
-    from visiontrain.engine.trainer import Trainer
+    from visiontrain.engine.loop.trainer import Trainer
+    from visiontrain.engine.protocols.hooks import Hook
 
     class Crash(Exception):
         pass

@@ -9,10 +9,11 @@ import torch
 
 from toy_task import toy_config, train
 from visiontrain import cli
-from visiontrain.engine import build, run as run_module
-from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
+from visiontrain.engine.build import loaders as loaders_module
+from visiontrain.engine.build import training as run_module
+from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
 from visiontrain.trained import load_trained
-from visiontrain.engine import checkpoint_format as fmt
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +31,8 @@ def test_validate_builds_no_optimizer_and_no_training_loader(toy_run, monkeypatc
         raise AssertionError("validate built a piece only training needs")
 
     monkeypatch.setattr(run_module, "build_optimizer", refused)
-    monkeypatch.setattr(build, "loaders", refused)
-    monkeypatch.setattr(build, "train_loader", refused)
+    monkeypatch.setattr(run_module, "loaders", refused)
+    monkeypatch.setattr(loaders_module, "train_loader", refused)
     assert cli.main(["validate", str(run_dir / "checkpoints" / "last.pt")]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     final = json.loads((run_dir / "summary.json").read_text())["final"]

@@ -1,4 +1,4 @@
-"""visiontrain.engine.checkpoint: atomic writes (also under SIGKILL), safe loads, RNG state, best-k."""
+"""visiontrain.engine.state.checkpoint: atomic writes (also under SIGKILL), safe loads, RNG state, best-k."""
 from __future__ import annotations
 
 import os
@@ -14,15 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-import visiontrain.engine.checkpoint as ckpt
-from visiontrain.engine.checkpoint import (
-    BestTracker,
-    CheckpointError,
-    atomic_save,
-    capture_rng,
-    load_checkpoint,
-    restore_rng,
-)
+from visiontrain.engine.state.checkpoint import (BestTracker, CheckpointError, atomic_save, capture_rng,
+                                                 load_checkpoint, restore_rng)
+import visiontrain.engine.state.checkpoint as ckpt
 
 
 class Custom:
@@ -119,7 +113,7 @@ def test_non_os_error_propagates_unchanged_and_cleans_temp(tmp_path: Path, monke
 SAVER = r"""
 import os, sys
 import torch
-from visiontrain.engine.checkpoint import atomic_save
+from visiontrain.engine.state.checkpoint import atomic_save
 
 path = sys.argv[1]
 tensors = [torch.empty(1 << 20) for _ in range(5)]  # 5 x 4 MiB = 20 MiB

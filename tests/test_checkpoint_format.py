@@ -14,9 +14,9 @@ import torch
 import format1_run
 from procs import run_cli
 from toy_task import ToyTask, toy_config
-from visiontrain.engine import checkpoint_format as fmt
-from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
-from visiontrain.engine.trainer import Trainer
+from visiontrain.engine.loop.trainer import Trainer
+from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
 
 FIXTURE = Path(__file__).parent / "fixtures" / "format1"
 
@@ -112,11 +112,11 @@ class ReadsOf(dict):
 
 
 def test_only_the_format_module_reads_a_checkpoint_entry_by_name(tmp_path, monkeypatch):
-    """Every reader of a checkpoint goes through engine.checkpoint_format: resume, validate/predict/
+    """Every reader of a checkpoint goes through engine.state.checkpoint_format: resume, validate/predict/
     export (trained.py), --init, consolidate's check and the FSDP pruning of directories."""
-    from visiontrain.engine.fsdp import ShardedCheckpoints
-    from visiontrain.engine.distributed import DistInfo
-    from visiontrain.engine.weights import load_init_weights
+    from visiontrain.engine.parallel.distributed import DistInfo
+    from visiontrain.engine.state.sharded import ShardedCheckpoints
+    from visiontrain.engine.state.weights import load_init_weights
     from visiontrain.trained import load_trained
 
     cfg = toy_config(trainer__max_steps=4, ema__enabled=True)

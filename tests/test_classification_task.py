@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from visiontrain import config as C
-from visiontrain.engine.eval_loop import EvalData
+from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.tasks import build_task
 from visiontrain.tasks.classification import MixSwitchOff, mix_batch
 

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from procs import run_cli
-from visiontrain.engine.checkpoint import load_checkpoint
-from visiontrain.engine import checkpoint_format as fmt
+from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.engine.state.checkpoint import load_checkpoint
 
 QUICK = ["data.name=digits", "data.batch_size=64", "trainer.epochs=2", "trainer.log_every=5",
          "trainer.progress=plain", "schedules.lr.warmup=2", "schedules.lr.unit=steps", "ema.enabled=true"]

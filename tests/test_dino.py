@@ -15,8 +15,8 @@ from test_host_syncs import ALL_ON, run_counted
 from test_resume import Crash, CrashAt, assert_bit_identical, fit_and_crash_resume
 from visiontrain import config as C
 from visiontrain.data.samplers import SeededDataset
-from visiontrain.engine.hooks import Hook
-from visiontrain.engine.trainer import Trainer
+from visiontrain.engine.loop.trainer import Trainer
+from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.evaluation.knn import knn_predict
 from visiontrain.models.dino import dino_loss, update_center
 from visiontrain.tasks import build_task
@@ -153,7 +153,7 @@ def dino_cosine_scheduler(base: float, final: float, epochs: int, niter: int, wa
 def test_recipe_schedules_are_dinos_at_every_iteration(recipe):
     """lr, weight decay and teacher momentum from DINO's cosine_scheduler, the teacher temperature
     from its per-epoch np.linspace, with DINO's own arguments taken from the recipe."""
-    from visiontrain.engine.schedules import StepClock, build_schedule
+    from visiontrain.engine.step.schedules import StepClock, build_schedule
 
     cfg = C.load_config(recipe, [])
     epochs, niter, s = cfg.trainer.epochs, 8, cfg.schedules  # 8 iterations an epoch: half an epoch is whole
@@ -348,8 +348,8 @@ def test_cli_smoke_fit_evaluates_at_init_and_saves_the_centre(fitted):
     assert ckpt["task"]["center"].shape == (1, 64) and ckpt["task"]["center"].abs().sum() > 0
     assert json.loads((run / "summary.json").read_text())["best"]["ema"] > 0
     # the plots show the teacher's entropy among the training curves and its k-NN accuracy
-    from visiontrain.engine.metrics_file import read_metrics
-    from visiontrain.engine.plots import curve_figures
+    from visiontrain.engine.records.metrics_file import read_metrics
+    from visiontrain.engine.records.plots import curve_figures
 
     figures = curve_figures(*read_metrics(run / "metrics.jsonl"))
     titles = {name: [ax.get_title() for ax in fig.axes if ax.get_visible()] for name, fig in figures.items()}

@@ -68,11 +68,11 @@ def test_shards_are_disjoint_cover_the_data_and_depend_on_seed_and_epoch(world):
 
 def test_ddp_searches_unused_parameters_only_when_the_task_asks(monkeypatch):
     from toy_task import ToyTask, toy_config
-    from visiontrain.engine import build
-    from visiontrain.engine import trainer as trainer_module
+    from visiontrain.engine.build import placement
+    from visiontrain.engine.loop import trainer as trainer_module
 
     seen = []
-    monkeypatch.setattr(build, "wrap_ddp", lambda model, *a, **kw: seen.append(kw) or model)
+    monkeypatch.setattr(placement, "wrap_ddp", lambda model, *a, **kw: seen.append(kw) or model)
     cfg = toy_config()
     trainer_module.Trainer(cfg, ToyTask(cfg), None)
     task = ToyTask(cfg)
@@ -87,9 +87,9 @@ def test_sharded_evaluation_counts_every_sample_once(world):
     collectives); the padding repeats must not be counted. Each rank's shard evaluated on its own
     (the all-reduce sums them): the confusion counts add up to the set, and top-1 to one process's."""
     from visiontrain.config import load_config
-    from visiontrain.engine import build
-    from visiontrain.engine.distributed import DistInfo, real_samples
-    from visiontrain.engine.eval_loop import EvalData
+    from visiontrain.engine.build.loaders import eval_loader
+    from visiontrain.engine.parallel.distributed import DistInfo, real_samples
+    from visiontrain.engine.step.eval_loop import EvalData
     from visiontrain.tasks import build_task
 
     cfg = load_config("classify-fashion", ["data.name=digits", "data.limit_val=101", "data.eval_batch_size=16"])
@@ -100,7 +100,7 @@ def test_sharded_evaluation_counts_every_sample_once(world):
     assert n == 101 and n % world  # the padding case
 
     def evaluate(info: DistInfo) -> tuple[torch.Tensor, int | None]:
-        loader = build.eval_loader(data.val, 16, collate=data.eval_collate, num_workers=0, pin_memory=False,
+        loader = eval_loader(data.val, 16, collate=data.eval_collate, num_workers=0, pin_memory=False,
                                    dist_info=info)
         with torch.no_grad():  # one shard at a time in one process: no all-reduce (EvalData.local)
             task.evaluate(model, EvalData.local(loader))

@@ -8,7 +8,7 @@ import pytest
 from procs import run_cli
 from toy_task import ToyTask, toy_config, train
 from visiontrain.config import ConfigError
-from visiontrain.engine.trainer import Trainer
+from visiontrain.engine.loop.trainer import Trainer
 
 # 256 samples / batch 32 = 8 steps an epoch, one evaluation an epoch. The scripted metric (max)
 # improves at evaluations 0, 1 and 2, then not by more than min_delta=0.1 (2.05), then falls.

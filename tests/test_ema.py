@@ -1,4 +1,4 @@
-"""visiontrain.engine.ema.ModelEma against the hand formula ema = d * ema + (1 - d) * param."""
+"""visiontrain.engine.step.ema.ModelEma against the hand formula ema = d * ema + (1 - d) * param."""
 from __future__ import annotations
 
 import math
@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from visiontrain.engine.checkpoint import atomic_save, load_checkpoint
-from visiontrain.engine.ema import ModelEma
+from visiontrain.engine.state.checkpoint import atomic_save, load_checkpoint
+from visiontrain.engine.step.ema import ModelEma
 
 
 def make_model(seed: int = 0) -> nn.Module:

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from toy_task import toy_config, train
-from visiontrain.engine.checkpoint import load_checkpoint
-from visiontrain.engine.hooks import Hook
-from visiontrain.engine.guards import NonFiniteLossError
-from visiontrain.engine import checkpoint_format as fmt
+from visiontrain.engine.protocols.hooks import Hook
+from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.engine.state.checkpoint import load_checkpoint
+from visiontrain.engine.step.guards import NonFiniteLossError
 
 
 def weights(trainer) -> dict[str, torch.Tensor]:
@@ -90,7 +90,7 @@ def test_clip_by_global_norm():
     probe = GradProbe()
     cfg = toy_config(trainer__clip_grad=0.5, trainer__max_steps=6, optim__lr=0.001)
     from toy_task import ToyTask
-    from visiontrain.engine.trainer import Trainer
+    from visiontrain.engine.loop.trainer import Trainer
 
     t = Trainer(cfg, ToyTask(cfg), None, hooks=[probe])
     t.fit()
@@ -103,7 +103,7 @@ def test_clip_per_parameter():
     probe = GradProbe()
     cfg = toy_config(trainer__clip_grad=0.3, trainer__clip_mode="param", trainer__max_steps=4, optim__lr=0.001)
     from toy_task import ToyTask
-    from visiontrain.engine.trainer import Trainer
+    from visiontrain.engine.loop.trainer import Trainer
 
     Trainer(cfg, ToyTask(cfg), None, hooks=[probe]).fit()
     flat = [n for step in probe.per_param for n in step]
@@ -138,7 +138,7 @@ def _single_term_task(term: str):
 def test_total_that_is_a_term_is_logged_under_both_names(run_dir):
     """The recorder keeps such a total once and logs it as the term and as `total`; the columns
     after it (grad_norm) and the unweighted terms around it stay in place."""
-    from visiontrain.engine.trainer import Trainer
+    from visiontrain.engine.loop.trainer import Trainer
 
     cfg = toy_config(trainer__clip_grad=100.0, trainer__max_steps=4, trainer__log_every=2)
     trainer = Trainer(cfg, _single_term_task("l1")(cfg), run_dir)
@@ -154,7 +154,7 @@ def test_total_that_is_a_term_is_logged_under_both_names(run_dir):
 
 
 def test_total_that_is_a_term_still_stops_a_nonfinite_run(run_dir):
-    from visiontrain.engine.trainer import Trainer
+    from visiontrain.engine.loop.trainer import Trainer
 
     cfg = toy_config(task__poison_step=5, trainer__log_every=4, trainer__epochs=2)
     with pytest.raises(NonFiniteLossError, match=r"step 6 .*mse=nan.*total=nan"):
@@ -163,7 +163,7 @@ def test_total_that_is_a_term_still_stops_a_nonfinite_run(run_dir):
 
 def test_scheduled_weight_of_a_single_term_logs_the_weighted_total(run_dir):
     """A schedule may move the weight off 1.0: then the total is its own tensor, recorded apart."""
-    from visiontrain.engine.trainer import Trainer
+    from visiontrain.engine.loop.trainer import Trainer
 
     cfg = toy_config(trainer__epochs=1, trainer__log_every=1,
                      schedules={"loss.l1": {"shape": "linear", "base": 0.0, "end": 1.0}})
@@ -203,7 +203,7 @@ def test_a_nonfinite_stop_before_any_checkpoint_says_there_is_none(run_dir):
 
 
 def test_weights_gone_nonfinite_before_the_first_checkpoint_say_there_is_none(tmp_path):
-    from visiontrain.engine.guards import check_weights
+    from visiontrain.engine.step.guards import check_weights
 
     model = torch.nn.Linear(2, 1)
     with torch.no_grad():
@@ -228,7 +228,7 @@ def test_nonfinite_skip_leaves_weights_untouched(run_dir):
 
     cfg = toy_config(task__poison_step=10, trainer__nonfinite="skip", trainer__epochs=3, optim__lr=0.01)
     from toy_task import ToyTask
-    from visiontrain.engine.trainer import Trainer
+    from visiontrain.engine.loop.trainer import Trainer
 
     t = Trainer(cfg, ToyTask(cfg), run_dir, hooks=[Snap()])
     summary = t.fit()
@@ -244,7 +244,7 @@ def test_nonfinite_skip_with_foreach_optimizer():
     cfg = toy_config(task__poison_step=0, trainer__nonfinite="skip", trainer__max_steps=3,
                      optim__impl="foreach", optim__name="adamw")
     from toy_task import ToyTask
-    from visiontrain.engine.trainer import Trainer
+    from visiontrain.engine.loop.trainer import Trainer
 
     t = Trainer(cfg, ToyTask(cfg), None)
     before = weights(t)
@@ -266,7 +266,7 @@ def test_lr_schedule_reaches_optimizer(run_dir):
     cfg = toy_config(schedules={"lr": {"shape": "linear", "end": 0.0, "warmup": 2, "warmup_start": 0.0}},
                      optim__lr=0.1, optim__weight_decay=0.01, trainer__epochs=1)
     from toy_task import ToyTask
-    from visiontrain.engine.trainer import Trainer
+    from visiontrain.engine.loop.trainer import Trainer
 
     Trainer(cfg, ToyTask(cfg), None, hooks=[LrProbe()]).fit()
     # 8 steps: warmup 0 -> 0.1 over 2 steps, then linear 0.1 -> 0 over the remaining 6
@@ -286,7 +286,7 @@ def test_eval_models_and_at_start(run_dir, which, expected):
 
 
 def test_sync_bn_converts_under_ddp_and_is_refused_on_the_cpu():
-    from visiontrain.engine.distributed import DistInfo, convert_sync_bn
+    from visiontrain.engine.parallel.distributed import DistInfo, convert_sync_bn
 
     net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
     assert convert_sync_bn(net, DistInfo(), torch.device("cpu")) is net  # one process: nothing to sync

@@ -1,4 +1,4 @@
-"""visiontrain.engine.eval_loop.EvalData: batches on the device, the sampler's padding cut, ranks combined."""
+"""visiontrain.engine.step.eval_loop.EvalData: batches on the device, the sampler's padding cut, ranks combined."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,8 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from visiontrain.engine.distributed import DistInfo
-from visiontrain.engine.eval_loop import EvalData
+from visiontrain.engine.parallel.distributed import DistInfo
+from visiontrain.engine.step.eval_loop import EvalData
 
 
 class MovedTo(torch.Tensor):

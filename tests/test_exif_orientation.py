@@ -103,7 +103,7 @@ def test_a_detector_trains_on_rotated_photos_with_its_boxes_on_the_objects(layou
     """The training set's eight photos take all eight orientations; their annotations are upright.
     Every batch of the training loader (the first as `visiontrain preview` draws it) has each box on
     its object's pixels; then two steps train."""
-    from visiontrain.engine.trainer import Trainer
+    from visiontrain.engine.loop.trainer import Trainer
 
     BUILD[layout](tmp_path / "data", ALL_ORIENTATIONS)
     splits = {"coco": ["data.train_split=train2017", "data.val_split=val2017"],

@@ -17,10 +17,10 @@ from PIL import Image
 from detection_helpers import vt
 from toy_task import ToyTask, toy_config
 from visiontrain import config as C
+from visiontrain.engine.protocols.task import ExportUnsupported
+from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.export import export_model
 from visiontrain.tasks import build_task
-from visiontrain.engine.task import ExportUnsupported
-from visiontrain.engine import checkpoint_format as fmt
 
 TOL = 1e-4
 
@@ -259,7 +259,7 @@ def test_cli_exports_a_checkpoint_and_prints_the_difference(classify_checkpoint,
     """A 2-step fit's checkpoint, its EMA weights, to ONNX next to the checkpoint (the default --out);
     its metadata is the checkpoint's classes and validation transform, and the docs' onnxruntime
     script on an 8 x 8 digit gives the Python API's probabilities."""
-    from visiontrain.engine.checkpoint import load_checkpoint
+    from visiontrain.engine.state.checkpoint import load_checkpoint
     from visiontrain.inference import Predictor
 
     proc = vt("export", str(classify_checkpoint), "--format", "onnx", "--ema")

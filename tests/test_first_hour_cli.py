@@ -17,8 +17,8 @@ import torch
 
 from visiontrain import cli
 from visiontrain import config as C
-from visiontrain.engine.checkpoint import load_checkpoint
-from visiontrain.engine import checkpoint_format as fmt
+from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.engine.state.checkpoint import load_checkpoint
 
 DIGITS = ["classify-fashion", "data.name=digits", "trainer.progress=plain", "eval.every=0", "trainer.plots=false"]
 

@@ -85,15 +85,15 @@ def test_grouped_sampler_error_says_what_grouping_is_and_the_switch() -> None:
 
 def test_loaders_say_once_how_many_images_each_epoch_leaves_out(caplog) -> None:
     from visiontrain.config import load_config
-    from visiontrain.engine import build
-    from visiontrain.engine.distributed import DistInfo
-    from visiontrain.engine.task import TaskData
+    from visiontrain.engine.build.loaders import loaders
+    from visiontrain.engine.parallel.distributed import DistInfo
+    from visiontrain.engine.protocols.task import TaskData
 
     cfg = load_config("classify-fashion", ["data.batch_size=4"])  # ships in-process (num_workers 0)
     ds = TensorDataset(torch.zeros(21, 1), torch.zeros(21, dtype=torch.int64))
     data = TaskData(ds, ds, {}, random_transforms=False, group_ids=[0] * 5 + [1] * 16)
     with caplog.at_level(logging.INFO, logger="visiontrain"):
-        sampler, _, _ = build.loaders(data, cfg, DistInfo(), torch.device("cpu"))
+        sampler, _, _ = loaders(data, cfg, DistInfo(), torch.device("cpu"))
     assert sampler.left_out_per_epoch == 1 and len(sampler) == 5
     lines = [r.getMessage() for r in caplog.records if "leaves" in r.getMessage()]
     assert len(lines) == 1 and "leaves 1 out of each epoch" in lines[0] and "task.group_aspect=false" in lines[0]

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from toy_task import ToyTask, toy_config
-from visiontrain.engine.eval_loop import EvalData
-from visiontrain.engine.trainer import Trainer
+from visiontrain.engine.loop.trainer import Trainer
+from visiontrain.engine.step.eval_loop import EvalData
 
 STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
 
@@ -29,7 +29,7 @@ def strict_loads(text: str) -> Any:
 
 # ---------------------------------------------------------------- item 13: null, never NaN
 def test_dumps_json_writes_null_for_every_non_finite_float():
-    from visiontrain.engine.logging import dumps_json
+    from visiontrain.engine.records.run_log import dumps_json
 
     value = {"AP": 0.5, "APs": math.nan, "per_class": [1.0, math.inf, {"x": -math.inf}], "pair": (2, math.nan),
              "n": 3, "name": "run", "none": None}
@@ -72,8 +72,8 @@ def _null_run(path: Path) -> Path:
 
 def test_readers_take_null_as_a_missing_value(tmp_path):
     from visiontrain.compare import read_run, table_rows
-    from visiontrain.engine.metrics_file import read_metrics
-    from visiontrain.engine.plots import curve_figures
+    from visiontrain.engine.records.metrics_file import read_metrics
+    from visiontrain.engine.records.plots import curve_figures
     from visiontrain.report import build_report
 
     run = _null_run(tmp_path / "run")
@@ -121,7 +121,7 @@ def test_top5_is_reported_from_six_classes_up():
 
 
 def test_eval_png_draws_training_acc_on_the_top1_panel():
-    from visiontrain.engine.plots import curve_figures
+    from visiontrain.engine.records.plots import curve_figures
 
     train = [{"kind": "train", "step": s, "epoch": 0, "ce": 1.0 / s, "acc": 40.0 + s, "total": 1.0 / s, "lr": 0.1}
              for s in (1, 2, 3, 4)]
@@ -136,7 +136,7 @@ def test_eval_png_draws_training_acc_on_the_top1_panel():
 
 # ---------------------------------------------------------------- item 18: plain log lines
 def _plain_logger(tmp_path: Path):
-    from visiontrain.engine.logging import RunLogger
+    from visiontrain.engine.records.run_log import RunLogger
 
     return RunLogger(tmp_path, total_steps=100, progress="plain")
 
@@ -156,7 +156,7 @@ def test_plain_train_lines_keep_one_format_per_quantity(tmp_path, capsys):
 
 
 def test_format_value_is_chosen_by_the_quantity():
-    from visiontrain.engine.logging import format_value
+    from visiontrain.engine.records.run_log import format_value
 
     assert format_value("lr", 3e-3) == "3.000e-03" and format_value("lr/backbone", 1e-5) == "1.000e-05"
     assert format_value("samples_per_s", 12.4) == "12" and format_value("acc", 87.5) == "87.50"
@@ -185,7 +185,7 @@ def test_a_fourteen_term_epoch_summary_wraps_under_the_width(tmp_path, capsys):
 
 
 def test_the_terminal_bar_still_shows_progress_and_tables(tmp_path, capsys):
-    from visiontrain.engine.logging import RunLogger
+    from visiontrain.engine.records.run_log import RunLogger
 
     log = RunLogger(tmp_path, total_steps=10, progress="bar")
     log.log("train", 5, 0, {"total": 0.5, "lr": 3e-3, "samples_per_s": 100.0, "eta_s": 3.0})

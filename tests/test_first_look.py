@@ -12,8 +12,8 @@ from PIL import Image
 from procs import run_cli
 from toy_task import toy_config, train
 from visiontrain import config as C
-from visiontrain.engine.first_look import parameter_table
-from visiontrain.engine.run import build_training
+from visiontrain.engine.build.training import build_training
+from visiontrain.engine.records.first_look import parameter_table
 from visiontrain.tasks import build_task
 
 

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 
 from test_distributed import run
-from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
-from visiontrain.engine import checkpoint_format as fmt
+from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
 
 FSDP = {"distributed__strategy": "fsdp"}
 COMMON = {"trainer__epochs": 2, "optim__name": "adamw", "optim__lr": 0.01, "checkpoint__every": 1,
@@ -73,7 +73,7 @@ def test_sharded_resume_is_exact_and_consolidates(tmp_path):
 
     # a replicated (one-process) run refuses to resume a sharded checkpoint, and says what to do
     from toy_task import ToyTask, toy_config
-    from visiontrain.engine.trainer import Trainer
+    from visiontrain.engine.loop.trainer import Trainer
 
     cfg = toy_config(**{k: v for k, v in common.items() if k != "distributed__strategy"})
     with pytest.raises(CheckpointError, match="sharded .*same distributed.strategy.*--init"):
@@ -90,9 +90,9 @@ def test_a_missing_or_foreign_sharded_directory_is_named(tmp_path):
 
 
 def test_prune_keeps_what_a_pt_file_names_and_never_reuses_a_directory(tmp_path):
-    from visiontrain.engine.checkpoint import atomic_save
-    from visiontrain.engine.distributed import DistInfo
-    from visiontrain.engine.fsdp import ShardedCheckpoints
+    from visiontrain.engine.parallel.distributed import DistInfo
+    from visiontrain.engine.state.checkpoint import atomic_save
+    from visiontrain.engine.state.sharded import ShardedCheckpoints
 
     sharded = ShardedCheckpoints(tmp_path, DistInfo())
     for name in ("step-4.dcp", "step-8.dcp", "step-12.dcp", ".step-16.dcp.tmp"):  # the last: a crash mid-save

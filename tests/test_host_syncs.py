@@ -22,8 +22,8 @@ import torch
 from devices import ON_CUDA
 from toy_task import ToyTask, toy_config
 from visiontrain import config as C
-from visiontrain.engine.hooks import Hook
-from visiontrain.engine.trainer import Trainer, next_micro_batches
+from visiontrain.engine.loop.trainer import Trainer, next_micro_batches
+from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.tasks import build_task
 
 pytestmark = pytest.mark.cuda

@@ -75,7 +75,7 @@ def test_forkserver_workers_share_one_copy(tmp_path, tmp_path_factory):
     """Two forkserver workers fill the cache and the main process reads what they wrote; then, with
     the image files deleted, two new workers read what other processes filled. A worker that decoded
     into a private copy, or received the pixels with the dataset, would fail one of the three checks."""
-    from visiontrain.engine.build import worker_context
+    from visiontrain.engine.build.loaders import worker_context
 
     name, root, splits = tree("coco", tmp_path_factory)
     train, _ = cached_splits(name, root, splits, tmp_path)
@@ -165,8 +165,8 @@ def test_training_with_the_cache_is_bit_identical_and_resumes_exactly(tmp_path, 
     resumed with it; epochs after the first read the images from the cache."""
     from detection_helpers import mosaic_coco
     from test_resume import assert_bit_identical, fit_and_crash_resume, state_of
-    from visiontrain.engine.metrics_file import read_metrics
-    from visiontrain.engine.trainer import Trainer
+    from visiontrain.engine.loop.trainer import Trainer
+    from visiontrain.engine.records.metrics_file import read_metrics
     from visiontrain.tasks import build_task
 
     root = mosaic_coco(tmp_path_factory, 8, 2)

@@ -13,8 +13,8 @@ from PIL import Image
 
 from detection_helpers import vt
 from visiontrain import config as C
+from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.inference import Classification, Detections, Predictor
-from visiontrain.engine import checkpoint_format as fmt
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_the_recorded_transform_is_the_one_the_datasets_use(tmp_path):
 def test_a_checkpoint_without_the_recorded_transform(classifier, classify_checkpoint, tmp_path):
     """Written before data_info held 'preprocess': rebuilt from the config (digits is always
     there), or, where the dataset cannot be read, an error naming it."""
-    from visiontrain.engine.checkpoint import load_checkpoint
+    from visiontrain.engine.state.checkpoint import load_checkpoint
 
     state = load_checkpoint(classify_checkpoint)
     del fmt.data_info_of(state)["preprocess"]
@@ -173,7 +173,7 @@ def test_every_input_kind_gives_the_same_boxes(detector):
 
 
 def test_bad_input_is_a_clear_error(classifier, detector):
-    from visiontrain.engine.task import PredictUnsupported
+    from visiontrain.engine.protocols.task import PredictUnsupported
     from visiontrain.inference import check_predicts
     from visiontrain.tasks import build_task
 

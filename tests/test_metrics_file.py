@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from visiontrain.engine import metrics_file as M
-from visiontrain.engine.logging import RunLogger
+from visiontrain.engine.records import metrics_file as M
+from visiontrain.engine.records.run_log import RunLogger
 
 
 def test_the_writer_and_the_reader_agree(tmp_path):

@@ -14,7 +14,7 @@ import torch
 from devices import TEST_DEVICE
 from visiontrain import config as C
 from visiontrain.data.normalize import NormalizeOnDevice
-from visiontrain.engine.trainer import Trainer
+from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.tasks import build_task
 
 # The subject is the same run with the CPU or the device normalising: loaded in-process, no evaluation.
@@ -39,22 +39,22 @@ def first_batch(recipe: str, overrides: list[str], on_device: bool):
     cfg = C.load_config(recipe, BASE + overrides + [f"data.normalize_on_device={str(on_device).lower()}"])
     task = build_task(cfg)
     data = task.build_data()
-    from visiontrain.engine import build
-    from visiontrain.engine.distributed import DistInfo
+    from visiontrain.engine.build.loaders import loaders
+    from visiontrain.engine.parallel.distributed import DistInfo
 
-    sampler, loader, _ = build.loaders(data, cfg, DistInfo(), torch.device("cpu"))
+    sampler, loader, _ = loaders(data, cfg, DistInfo(), torch.device("cpu"))
     sampler.set_epoch(0)
     return next(iter(loader)), task.device_transform()
 
 
 def on_test_device(batch):
-    from visiontrain.engine.step import to_device
+    from visiontrain.engine.step.pipeline import to_device
 
     return to_device(batch, TEST_DEVICE)
 
 
 def on_cpu(batch):
-    from visiontrain.engine.step import to_device
+    from visiontrain.engine.step.pipeline import to_device
 
     return to_device(batch, torch.device("cpu"))
 

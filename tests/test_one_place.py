@@ -1,13 +1,14 @@
 """Facts the commands share are spelled in one module each, and the modules that read them import
-the names: the exit codes (``exit_codes``), the run dir's file names (``engine.run_files``), the
-keys of a metrics row (``engine.metrics_file``); and no module outside ``tasks/`` names a task
+the names: the exit codes (``exit_codes``), the run dir's file names (``engine.state.run_files``), the
+keys of a metrics row (``engine.records.metrics_file``); and no module outside ``tasks/`` names a task
 family (a task says what it predicts: ``Task.predicts``)."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from visiontrain.engine import metrics_file, run_files
+from visiontrain.engine.records import metrics_file
+from visiontrain.engine.state import run_files
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "visiontrain"
 APP = sorted(p for p in SRC.glob("*.py"))  # cli, commands, compare, report, predict, inference, export...

@@ -13,15 +13,15 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from example_part import WeightTrail
 from toy_task import ToyData, ToyTask, toy_config
-from visiontrain.engine import assembly
-from visiontrain.engine import checkpoint_format as fmt
-from visiontrain.engine.cadence import Cadence
-from visiontrain.engine.checkpoint import load_checkpoint
-from visiontrain.engine.hooks import Hook
-from visiontrain.engine.parts import Progress
-from visiontrain.engine.schedules import StepClock
-from visiontrain.engine.task import TaskData
-from visiontrain.engine.trainer import Trainer
+from visiontrain.engine.loop import assembly
+from visiontrain.engine.loop.trainer import Trainer
+from visiontrain.engine.protocols.cadence import Cadence
+from visiontrain.engine.protocols.hooks import Hook
+from visiontrain.engine.protocols.part import Progress
+from visiontrain.engine.protocols.task import TaskData
+from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.engine.state.checkpoint import load_checkpoint
+from visiontrain.engine.step.schedules import StepClock
 
 ENGINE = Path(__file__).resolve().parents[1] / "src" / "visiontrain" / "engine"
 
@@ -133,12 +133,12 @@ def test_no_due_runs_a_collective(tmp_path, monkeypatch):
 
 def test_the_loop_names_no_optional_part_and_no_data_format():
     """Early stopping, trackers, plots, the first look and the profiler are parts or hooks of the
-    list in engine.assembly; the trainer and the checkpointer name none of them, nor the sampler."""
+    list in engine.loop.assembly; the trainer and the checkpointer name none of them, nor the sampler."""
     optional = {"early_stop", "EarlyStopping", "tracking", "TrackRun", "make_trackers", "start_tracking", "end_trackers",
                 "plots", "PlotHook", "first_look", "FirstLook", "profiling", "ProfileSteps", "sampler", "train_loader",
                 "ResumableBatchSampler", "LoaderSource"}
-    for module, banned in (("trainer.py", optional | {"LogPoint", "Evaluator", "StopCheck", "StopFlag", "preemption"}),
-                           ("checkpointer.py", optional | {"LogPoint", "rng", "capture_rng", "RngState",
+    for module, banned in (("loop/trainer.py", optional | {"LogPoint", "Evaluator", "StopCheck", "StopFlag", "preemption"}),
+                           ("parts/checkpointer.py", optional | {"LogPoint", "rng", "capture_rng", "RngState",
                                                            "restore_rng", "scaler", "early_stop"})):
         tree = ast.parse((ENGINE / module).read_text())
         names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from visiontrain import cli
-from visiontrain.engine import metrics_file as M
-from visiontrain.engine.logging import LOWEST_ROWS, MAX_CLASS_ROWS, RunLogger
+from visiontrain.engine.records import metrics_file as M
+from visiontrain.engine.records.run_log import LOWEST_ROWS, MAX_CLASS_ROWS, RunLogger
 
 TABLE = {"cat": {"AP": 0.25, "AP50": 0.5, "n_gt": 3},
          "a class whose name is far too long for a console column": {"AP": math.nan, "AP50": math.nan, "n_gt": 0},
@@ -53,7 +53,7 @@ def test_the_table_is_logged_once_and_read_back_but_is_no_metric(tmp_path, capsy
 def test_a_table_read_back_from_json_prints_a_dash_for_null(tmp_path, capsys):
     """What `validate` and the log print of a table whose undefined values are null (metrics.jsonl,
     summary.json), NaN (a fresh evaluation) or absent: one dash for all three, never nan or None."""
-    from visiontrain.engine.logging import class_table_text
+    from visiontrain.engine.records.run_log import class_table_text
 
     text = class_table_text("per_class", {"cat": {"AP": 0.25, "n_gt": 3}, "empty": {"AP": None, "n_gt": 0},
                                           "fresh": {"AP": math.nan, "n_gt": 0}, "short": {"n_gt": 1}})
@@ -83,8 +83,8 @@ def test_a_table_of_many_classes_prints_its_lowest_rows(tmp_path, capsys):
 
 def test_the_report_shows_the_table_and_compare_and_best_checkpoints_pass_it_over(tmp_path, capsys):
     from visiontrain.compare import read_run, table_rows
-    from visiontrain.engine.checkpoint import BestTracker
-    from visiontrain.engine.checkpointer import Checkpointer
+    from visiontrain.engine.parts.checkpointer import Checkpointer
+    from visiontrain.engine.state.checkpoint import BestTracker
     from visiontrain.report import build_report
 
     _log_eval(tmp_path)

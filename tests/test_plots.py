@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from toy_task import toy_config, train
-from visiontrain.engine import plots as P
+from visiontrain.engine.records import plots as P
 
 
 def _not_blank(path: Path) -> None:
@@ -123,7 +123,7 @@ def test_a_plot_that_fails_is_logged_and_training_goes_on(tmp_path, caplog):
 @pytest.fixture(scope="module")
 def fashion_run(tmp_path_factory):
     from visiontrain import config as C
-    from visiontrain.engine.trainer import Trainer
+    from visiontrain.engine.loop.trainer import Trainer
     from visiontrain.tasks import build_task
 
     cfg = C.load_config("classify-fashion", ["data.limit_train=256", "data.limit_val=200", "trainer.epochs=1",

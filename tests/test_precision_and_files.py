@@ -4,10 +4,10 @@ from __future__ import annotations
 import torch
 
 from toy_task import ToyTask, toy_config
-from visiontrain.engine.checkpoint import load_checkpoint
-from visiontrain.engine.trainer import Trainer
-from visiontrain.engine.weights import load_init_weights
-from visiontrain.engine import checkpoint_format as fmt
+from visiontrain.engine.loop.trainer import Trainer
+from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.engine.state.checkpoint import load_checkpoint
+from visiontrain.engine.state.weights import load_init_weights
 
 
 def test_bf16_trains_and_logs_fp32_values(run_dir):
@@ -21,7 +21,7 @@ def test_bf16_trains_and_logs_fp32_values(run_dir):
 
 
 def test_bf16_on_a_cpu_without_bf16_instructions_says_fp32_is_faster(run_dir, monkeypatch, capsys):
-    from visiontrain.engine import precision
+    from visiontrain.engine.step import precision
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)

@@ -16,9 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from visiontrain.engine.checkpoint import load_checkpoint
-from visiontrain.engine.preemption import EXIT_PREEMPTED
-from visiontrain.engine import checkpoint_format as fmt
+from visiontrain.engine.parts.preemption import EXIT_PREEMPTED
+from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.engine.state.checkpoint import load_checkpoint
 
 from procs import FAULTHANDLER_ENV, finish
 
@@ -69,7 +69,7 @@ def uninterrupted(tmp_path_factory) -> Path:
 def test_every_stop_signal_sets_the_flag_the_loop_reads():
     """SIGTERM and SIGUSR1 go through one handler into one flag; the run below shows what the loop
     does with it (one full run: the signal that reaches the flag makes no difference after it)."""
-    from visiontrain.engine.preemption import StopFlag
+    from visiontrain.engine.parts.preemption import StopFlag
     from visiontrain.stop_signals import STOP_SIGNALS
 
     assert set(STOP_SIGNALS) == {signal.SIGTERM, signal.SIGUSR1, signal.SIGINT}
@@ -88,7 +88,7 @@ def test_every_stop_signal_sets_the_flag_the_loop_reads():
 
 
 def test_a_second_ctrl_c_stops_at_once():
-    from visiontrain.engine.preemption import StopFlag
+    from visiontrain.engine.parts.preemption import StopFlag
 
     flag = StopFlag()
     flag.install()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from devices import TEST_DEVICE
-from visiontrain.engine.prefetch import DevicePrefetcher, device_batches
+from visiontrain.engine.step.prefetch import DevicePrefetcher, device_batches
 
 pytestmark = pytest.mark.cuda
 
@@ -83,9 +83,9 @@ def test_the_cpu_gets_the_loader_iterator_itself():
 def test_a_prefetched_batch_is_not_moved_again_by_the_step(monkeypatch):
     """On CUDA the prefetcher has already placed the batch (device, channels_last): the step must
     not walk it a second time. Shown on the CPU by counting the step's calls to ``to_device``."""
-    from visiontrain.engine import step as step_module
-    from visiontrain.engine.metrics import StepRecorder
-    from visiontrain.engine.prefetch import prefetches
+    from visiontrain.engine.step import pipeline as step_module
+    from visiontrain.engine.step.metrics import StepRecorder
+    from visiontrain.engine.step.prefetch import prefetches
 
     assert prefetches(torch.device("cuda"), True) and not prefetches(torch.device("cpu"), True)
     assert not prefetches(torch.device("cuda"), False)
@@ -112,7 +112,7 @@ def test_one_channel_batches_get_nhwc_strides_too():
     the same), and a convolution then runs the network in NCHW against channels_last weights: on an
     H200 that cost ResNet-50 on grey images 11-18 % of its speed. The batch is re-strided (a view)."""
     from visiontrain.data.batch_ops import channels_last
-    from visiontrain.engine.step import to_device
+    from visiontrain.engine.step.pipeline import to_device
 
     grey = torch.arange(2 * 1 * 3 * 4, dtype=torch.float32).reshape(2, 1, 3, 4)
     assert grey.contiguous(memory_format=torch.channels_last).stride() == (12, 12, 4, 1)  # torch's own: NCHW

@@ -16,7 +16,7 @@ from toy_task import toy_config
 from visiontrain import cli
 from visiontrain import config as C
 from visiontrain.compare import config_diff
-from visiontrain.engine.provenance import git_state
+from visiontrain.engine.records.provenance import git_state
 
 
 def git(repo: Path, *args: str) -> str:

@@ -12,8 +12,8 @@ from torch import nn
 
 from detection_helpers import mosaic_coco, vt
 from visiontrain import config as C
-from visiontrain.engine.schedules import StepClock, build_schedule
-from visiontrain.engine.trainer import Trainer
+from visiontrain.engine.loop.trainer import Trainer
+from visiontrain.engine.step.schedules import StepClock, build_schedule
 from visiontrain.tasks import build_task
 
 # Small enough for a few seconds a step on one core; the recipe's structure otherwise. Loaded in-process:

@@ -24,8 +24,8 @@ from dataset_trees import build_coco, build_image_folder, build_voc
 from procs import run_cli
 from shipped import LENGTH_AND_SIZE
 from visiontrain import config as C
-from visiontrain.engine.checkpoint import load_checkpoint
-from visiontrain.engine import checkpoint_format as fmt
+from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.engine.state.checkpoint import load_checkpoint
 
 STEPS = 3
 FIXTURES = {"coco": build_coco, "voc": build_voc, "image-folder": build_image_folder}

@@ -12,8 +12,8 @@ import torch
 from devices import deterministic_kernels
 from toy_task import ToyTask, toy_config
 from visiontrain import config as C
-from visiontrain.engine.hooks import Hook
-from visiontrain.engine.trainer import Trainer
+from visiontrain.engine.loop.trainer import Trainer
+from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.tasks import build_task
 
 
@@ -108,7 +108,7 @@ def test_resume_at_epoch_boundary_and_with_accumulation(tmp_path, deterministic)
 
 
 class EventRecorder:
-    """A tracker (engine.tracking) that keeps the (kind, step) of every event it is handed."""
+    """A tracker (engine.records.tracking) that keeps the (kind, step) of every event it is handed."""
 
     packages = ()
 
@@ -126,7 +126,7 @@ class EventRecorder:
 
 
 def logged_rows(run_dir) -> list[tuple[str, int]]:
-    from visiontrain.engine.metrics_file import METRICS_FILE
+    from visiontrain.engine.records.metrics_file import METRICS_FILE
 
     return [(row["kind"], row["step"]) for row in map(json.loads, (run_dir / METRICS_FILE).read_text().splitlines())]
 
@@ -156,7 +156,7 @@ def test_a_step_checkpoint_on_an_epochs_last_step_then_a_kill_logs_each_evaluati
 
 
 def test_resume_refuses_other_batch_size(tmp_path):
-    from visiontrain.engine.checkpoint import CheckpointError
+    from visiontrain.engine.state.checkpoint import CheckpointError
 
     cfg = toy_config(trainer__max_steps=3)
     Trainer(cfg, ToyTask(cfg), tmp_path / "a").fit()

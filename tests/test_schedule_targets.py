@@ -5,8 +5,8 @@ import pytest
 from torch import nn
 
 from toy_task import ToyTask, toy_config
-from visiontrain.engine.hooks import Hook
-from visiontrain.engine.trainer import Trainer
+from visiontrain.engine.loop.trainer import Trainer
+from visiontrain.engine.protocols.hooks import Hook
 
 
 class Probe(Hook):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from visiontrain.engine import metrics
-from visiontrain.engine.metrics import StepRecorder
+from visiontrain.engine.step import metrics
+from visiontrain.engine.step.metrics import StepRecorder
 
 
 @pytest.mark.parametrize("steps", [1, 9, 10, 23, 50])

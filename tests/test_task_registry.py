@@ -12,7 +12,7 @@ from torch import nn
 
 from visiontrain import config as C
 from visiontrain.config import TaskConfig, doc
-from visiontrain.engine.task import Prediction, Task, TaskData, register_task
+from visiontrain.engine.protocols.task import Prediction, Task, TaskData, register_task
 from visiontrain.inference import Detections, Predictor
 from visiontrain.tasks import build_task
 

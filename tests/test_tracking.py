@@ -19,12 +19,12 @@ import yaml
 from toy_task import ToyTask, toy_config
 from visiontrain import cli
 from visiontrain import config as C
-from visiontrain.engine.hooks import Hook
-from visiontrain.engine.metrics_file import ROW_KEYS, is_number, read_metrics
-from visiontrain.engine.preemption import Preempted
-from visiontrain.engine.trainer import Trainer
+from visiontrain.engine.loop.trainer import Trainer
+from visiontrain.engine.protocols.hooks import Hook
+from visiontrain.engine.records.metrics_file import ROW_KEYS, is_number, read_metrics
+from visiontrain.stop_signals import Preempted
 
-from visiontrain.engine.mlflow_tracker import MAX_PARAM, MlflowTracker, name, params_of
+from visiontrain.engine.records.mlflow_tracker import MAX_PARAM, MlflowTracker, name, params_of
 
 try:  # the extra (scripts/setup.sh test installs it): without it only the tests that need no MLflow run,
     import mlflow  # unless VISIONTRAIN_REQUIRE_MLFLOW=1 (CI) makes that a failure
@@ -155,8 +155,8 @@ def test_a_sharded_best_checkpoint_goes_with_the_directory_it_names(tmp_path):
     """Under FSDP best.pt holds the name of its step-S.dcp directory of shards, and is nothing without it."""
     import torch
 
-    from visiontrain.engine import checkpoint_format as fmt
-    from visiontrain.engine.mlflow_tracker import weight_files
+    from visiontrain.engine.records.mlflow_tracker import weight_files
+    from visiontrain.engine.state import checkpoint_format as fmt
 
     ckpts = tmp_path / "checkpoints"
     for name in ("step-8.dcp", "step-16.dcp"):  # step-16: last.pt's, not the best's

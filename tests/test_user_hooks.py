@@ -6,10 +6,10 @@ import pytest
 
 from toy_task import ToyTask, toy_config
 from visiontrain import cli
-from visiontrain.engine import checkpoint_format as fmt
-from visiontrain.engine.checkpoint import load_checkpoint
-from visiontrain.engine.hooks import Hook
-from visiontrain.engine.trainer import Trainer
+from visiontrain.engine.loop.trainer import Trainer
+from visiontrain.engine.protocols.hooks import Hook
+from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.engine.state.checkpoint import load_checkpoint
 
 HOOKS = ["user_hooks_example:LossEveryFour", "user_hooks_example:CountsEvaluations"]
 
@@ -79,7 +79,7 @@ def test_a_path_that_is_not_a_hook_is_one_line_and_nothing_is_written(tmp_path, 
 
 
 class RunIdTracker:
-    """A tracker (engine.tracking) with state: the id of the run it records into, as an experiment
+    """A tracker (engine.records.tracking) with state: the id of the run it records into, as an experiment
     tracker's run id; a resumed run goes on recording into the same one."""
 
     packages = ()

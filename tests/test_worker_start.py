@@ -10,9 +10,9 @@ from torch.utils.data import DataLoader
 
 from procs import run_cli
 from visiontrain.config import load_config
-from visiontrain.engine import build
-from visiontrain.engine.distributed import DistInfo
-from visiontrain.engine.source import stop_workers
+from visiontrain.engine.build.loaders import loaders, worker_context
+from visiontrain.engine.parallel.distributed import DistInfo
+from visiontrain.engine.step.source import stop_workers
 from worker_lock import LOCK, LargeItems, TakesTheLock, stack_unshared
 
 SMALL_RECIPES = ("classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3", "ssl-dino")
@@ -31,7 +31,7 @@ def first_batch_while_a_thread_holds_the_lock(start: str, timeout: float) -> tor
     held.wait()
     try:
         loader = DataLoader(TakesTheLock(), batch_size=2, num_workers=1, timeout=timeout,
-                            multiprocessing_context=build.worker_context(start))
+                            multiprocessing_context=worker_context(start))
         return next(iter(loader))
     finally:
         release.set()
@@ -54,7 +54,7 @@ def test_the_loaders_use_data_worker_start(start):
     from visiontrain.tasks import build_task
 
     data = build_task(cfg).build_data()
-    source, val = build.loaders(data, cfg, DistInfo(), torch.device("cpu"))
+    source, val = loaders(data, cfg, DistInfo(), torch.device("cpu"))
     assert source.loader.multiprocessing_context.get_start_method() == start
     assert val.multiprocessing_context.get_start_method() == start
     images, labels = next(iter(val))  # the digits data and its transforms pickle and load in a worker
@@ -76,7 +76,7 @@ def test_the_forkserver_and_its_workers_leave_stop_signals_to_the_training_proce
     from visiontrain.stop_signals import STOP_SIGNALS, ignore_stop_signals
 
     loader = DataLoader(TakesTheLock(), batch_size=2, num_workers=1, worker_init_fn=ignore_stop_signals,
-                        multiprocessing_context=build.worker_context("forkserver"), persistent_workers=True)
+                        multiprocessing_context=worker_context("forkserver"), persistent_workers=True)
     next(iter(loader))
     stop = {int(s) for s in STOP_SIGNALS}
     assert stop <= ignored_signals(forkserver._forkserver._forkserver_pid)
@@ -91,7 +91,7 @@ def test_a_dataset_class_a_worker_cannot_import_is_refused_at_start(monkeypatch)
     import types
 
     from visiontrain.config import ConfigError
-    from visiontrain.engine.worker_check import check_sendable_to_workers
+    from visiontrain.engine.build.worker_check import check_sendable_to_workers
 
     class NotebookDataset(torch.utils.data.Dataset):
         def __len__(self) -> int:
@@ -119,7 +119,7 @@ def test_every_small_recipe_loads_a_batch_with_each_start_method(recipe, start):
     cfg = load_config(recipe, [f"data.worker_start={start}", "data.limit_val=8",
                                *(["data.num_workers=1"] if recipe == "classify-fashion" else [])])
     data = build_task(cfg).build_data()
-    source, _ = build.loaders(data, cfg, DistInfo(), torch.device("cpu"))
+    source, _ = loaders(data, cfg, DistInfo(), torch.device("cpu"))
     assert source.loader.multiprocessing_context.get_start_method() == start
     images = next(source.batches(0))[0]
     images = images[0] if isinstance(images, list) else images  # DINO: a list of crops, each [B, C, H, W]
@@ -133,7 +133,7 @@ def test_a_spawned_worker_stopped_mid_epoch_ends_cleanly():
     SIGABRT (-6) here, and the loader raises "killed by signal: Aborted"."""
     for _ in range(3):
         loader = DataLoader(LargeItems(), batch_size=4, num_workers=1, prefetch_factor=4,
-                            collate_fn=stack_unshared, multiprocessing_context=build.worker_context("spawn"))
+                            collate_fn=stack_unshared, multiprocessing_context=worker_context("spawn"))
         iterator = iter(loader)
         assert next(iterator).shape == (4, 1024, 1024)
         iterator._shutdown_workers()  # what source.stop_workers does at the end of fit
@@ -143,7 +143,7 @@ def test_a_spawned_worker_stopped_mid_epoch_ends_cleanly():
 SHIFTED_TASK = '''"""Classification whose training images pass through a lambda, held by the dataset."""
 from torch.utils.data import Dataset
 
-from visiontrain.engine.task import register_task
+from visiontrain.engine.protocols.task import register_task
 from visiontrain.tasks.classification import ClassificationConfig, ClassificationTask
 
 

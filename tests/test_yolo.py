@@ -16,7 +16,7 @@ import torch
 from detection_helpers import mosaic_coco, vt
 from test_host_syncs import ALL_ON, run_counted
 from visiontrain import config as C
-from visiontrain.engine.trainer import Trainer
+from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.models.yolo import decode, postprocess
 from visiontrain.models.yolo_loss import (batched_box_iou, build_targets, mixup, multiscale_size, rescale_batch,
                                           yolo_losses)
@@ -190,8 +190,8 @@ def test_evaluate_reports_voc07_and_coco_per_class_and_keeps_the_figures():
     import numpy as np
 
     from visiontrain.data.detection.base import BadDataPolicy, DetectionDataset, ImageRecord
-    from visiontrain.engine.metrics_file import PER_CLASS
-    from visiontrain.engine.plots import render
+    from visiontrain.engine.records.metrics_file import PER_CLASS
+    from visiontrain.engine.records.plots import render
     from visiontrain.evaluation import detection_confusion, voc_map
 
     rng = np.random.default_rng(1)
@@ -231,7 +231,7 @@ def test_evaluate_reports_voc07_and_coco_per_class_and_keeps_the_figures():
 
 
 def test_no_weight_decay_on_biases_and_batch_norm():
-    from visiontrain.engine.param_groups import build_param_groups
+    from visiontrain.engine.step.param_groups import build_param_groups
 
     cfg = C.load_config("detect-yolov3", TINY)
     model = build_task(cfg).build_model({"num_classes": 3})

@@ -15,9 +15,9 @@ from torch.utils.data import Dataset
 
 from visiontrain import config as C
 from visiontrain.config import TaskConfig, doc
-from visiontrain.engine.eval_loop import EvalData
-from visiontrain.engine.trainer import Trainer
-from visiontrain.engine.task import Task, TaskData, register_task
+from visiontrain.engine.loop.trainer import Trainer
+from visiontrain.engine.protocols.task import Task, TaskData, register_task
+from visiontrain.engine.step.eval_loop import EvalData
 
 
 @dataclass

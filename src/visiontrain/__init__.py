@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 _LAZY = {"Predictor": "visiontrain.inference", "Classification": "visiontrain.inference",
          "ClassScore": "visiontrain.inference", "Detections": "visiontrain.inference",
-         "Hook": "visiontrain.engine.hooks", "Cadence": "visiontrain.engine.cadence"}
+         "Hook": "visiontrain.engine.protocols.hooks", "Cadence": "visiontrain.engine.protocols.cadence"}
 __all__ = ["__version__", *_LAZY]
 
 

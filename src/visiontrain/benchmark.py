@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from visiontrain.config import Config
-from visiontrain.engine.build import samples_per_step
-from visiontrain.engine.hooks import Hook
-from visiontrain.engine.task import Task
-from visiontrain.engine.trainer import Trainer, next_micro_batches
+from visiontrain.engine.loop.trainer import Trainer, next_micro_batches
+from visiontrain.engine.protocols.hooks import Hook
+from visiontrain.engine.protocols.task import Task
+from visiontrain.engine.step.accumulation import samples_per_step
 
 
 class _Done(Exception):

@@ -26,9 +26,10 @@ import yaml
 from visiontrain import config as C
 from visiontrain.commands import (cmd_benchmark, cmd_compare, cmd_consolidate, cmd_export, cmd_fit, cmd_predict,
                                   cmd_preview, cmd_recipes, cmd_report, cmd_show_config, cmd_validate)
-from visiontrain.engine.write_failure import WriteError
+from visiontrain.engine.state.write_failure import WriteError
 from visiontrain.exit_codes import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_USAGE
 from visiontrain.launch import command_line, import_user_module
+from visiontrain.stop_signals import Preempted
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -161,9 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides += extra  # key=value after an option: `validate RUN --split test data.root=...`
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    from visiontrain.engine.checkpoint import CheckpointError
-    from visiontrain.engine.preemption import Preempted
-    from visiontrain.engine.guards import NonFiniteLossError, OutOfMemory
+    from visiontrain.engine.state.checkpoint import CheckpointError
+    from visiontrain.engine.step.guards import NonFiniteLossError, OutOfMemory
     from visiontrain.models import PretrainedUnavailable
     import visiontrain.tasks  # noqa: F401  (registers every task's config section)
 

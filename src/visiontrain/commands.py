@@ -13,14 +13,17 @@ from typing import Any
 
 from visiontrain import config as C
 from visiontrain.compare import compare, config_diff
-from visiontrain.engine.logging import class_table_text, dumps_json
-from visiontrain.engine.metrics_file import per_class_tables
-from visiontrain.engine.provenance import Launch
-from visiontrain.engine.run_files import REPORT_FILE, SUMMARY_FILE
-from visiontrain.engine.tracking import FINISHED, end_trackers, make_trackers, status_of
+from visiontrain.engine.protocols.hooks import load_hooks
+from visiontrain.engine.records.metrics_file import per_class_tables
+from visiontrain.engine.records.provenance import Launch
+from visiontrain.engine.records.run_log import class_table_text, dumps_json
+from visiontrain.engine.records.tracking import FINISHED, end_trackers, make_trackers, status_of
+from visiontrain.engine.state.checkpoint_format import model_weights, sharded_record
+from visiontrain.engine.state.run_files import REPORT_FILE, SUMMARY_FILE
 from visiontrain.exit_codes import EXIT_USAGE
 from visiontrain.launch import exec_torchrun
 from visiontrain.report import write_report
+from visiontrain.stop_signals import Preempted
 
 
 def print_json(value: Any) -> None:
@@ -66,12 +69,10 @@ def _default_run_dir(recipe: str) -> Path:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from visiontrain.engine.checkpoint import removed_if_set_up_fails
-    from visiontrain.engine.distributed import shutdown
-    from visiontrain.engine.hooks import load_hooks
-    from visiontrain.engine.run_dir import checkpoint_in, resolve_resume
-    from visiontrain.engine.preemption import Preempted
-    from visiontrain.engine.trainer import Trainer
+    from visiontrain.engine.loop.trainer import Trainer
+    from visiontrain.engine.parallel.distributed import shutdown
+    from visiontrain.engine.state.checkpoint import removed_if_set_up_fails
+    from visiontrain.engine.state.run_dir import checkpoint_in, resolve_resume
     from visiontrain.tasks import build_task
 
     cfg = C.load_config(args.recipe, args.overrides)  # errors surface here, before any process starts
@@ -137,7 +138,7 @@ def _final_report(run_dir: Path) -> str | None:
 
 
 def cmd_preview(args: argparse.Namespace) -> int:
-    from visiontrain.engine.first_look import preview
+    from visiontrain.engine.records.first_look import preview
     from visiontrain.tasks import build_task
 
     cfg = C.load_config(args.recipe, args.overrides)
@@ -148,8 +149,8 @@ def cmd_preview(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from visiontrain.engine.evaluator import evaluate_models
-    from visiontrain.engine.run import build_evaluation
+    from visiontrain.engine.build.training import build_evaluation
+    from visiontrain.engine.parts.evaluator import evaluate_models
     from visiontrain.trained import load_trained
 
     trained = load_trained(args.target, args.overrides, split=args.split)
@@ -166,7 +167,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     """A classifier's top-k classes (predictions.json, --sheet: sheet.png) or a detector's boxes
     (drawings and detections.json), through the Python API (``visiontrain.inference``)."""
-    from visiontrain.engine.task import Prediction
+    from visiontrain.engine.protocols.task import Prediction
     from visiontrain.inference import Predictor
     from visiontrain.predict import classify_images, predict_images
 
@@ -189,7 +190,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from visiontrain.engine.task import ExportUnsupported
+    from visiontrain.engine.protocols.task import ExportUnsupported
     from visiontrain.export import export_checkpoint
 
     try:
@@ -202,8 +203,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_consolidate(args: argparse.Namespace) -> int:
-    from visiontrain.engine.checkpoint import CheckpointError, atomic_save, load_checkpoint
-    from visiontrain.engine.checkpoint_format import model_weights, sharded_record
+    from visiontrain.engine.state.checkpoint import CheckpointError, atomic_save, load_checkpoint
 
     src = Path(args.checkpoint)
     if sharded_record(load_checkpoint(src, resolve_sharded=False, mmap=True)) is None:
@@ -219,7 +219,7 @@ def cmd_consolidate(args: argparse.Namespace) -> int:
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
     from visiontrain.benchmark import format_report, run_benchmark
-    from visiontrain.engine.distributed import shutdown
+    from visiontrain.engine.parallel.distributed import shutdown
     from visiontrain.tasks import build_task
 
     cfg = C.load_config(args.recipe, args.overrides)

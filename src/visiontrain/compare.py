@@ -3,7 +3,7 @@
 The table holds, per run, the steps trained, the last evaluation's metrics, the best value of the
 checkpoint metric, the wall time and the training throughput, read from ``summary.json`` when the
 run finished and from ``metrics.jsonl`` alone when it did not (a run still training, or stopped);
-the rows come from ``engine.metrics_file.read_metrics``, the one reader of that file.
+the rows come from ``engine.records.metrics_file.read_metrics``, the one reader of that file.
 The figure puts every run on shared axes: the training total loss, then each evaluation metric
 the runs have in common, one panel each, against the optimizer step. A task's per-class table is
 neither a column nor a panel (``Metrics.eval_keys`` leaves it out); ``visiontrain report`` shows it.
@@ -21,9 +21,9 @@ from typing import Any
 import yaml
 
 from visiontrain.config import flatten
-from visiontrain.engine.metrics_file import (SAMPLES_PER_S, Metrics, Row, is_ema, is_per_class, nan_for_null,
-                                             read_metrics, series)
-from visiontrain.engine.run_files import CONFIG_FILE, SUMMARY_FILE
+from visiontrain.engine.records.metrics_file import (SAMPLES_PER_S, Metrics, Row, is_ema, is_per_class, nan_for_null,
+                                                     read_metrics, series)
+from visiontrain.engine.state.run_files import CONFIG_FILE, SUMMARY_FILE
 
 
 @dataclass

@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 import yaml
 
-from visiontrain.config_sections import (SCHEDULED_SCALARS, CheckpointConfig, DataConfig, DistributedConfig,
-                                         EmaConfig, EvalConfig, LoggingConfig, OptimConfig, ScheduleConfig,
-                                         ScheduleShape, ScheduleUnit, TaskConfig, TrainerConfig, doc)
+from visiontrain.config_sections import (SCHEDULED_SCALARS, CheckpointConfig, DataConfig, DistributedConfig, EmaConfig,
+                                         EvalConfig, LoggingConfig, OptimConfig, ScheduleConfig, ScheduleShape,
+                                         ScheduleUnit, TaskConfig, TrainerConfig, doc)
 from visiontrain.typed_config import ConfigError, build_typed, type_name
 
 __all__ = ["Config", "ConfigError", "LoggingConfig", "RegisteredTask", "TASK_REGISTRY", "TaskConfig",
@@ -48,9 +48,9 @@ class Config:
 @dataclass(frozen=True)
 class RegisteredTask:
     """What ``task.name`` names: the class that builds the task and the dataclass that types its
-    ``task:`` section. Filled only by ``engine.task.register_task``, which checks both; kept in
+    ``task:`` section. Filled only by ``engine.protocols.task.register_task``, which checks both; kept in
     this room, the lowest that reads it, because a recipe is typed before any task is built."""
-    task_class: type                    # a visiontrain.engine.task.Task (a room above this one)
+    task_class: type                    # a visiontrain.engine.protocols.task.Task (a room above this one)
     config_class: type[TaskConfig]
 
 

@@ -1,5 +1,5 @@
 """The exit status of every ``visiontrain`` command, in one place: the CLI returns them, the engine
-names the one a stop ends with (``engine.preemption.Preempted.exit_code``), and scripts and
+names the one a stop ends with (``stop_signals.Preempted.exit_code``), and scripts and
 schedulers read them. Below every room, with ``stop_signals``, since both reach it.
 
 0 is success; each other status below says what happened and what to do next.

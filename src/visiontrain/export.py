@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from visiontrain import __version__
-from visiontrain.engine.task import ExportSpec, ExportUnsupported, Task
-from visiontrain.engine.write_failure import WriteError, os_error_in, why_not_written
+from visiontrain.engine.protocols.task import ExportSpec, ExportUnsupported, Task
+from visiontrain.engine.state.write_failure import WriteError, os_error_in, why_not_written
 from visiontrain.trained import load_trained
 
 FORMATS: dict[str, str] = {"onnx": ".onnx", "exported-program": ".pt2", "torchscript": ".torchscript.pt"}

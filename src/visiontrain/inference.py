@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from visiontrain.data.images import image_tensor
-from visiontrain.engine.task import Prediction, PredictUnsupported, Task
+from visiontrain.engine.protocols.task import Prediction, PredictUnsupported, Task
 from visiontrain.trained import load_trained
 
 DEFAULT_TOP_K = 5

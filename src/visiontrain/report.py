@@ -4,7 +4,7 @@ The page is meant to be mailed, attached to a ticket or archived next to the che
 holds everything itself: inline CSS, no scripts, and every figure of ``RUN_DIR/plots/`` embedded as
 a base64 ``data:`` URI. Nothing is fetched when it is opened, so it renders the same offline and
 years later. The run is read by ``compare.read_run`` (``summary.json``, and ``metrics.jsonl``
-through ``engine.metrics_file``, the one reader of that file), so a run still training or stopped
+through ``engine.records.metrics_file``, the one reader of that file), so a run still training or stopped
 early (no ``summary.json``) gets a report from its logged rows alone, and a missing or corrupt
 ``metrics.jsonl`` is the same one-line error as in ``visiontrain compare``. A task's per-class
 table (``metrics_file.PER_CLASS``) of the last evaluation is its own section, an HTML table.
@@ -25,13 +25,13 @@ import yaml
 
 from visiontrain.compare import RunRecord, read_run
 from visiontrain.config import TASK_REGISTRY
-from visiontrain.engine.metrics_file import (COMPUTE_S, DATA_S, EPOCH, ROW_KEYS, SAMPLES_PER_S, STEP, TIME, ema_key,
-                                             is_number, is_per_class, per_class_tables)
-from visiontrain.engine.plots import write_curves
-from visiontrain.engine.provenance import read_provenance
-from visiontrain.engine.run_files import (CONFIG_FILE, MODEL_SUMMARY_FILE, PLOTS_DIR, PROVENANCE_FILE, REPORT_FILE,
-                                          SUMMARY_FILE)
-from visiontrain.engine.write_failure import WriteError, why_not_written
+from visiontrain.engine.records.metrics_file import (COMPUTE_S, DATA_S, EPOCH, ROW_KEYS, SAMPLES_PER_S, STEP, TIME,
+                                                     ema_key, is_number, is_per_class, per_class_tables)
+from visiontrain.engine.records.plots import write_curves
+from visiontrain.engine.records.provenance import read_provenance
+from visiontrain.engine.state.run_files import (CONFIG_FILE, MODEL_SUMMARY_FILE, PLOTS_DIR, PROVENANCE_FILE,
+                                                REPORT_FILE, SUMMARY_FILE)
+from visiontrain.engine.state.write_failure import WriteError, why_not_written
 
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1f2328;

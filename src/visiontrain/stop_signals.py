@@ -1,11 +1,13 @@
 """The signals that stop a run, and the DataLoader workers' deafness to them.
 
 Below every room on purpose: the data room starts the workers (``data.worker_preload`` hands the
-function to a forkserver) and the engine acts on the signals (``engine.preemption``); both reach it.
+function to a forkserver) and the engine acts on the signals (``engine.parts.preemption``); both reach it.
 """
 from __future__ import annotations
 
 import signal
+
+from visiontrain.exit_codes import EXIT_INTERRUPTED, EXIT_PREEMPTED
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
@@ -17,3 +19,16 @@ def ignore_stop_signals(_worker_id: int = 0) -> None:
     death: torch's worker watchdog.)"""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+class Preempted(Exception):
+    """Raised after last.pt was written because a stop signal arrived (``engine.parts.preemption``);
+    the CLI exits with its ``exit_code``, and a tracker marks the run killed."""
+
+    def __init__(self, message: str, signum: int | None = None) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_INTERRUPTED if self.signum == signal.SIGINT else EXIT_PREEMPTED

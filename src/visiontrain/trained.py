@@ -14,10 +14,10 @@ from typing import Any, Sequence
 from torch import nn
 
 from visiontrain import config as C
-from visiontrain.engine import checkpoint_format as fmt
-from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
-from visiontrain.engine.run_dir import checkpoint_in
-from visiontrain.engine.task import Task
+from visiontrain.engine.protocols.task import Task
+from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
+from visiontrain.engine.state.run_dir import checkpoint_in
 from visiontrain.tasks import build_task
 
 

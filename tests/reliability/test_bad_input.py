@@ -19,8 +19,8 @@ from dataset_trees import broken_inside_jpeg
 from detection_helpers import vt
 from visiontrain import cli
 from visiontrain import config as C
-from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
-from visiontrain.engine import checkpoint_format as fmt
+from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
 
 # Bad input is this file's subject; the runs load in-process where the data is small (the errors a
 # worker raises are tested where they differ: test_image_folder_corrupt_image_in_a_worker_is_one_line).
@@ -535,7 +535,7 @@ def test_refused_resume_keeps_config_yaml(run_copy: Path, capsys) -> None:
 
 def test_resume_other_world_size_refused(digits_run: Path, tmp_path: Path) -> None:
     """The data source refuses a position counted in another number of processes' batches."""
-    from visiontrain.engine.trainer import Trainer
+    from visiontrain.engine.loop.trainer import Trainer
     from visiontrain.tasks import build_task
 
     state = load_checkpoint(digits_run / "checkpoints" / "last.pt")

@@ -20,12 +20,12 @@ import torch
 from toy_task import ToyTask, toy_config, train
 from visiontrain import cli
 from visiontrain import config as C
-from visiontrain.engine import files as files_module
-from visiontrain.engine.checkpoint import CheckpointError, load_checkpoint
-from visiontrain.engine.guards import NonFiniteLossError
-from visiontrain.engine.hooks import Hook
-from visiontrain.engine.trainer import Trainer
-from visiontrain.engine import checkpoint_format as fmt
+from visiontrain.engine.loop.trainer import Trainer
+from visiontrain.engine.protocols.hooks import Hook
+from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.engine.state import files as files_module
+from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
+from visiontrain.engine.step.guards import NonFiniteLossError
 
 WORKER = Path(__file__).parent / "kill_worker.py"
 EVERY_5 = dict(checkpoint__every=5, checkpoint__unit="steps")

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 
 from toy_task import toy_config
 from visiontrain import config as C
-from visiontrain.engine.checkpoint import load_checkpoint
-from visiontrain.engine import checkpoint_format as fmt
+from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.engine.state.checkpoint import load_checkpoint
 
 WORKER = Path(__file__).parent / "kill_worker.py"
 # 256 samples / 16 = 16 steps per epoch, 48 in all: a checkpoint every 5 steps, an evaluation every 8

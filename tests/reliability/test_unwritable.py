@@ -21,10 +21,10 @@ from procs import run_cli
 from toy_task import toy_config
 from visiontrain import cli
 from visiontrain import config as C
-from visiontrain.engine import logging as logging_module
-from visiontrain.engine.checkpoint import load_checkpoint
-from visiontrain.engine.metrics_file import METRICS_FILE
-from visiontrain.engine import checkpoint_format as fmt
+from visiontrain.engine.records import run_log as logging_module
+from visiontrain.engine.records.metrics_file import METRICS_FILE
+from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.engine.state.checkpoint import load_checkpoint
 
 # A finished digits run (4 steps) whose files are then made unwritable; its subject is the files, so
 # the run is as small as the bad-input catalogue's.

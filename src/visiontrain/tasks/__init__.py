@@ -1,9 +1,9 @@
-"""The built-in tasks. Importing this package registers each (``engine.task.register_task``, called
+"""The built-in tasks. Importing this package registers each (``engine.protocols.task.register_task``, called
 in the task's own module); ``build_task`` builds whichever task a config names, a user's included."""
 from __future__ import annotations
 
 from visiontrain.config import Config, registered_task
-from visiontrain.engine.task import Task, TaskData
+from visiontrain.engine.protocols.task import Task, TaskData
 from visiontrain.tasks import classification, detr, dino, rcnn, yolo  # noqa: F401  (each registers itself)
 
 

@@ -17,10 +17,10 @@ from visiontrain.config import TaskConfig, doc
 from visiontrain.data.datasets import build_classification_data, check_image_files, classification_eval_transform
 from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.data.normalize import NormalizeOnDevice
-from visiontrain.engine.eval_loop import EvalData
-from visiontrain.engine.hooks import Hook
-from visiontrain.engine.metrics_file import PER_CLASS
-from visiontrain.engine.task import ExportSpec, Prediction, Task, TaskData, register_task
+from visiontrain.engine.protocols.hooks import Hook
+from visiontrain.engine.protocols.task import ExportSpec, Prediction, Task, TaskData, register_task
+from visiontrain.engine.records.metrics_file import PER_CLASS
+from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.evaluation.confusion import classification_per_class
 from visiontrain.evaluation.figures import confusion_figure
 from visiontrain.evaluation.previews import Tile, display_pixels, grid, tiles_image

@@ -16,9 +16,9 @@ from torch import nn
 from visiontrain.config import TaskConfig, doc
 from visiontrain.data.bad_data import listed
 from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD, NormalizeOnDevice
-from visiontrain.engine.eval_loop import EvalData
-from visiontrain.engine.metrics_file import PER_CLASS
-from visiontrain.engine.task import Prediction, Task, TaskData
+from visiontrain.engine.protocols.task import Prediction, Task, TaskData
+from visiontrain.engine.records.metrics_file import PER_CLASS
+from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.evaluation.coco import coco_evaluation, to_coco_results
 from visiontrain.evaluation.confusion import BACKGROUND, CONFUSION_IOU, CONFUSION_SCORE, detection_confusion
 from visiontrain.evaluation.figures import ShownImage, confusion_figure, detections_figure, pr_curves_figure

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from visiontrain.config import doc
-from visiontrain.engine.checkpoint import CheckpointError
-from visiontrain.engine.task import DictOutputs, ExportSpec, register_task
-from visiontrain.engine.weights import load_init_weights
+from visiontrain.engine.protocols.task import DictOutputs, ExportSpec, register_task
+from visiontrain.engine.state.checkpoint import CheckpointError
+from visiontrain.engine.state.weights import load_init_weights
 from visiontrain.models import MIN_BOX_SIZE
 from visiontrain.models.detr_queries import QueryOptions
 from visiontrain.tasks.detection import DetectionConfig, DetectionTask, unread_data_keys

@@ -24,12 +24,12 @@ from visiontrain.data.batch_ops import channels_last as to_channels_last
 from visiontrain.data.datasets import build_classification_data, check_image_files
 from visiontrain.data.multicrop import MultiCropDataset, MultiCropSpec
 from visiontrain.data.multicrop_batched import BatchedMultiCrop, CropCollate, RawMultiCropDataset, collate_raw
-from visiontrain.engine.build import eval_loader, worker_context
-from visiontrain.engine.distributed import DistInfo
-from visiontrain.engine.ema import unwrap
-from visiontrain.engine.eval_loop import EvalData
-from visiontrain.engine.hooks import Hook
-from visiontrain.engine.task import ExportSpec, Task, TaskData, register_task
+from visiontrain.engine.build.loaders import eval_loader, worker_context
+from visiontrain.engine.parallel.distributed import DistInfo
+from visiontrain.engine.protocols.hooks import Hook
+from visiontrain.engine.protocols.task import ExportSpec, Task, TaskData, register_task
+from visiontrain.engine.step.ema import unwrap
+from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.evaluation.knn import extract_features, knn_predict
 from visiontrain.evaluation.previews import Tile, display_pixels, tiles_image
 from visiontrain.models.dino import (DinoHead, MultiCropWrapper, build_backbone, dino_loss, set_fused_attention,

@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from visiontrain.config import doc
-from visiontrain.engine.eval_loop import EvalData
-from visiontrain.engine.hooks import Hook
-from visiontrain.engine.metrics_file import PER_CLASS
-from visiontrain.engine.task import ExportSpec, register_task
+from visiontrain.engine.protocols.hooks import Hook
+from visiontrain.engine.protocols.task import ExportSpec, register_task
+from visiontrain.engine.records.metrics_file import PER_CLASS
+from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.evaluation.voc import voc_map
 from visiontrain.models import MIN_BOX_SIZE
 from visiontrain.models.yolo import COCO_ANCHORS, STRIDES, YOLOv3, decode, postprocess

@@ -1,0 +1,121 @@
+"""The data side of a run: the training source (the dataset under the resumable sampler), the
+evaluation loader, and how DataLoader workers start."""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from visiontrain.config import Config
+from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler, SeededDataset
+from visiontrain.engine.build.worker_check import check_sendable_to_workers
+from visiontrain.engine.parallel.distributed import DistInfo
+from visiontrain.engine.step.source import LoaderSource, TrainSource
+from visiontrain.stop_signals import ignore_stop_signals
+
+log = logging.getLogger("visiontrain")
+
+
+def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device) -> tuple[TrainSource, DataLoader]:
+    """The training source and the evaluation loader of a task's ``TaskData``: its own source when
+    ``data.train`` is one, else the map-style dataset through the resumable batch sampler (grouped
+    by aspect ratio when the task gives groups)."""
+    d = cfg.data
+    context = worker_context(d.worker_start) if d.num_workers > 0 else None
+    if isinstance(data.train, TrainSource):
+        return data.train, val_loader(data, cfg, dist_info, device, context=context)
+    sampler = train_sampler(data, cfg, dist_info)
+    if isinstance(sampler, GroupedBatchSampler) and dist_info.is_main and (left_out := sampler.left_out_message()):
+        log.info("%s", left_out)  # said once: grouping drops each orientation's leftovers
+    train = train_loader(data.train, sampler, random_transforms=data.random_transforms, collate=data.train_collate,
+                         num_workers=d.num_workers, pin_memory=pins(cfg, device),
+                         persistent_workers=d.persistent_workers, context=context)
+    val = val_loader(data, cfg, dist_info, device, context=context)
+    if d.num_workers > 0:  # what each worker will be sent, exactly as the loader holds it
+        check_sendable_to_workers(d.worker_start, {
+            "training dataset": train.dataset, "training collate function": train.collate_fn,
+            "worker init function": train.worker_init_fn})
+    return LoaderSource(sampler, train), val
+
+
+def train_sampler(data: Any, cfg: Config, dist_info: DistInfo) -> ResumableBatchSampler:
+    """This rank's batches of the training set: grouped by aspect ratio when the task gives groups."""
+    shard = {"rank": dist_info.rank, "world_size": dist_info.world_size}
+    if data.group_ids is not None:
+        return GroupedBatchSampler(data.group_ids, cfg.data.batch_size, seed=cfg.seed, **shard)
+    return ResumableBatchSampler(len(data.train), cfg.data.batch_size, seed=cfg.seed, **shard)
+
+
+def val_loader(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device, *, context: Any = None
+               ) -> DataLoader:
+    """The evaluation loader of a task's ``TaskData`` (all that ``validate`` builds of the data)."""
+    d = cfg.data
+    if d.num_workers > 0 and context is None:
+        context = worker_context(d.worker_start)
+    val = eval_loader(data.val, d.eval_batch(), collate=data.eval_collate, num_workers=d.num_workers,
+                      pin_memory=pins(cfg, device), dist_info=dist_info, context=context)
+    if d.num_workers > 0:
+        check_sendable_to_workers(d.worker_start, {
+            "validation dataset": val.dataset, "validation collate function": val.collate_fn,
+            **{f"task's {name}": ds for name, ds in data.worker_datasets.items()}})
+    return val
+
+
+def pins(cfg: Config, device: torch.device) -> bool:
+    """Pinned host memory: only where a copy to a GPU follows."""
+    return cfg.data.pin_memory and device.type == "cuda"
+
+
+#: What the forkserver imports once, before it forks any worker: then a worker starts in
+#: milliseconds instead of importing torch itself. ``__main__`` (a user's script that defines its
+#: dataset) is imported the way multiprocessing's spawn does, without running its main block.
+FORKSERVER_PRELOAD = ["__main__", "visiontrain.data.worker_preload"]
+
+
+def worker_context(start: str) -> Any:
+    """The multiprocessing context DataLoader workers start from (``data.worker_start``).
+
+    A fork copies the training process with whatever locks its other threads hold at that instant
+    (gloo/NCCL work, the pin-memory thread, TensorBoard's writer); a worker that then needs one
+    waits forever, and the run hangs at an evaluation. The forkserver is a separate process with a
+    single thread, started once per training process, so its forks are clean."""
+    if start == "spawn":
+        from visiontrain.data.worker_preload import SpawnContext
+
+        return SpawnContext()
+    context = multiprocessing.get_context(start)
+    if start == "forkserver":
+        from multiprocessing import forkserver
+
+        context.set_forkserver_preload(FORKSERVER_PRELOAD)
+        forkserver.ensure_running()  # its imports now overlap with building the model
+    return context
+
+
+def train_loader(ds: Dataset, sampler: ResumableBatchSampler, *, random_transforms: bool,
+                 collate: Callable | None, num_workers: int, pin_memory: bool,
+                 persistent_workers: bool, context: Any = None) -> DataLoader:
+    # A private generator: creating an iterator draws worker base seeds from it, not from the global
+    # RNG, so a resumed run (which creates its iterator mid-epoch) keeps the same global RNG stream.
+    sampler.seeded = random_transforms
+    return DataLoader(SeededDataset(ds) if random_transforms else ds, batch_sampler=sampler,
+                      num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
+                      worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
+                      persistent_workers=persistent_workers and num_workers > 0,
+                      multiprocessing_context=context, generator=torch.Generator().manual_seed(0))
+
+
+def eval_loader(ds: Dataset, batch_size: int, *, collate: Callable | None, num_workers: int,
+                pin_memory: bool, dist_info: DistInfo, context: Any = None) -> DataLoader:
+    sampler = None
+    if dist_info.enabled:
+        from torch.utils.data.distributed import DistributedSampler
+
+        sampler = DistributedSampler(ds, dist_info.world_size, dist_info.rank, shuffle=False)
+    return DataLoader(ds, batch_size=batch_size, shuffle=False, sampler=sampler,
+                      num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
+                      worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
+                      multiprocessing_context=context, generator=torch.Generator().manual_seed(0))

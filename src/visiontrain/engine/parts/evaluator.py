@@ -1,0 +1,96 @@
+"""The evaluator: when the model (and its EMA) are measured, and how.
+
+Its cadence is ``eval.every`` in ``eval.unit`` (steps or epochs), the run's last epoch, and
+optionally step 0 (``eval.at_start``); the end of fit measures once more if the last step has not
+been. An evaluation is a sync point by nature: it reads the recorded rows first (nothing is
+measured after a bad step under ``nonfinite=raise``), the task reads its metrics on the host, and
+under FSDP the ranks' buffers are made equal first. Choosing which checkpoints to keep from the
+metrics is the checkpointer's business: the evaluator hands them to every hook (``after_eval``).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from visiontrain.config import Config
+from visiontrain.engine.build.training import EvalRun
+from visiontrain.engine.parallel.fsdp import sync_buffers
+from visiontrain.engine.protocols.cadence import Cadence
+from visiontrain.engine.protocols.part import Part, Progress
+from visiontrain.engine.records.metrics_file import EMA_PREFIX
+from visiontrain.engine.records.run_log import RunLogger
+from visiontrain.engine.step.eval_loop import EvalData
+
+
+def checkpoint_metric(cfg: Config, task: Any) -> tuple[str, str]:
+    """The metric best checkpoints and early stopping follow, and its direction: ``eval.metric`` /
+    ``eval.mode``, else the task's."""
+    return cfg.eval.metric or task.metric, cfg.eval.mode or task.mode
+
+
+def evaluate_models(run: EvalRun, which: str = "both") -> dict[str, Any]:
+    """The task's metrics of the model and of its EMA (``ema/``-prefixed, its per-class table
+    ``ema/per_class`` too), as ``eval.models`` asks; each in eval mode under no_grad, put back in the
+    mode it was in. ``validate`` calls this too."""
+    data = EvalData(run.val_loader, run.device, run.dist, run.cfg.trainer.channels_last)
+    models = {"": run.raw_model, EMA_PREFIX: run.ema_model}
+    if run.ema_model is None or which == "model":
+        del models[EMA_PREFIX]
+    elif which == "ema":
+        del models[""]
+    metrics: dict[str, Any] = {}
+    for prefix, model in models.items():
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            metrics.update({prefix + k: v for k, v in run.task.evaluate(model, data).items()})
+        model.train(was_training)
+    return metrics
+
+
+class Evaluator(Part):
+    name = "evaluator"
+
+    def __init__(self, cfg: Config, run: EvalRun, progress: Progress, log: RunLogger, *,
+                 check_finite: Callable[[], None], sharded: bool) -> None:
+        self.cfg, self.built, self.progress, self.log = cfg, run, progress, log
+        self.check_finite, self.sharded = check_finite, sharded
+        e = cfg.eval
+        self.cadence = Cadence(e.every, e.unit, at_end=e.unit == "epochs")  # the last epoch's end too
+        self.last: dict[str, Any] = {}
+        self.last_step = -1
+
+    @classmethod
+    def for_run(cls, trainer: Any) -> "Evaluator":
+        return cls(trainer.cfg, trainer.run, trainer.progress, trainer.log,
+                   check_finite=trainer.parts["log_point"].check_finite, sharded=trainer.run.sharded is not None)
+
+    def due(self, step: int, epoch_end: bool) -> bool:
+        """``eval.every`` in ``eval.unit`` and the last epoch; under ``eval.unit=steps`` the end of fit
+        measures the last step (``finish``, after the epoch's turn)."""
+        last = self.cadence.unit == "steps" and step >= self.progress.total
+        return not last and self.cadence.due(self.progress, epoch_end)
+
+    def start(self) -> None:
+        """``eval.at_start``: the metric at initialisation, measured the same way as later ones."""
+        if self.cfg.eval.at_start and self.progress.step == 0:
+            self.run()
+
+    def finish(self) -> None:
+        """The end of fit measures the last step, unless it was measured already."""
+        if self.last_step != self.progress.step:
+            self.run()
+
+    def run(self, epoch_end: bool = False) -> dict[str, Any]:
+        self.check_finite()  # host sync: never evaluate or save after a bad step under `raise`
+        r = self.built
+        if self.sharded:
+            sync_buffers([r.raw_model] + ([r.ema_model] if r.ema_model is not None else []))
+        self.progress.evaluating = True
+        metrics = evaluate_models(r, self.cfg.eval.models)  # host sync (the task's metrics)
+        self.progress.evaluating = False
+        self.last, self.last_step = metrics, self.progress.step
+        self.log.log("eval", self.progress.step, self.progress.epoch, metrics)
+        self.trainer.hooks("after_eval", metrics)  # the checkpointer keeps the best, early stopping counts
+        return metrics

@@ -1,0 +1,107 @@
+"""The log point: the loop's one per-window host sync.
+
+Every ``trainer.log_every`` steps (and at the run's last step) the recorded rows of the window are
+read from the device in one transfer, checked against the non-finite policy, and logged as means
+with the lr, throughput, data-wait share and ETA. At an epoch's end the rows since the last log
+point are read too, and the epoch's means printed as a table. The evaluator and the checkpointer
+call :meth:`LogPoint.check_finite` first, so nothing is evaluated or saved after a bad step.
+
+``LogPoint.due`` is the one statement of "is this a log point": the stop check asks it too, to
+know where the ranks agree on a stop signal.
+"""
+from __future__ import annotations
+
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from visiontrain.config import Config
+from visiontrain.engine.parallel.distributed import DistInfo, all_reduce_mean
+from visiontrain.engine.protocols.cadence import Cadence
+from visiontrain.engine.protocols.part import Part, Progress
+from visiontrain.engine.records.run_log import RunLogger
+from visiontrain.engine.step.accumulation import samples_per_step
+from visiontrain.engine.step.guards import check_rows
+from visiontrain.engine.step.metrics import EpochMeans, PendingRows, StepRecorder
+from visiontrain.engine.step.scalars import ScheduledScalars
+
+
+class LogPoint(Part):
+    name = "log_point"
+
+    def __init__(self, cfg: Config, progress: Progress, recorder: StepRecorder, scalars: ScheduledScalars,
+                 optimizer: torch.optim.Optimizer, log: RunLogger, dist: DistInfo, device: torch.device,
+                 fp16: bool, ckpt_dir: Path | None = None) -> None:
+        self.cfg, self.progress, self.recorder, self.scalars = cfg, progress, recorder, scalars
+        self.ckpt_dir = ckpt_dir  # named in a non-finite error: what the run can go back to
+        self.optimizer, self.log, self.dist, self.device, self.fp16 = optimizer, log, dist, device, fp16
+        # every trainer.log_every steps and the last; each epoch's end too
+        self.cadence = Cadence(cfg.trainer.log_every, "steps", at_end=True)
+        self.pending = PendingRows()  # rows read from the device, not yet logged
+        self.epoch_means = EpochMeans()
+        self.skipped = self.overflow_skipped = 0
+        self.samples_seen = 0  # in this process (for throughput), counted at log points
+        self.start()
+
+    @classmethod
+    def for_run(cls, trainer: Any) -> "LogPoint":
+        run = trainer.run
+        return cls(trainer.cfg, trainer.progress, trainer.recorder, run.scalars, run.optimizer, trainer.log, run.dist,
+                   run.device, fp16=run.scaler is not None, ckpt_dir=run.ckpt_dir)
+
+    def start(self) -> None:
+        """At the start of fit: the throughput window and the ETA count from here."""
+        self.t_window = self.t_start = time.perf_counter()
+        self.start_step, self.progress.data_s = self.progress.step, 0.0
+
+    def due(self, step: int, epoch_end: bool) -> bool:
+        return epoch_end or self.cadence.due(self.progress, epoch_end)
+
+    def run(self, epoch_end: bool = False) -> None:
+        if not epoch_end or self.recorder.n or self.pending:  # at an epoch's end: its steps since the last one
+            self.write()
+        summary = self.epoch_means.pop() if epoch_end else None
+        if summary:
+            self.log.table(f"epoch {self.progress.epoch} train", summary)
+
+    def check_finite(self) -> None:
+        """Read the recorded steps and act on the non-finite policy. Runs before every log point,
+        evaluation and checkpoint, so `raise` fires at most log_every steps after the bad step."""
+        read = self.recorder.read(reduce=partial(all_reduce_mean, info=self.dist))  # host sync
+        first = self.progress.step - len(read.rows) + 1
+        skipped, overflow = check_rows(read, first, policy=self.cfg.trainer.nonfinite, fp16=self.fp16,
+                                       epoch_of=self.progress.clock.epoch_of, ckpt_dir=self.ckpt_dir)
+        self.skipped, self.overflow_skipped = self.skipped + skipped, self.overflow_skipped + overflow
+        self.pending.add(read)
+
+    def write(self) -> None:
+        p, now = self.progress, time.perf_counter()
+        window_s, data_s, elapsed = now - self.t_window, p.data_s, now - self.t_start
+        self.t_window, p.data_s = now, 0.0
+        self.check_finite()  # host sync: moves the recorded rows to self.pending
+        n, values = self.pending.pop_means()
+        if not n:
+            return
+        self.epoch_means.add(values, n)
+        samples = n * samples_per_step(self.cfg, self.dist.world_size, p.epoch)
+        self.samples_seen += samples
+        values.update(self.scalars.logged(self.optimizer))
+        values["skipped_steps"], values["fp16_overflow_skips"] = self.skipped, self.overflow_skipped
+        values["samples_per_s"] = samples / max(window_s, 1e-9)
+        values["data_s"], values["compute_s"] = data_s, window_s - data_s
+        values["eta_s"] = elapsed / max(p.step - self.start_step, 1) * (p.total - p.step)
+        if self.device.type == "cuda":
+            values["gpu_peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        self.log.log("train", p.step, p.epoch, values)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pending": self.pending.state_dict(), "epoch": self.epoch_means.state_dict(),
+                "skipped": self.skipped, "overflow_skipped": self.overflow_skipped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pending.load_state_dict(state["pending"])
+        self.epoch_means.load_state_dict(state["epoch"])
+        self.skipped, self.overflow_skipped = int(state["skipped"]), int(state["overflow_skipped"])

@@ -1,0 +1,149 @@
+"""Parameter groups by rule, freezing, and the optimizer built over them.
+
+Rules (GluonCV --no-wd, DINO, cvnets no_decay_bn_filter_bias, DETR's backbone lr):
+- biases, norm-layer weights and every parameter with fewer than 2 dims get no weight decay;
+- ``lr_mult``: the first regex that matches a parameter's name sets its lr multiplier;
+- ``freeze``: regexes whose parameters get requires_grad=False; a BatchNorm whose parameters are
+  all frozen becomes a FrozenBatchNorm2d, so its statistics freeze too (``models.freezing``, which
+  model builders use as well);
+- ``NormGroups`` (a task's option, seamseg's R-CNN): norm-layer parameters in groups of their own,
+  at lr 0 when batch norm is frozen and spared weight decay unless asked.
+Every trainable parameter must land in exactly one group; ``check_coverage`` names any that don't.
+"""
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["NORM_TYPES", "NormGroups", "ParamGroupError", "build_optimizer", "build_param_groups", "check_coverage",
+           "is_fused", "no_decay_names", "norm_param_names"]
+
+NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
+
+
+class ParamGroupError(ValueError):
+    """Trainable parameters missing from the optimizer's groups, or present in two of them."""
+
+
+def no_decay_names(model: nn.Module) -> set[str]:
+    """Biases, norm-layer parameters and all 1-D parameters (LayerScale, pos-embed gains...)."""
+    names = set()
+    for mod_name, mod in model.named_modules():
+        for p_name, p in mod.named_parameters(recurse=False):
+            full = f"{mod_name}.{p_name}" if mod_name else p_name
+            if p.ndim <= 1 or p_name == "bias" or isinstance(mod, NORM_TYPES):
+                names.add(full)
+    return names
+
+
+@dataclass(frozen=True)
+class NormGroups:
+    """Norm-layer parameters kept in groups of their own (seamseg's detectors), named ``norm...``
+    beside the ``other...`` groups. A task that freezes batch norm statistics stops their affine
+    parameters too (``frozen``: lr multiplier 0, whatever ``lr_mult`` says), and norm parameters
+    get weight decay only with ``weight_decay`` (the no-decay rule still applies on top)."""
+    frozen: bool = False
+    weight_decay: bool = False
+
+
+def norm_param_names(model: nn.Module) -> set[str]:
+    """Names of the parameters that norm layers own directly."""
+    return {f"{m_name}.{p_name}" if m_name else p_name
+            for m_name, mod in model.named_modules() if isinstance(mod, NORM_TYPES)
+            for p_name, _ in mod.named_parameters(recurse=False)}
+
+
+def build_param_groups(model: nn.Module, weight_decay: float, *, no_decay_bias_norm: bool = True,
+                       lr_mult: dict[str, float] | None = None, norms: NormGroups | None = None
+                       ) -> list[dict[str, Any]]:
+    """Groups keyed by (decay?, lr multiplier), and by norm or not with ``norms``; each has
+    ``name``, ``lr_mult`` and ``decay`` keys. Tasks with their own group rules pass them here rather
+    than building groups themselves, so that every ``optim.*`` key keeps its meaning for them."""
+    rules = [(re.compile(k), v) for k, v in (lr_mult or {}).items()]
+    skip = no_decay_names(model) if no_decay_bias_norm else set()
+    norm_names = norm_param_names(model) if norms is not None else set()
+    frozen_norms = norms is not None and norms.frozen
+    spared_norms = norms is not None and not norms.weight_decay
+    groups: "OrderedDict[tuple[str, bool, float], dict[str, Any]]" = OrderedDict()
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        is_norm = name in norm_names
+        mult = 0.0 if is_norm and frozen_norms else next((m for r, m in rules if r.search(name)), 1.0)
+        decay = weight_decay > 0 and name not in skip and not (is_norm and spared_norms)
+        kind = "" if norms is None else "norm" if is_norm else "other"
+        key = (kind, decay, mult)
+        if key not in groups:
+            groups[key] = {"params": [], "param_names": [], "decay": decay, "lr_mult": mult,
+                           "weight_decay": weight_decay if decay else 0.0, "name": _group_name(kind, decay, mult)}
+        groups[key]["params"].append(param)
+        groups[key]["param_names"].append(name)
+    return list(groups.values())
+
+
+def _group_name(kind: str, decay: bool, mult: float) -> str:
+    """``decay_x1`` / ``no_decay_x0.1``; with norm groups ``other_x1`` / ``norm_no_decay_x0`` (the
+    names the logged ``lr/<group>`` columns carry)."""
+    if not kind:
+        return f"{'decay' if decay else 'no_decay'}_x{mult:g}"
+    return f"{kind}{'' if decay else '_no_decay'}_x{mult:g}"
+
+
+def check_coverage(model: nn.Module, groups: list[dict[str, Any]]) -> None:
+    """Every trainable parameter in exactly one group (a task may build its own groups)."""
+    seen: dict[int, int] = {}
+    for group in groups:
+        for p in group["params"]:
+            seen[id(p)] = seen.get(id(p), 0) + 1
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in seen]
+    twice = [n for n, p in model.named_parameters() if seen.get(id(p), 0) > 1]
+    if missing or twice:
+        parts = []
+        if missing:
+            parts.append(f"not in any parameter group: {', '.join(missing)}")
+        if twice:
+            parts.append(f"in more than one group: {', '.join(twice)}")
+        raise ParamGroupError("; ".join(parts))
+
+
+def _use_fused(impl: str, groups: list[dict[str, Any]]) -> bool:
+    if impl == "fused":
+        return True
+    if impl != "auto":
+        return False
+    params = [p for g in groups for p in g["params"]]
+    return all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+
+
+def build_optimizer(groups: list[dict[str, Any]], name: str, *, lr: float, momentum: float = 0.9,
+                    beta2: float = 0.999, eps: float = 1e-8, nesterov: bool = False,
+                    impl: str = "auto") -> torch.optim.Optimizer:
+    """SGD / Adam / AdamW over the groups, fused where possible (it also lets a step be skipped
+    on the device through ``found_inf``, see ``engine.step.pipeline``)."""
+    fused = _use_fused(impl, groups)
+    kind = {"fused": fused} if fused else {"foreach": impl != "loop"}
+    for g in groups:
+        g["lr"] = lr * g["lr_mult"]
+    if name == "sgd":
+        opt = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov, **kind)
+        if fused and momentum > 0:
+            # Fused SGD leaves a new momentum buffer uninitialised when its first step is skipped
+            # through found_inf. A zero buffer is what the first step would have made (dampening 0:
+            # buf = 0 * m + grad), so create them up front.
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    opt.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return opt
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}.get(name)
+    if cls is None:
+        raise ValueError(f"optim.name: unknown optimizer {name!r}; expected sgd, adam or adamw")
+    return cls(groups, lr=lr, betas=(momentum, beta2), eps=eps, **kind)
+
+
+def is_fused(optimizer: torch.optim.Optimizer) -> bool:
+    return bool(optimizer.defaults.get("fused"))
