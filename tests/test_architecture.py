@@ -240,3 +240,19 @@ def test_lines_and_engine_functions_stay_readable():
                 long_functions.append(f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
     assert not long_functions, long_functions
     assert len((SRC / "engine" / "loop" / "trainer.py").read_text().splitlines()) <= 200
+
+
+def test_the_public_names_resolve_without_loading_torch_up_front():
+    """``from visiontrain import Task, Hook, Trainer...`` is the stable way in: each name resolves to
+    the engine's own object, and ``import visiontrain`` alone loads no torch."""
+    import subprocess
+    import sys
+
+    import visiontrain
+
+    for name in visiontrain.__all__:
+        value = getattr(visiontrain, name)
+        assert name == "__version__" or value.__name__ == name, name
+    code = "import sys, visiontrain; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
+        == "False"
