@@ -13,8 +13,8 @@ from PIL import Image
 
 from visiontrain.data.datasets import fashion_mnist
 from visiontrain.data.detection import embedded
-from visiontrain.data.detection.embedded import (build_fashion_mosaic, build_neon_trees, paste_item,
-                                                 read_voc_boxes, tile_boxes)
+from visiontrain.data.detection.embedded import (build_fashion_mosaic, build_neon_trees, paste_item, read_voc_boxes,
+                                                 tile_boxes)
 
 HAS_DEEPFOREST = importlib.util.find_spec("deepforest") is not None
 needs_deepforest = pytest.mark.skipif(not HAS_DEEPFOREST, reason="deepforest not installed: "

@@ -57,9 +57,11 @@ def spelled_run_dir_names(path: Path) -> list[str]:
     return found
 
 
-def test_the_app_modules_name_run_dir_files_through_run_files():
-    assert {"config.yaml", "summary.json", "report.html", "last.pt"} <= RUN_FILE_NAMES and "plots" in RUN_DIR_NAMES
-    spelled = [s for path in APP for s in spelled_run_dir_names(path)]
+def test_the_app_and_the_engine_name_run_dir_files_through_run_files():
+    assert {"config.yaml", "summary.json", "report.html", "last.pt", "best_ema.pt"} <= RUN_FILE_NAMES
+    assert {"plots", "checkpoints", "tb"} <= RUN_DIR_NAMES
+    engine = sorted(p for p in (SRC / "engine").rglob("*.py") if p.name != "run_files.py")
+    spelled = [s for path in [*APP, *engine] for s in spelled_run_dir_names(path)]
     assert not spelled, spelled
 
 

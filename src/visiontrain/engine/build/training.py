@@ -21,6 +21,7 @@ from visiontrain.engine.build.placement import distribute, pick_device, seed_eve
 from visiontrain.engine.parallel.distributed import DistInfo, convert_sync_bn, init_distributed
 from visiontrain.engine.protocols.task import Task
 from visiontrain.engine.state.checkpoint import prepare_run_dir
+from visiontrain.engine.state.run_files import CHECKPOINTS_DIR
 from visiontrain.engine.state.sharded import ShardedCheckpoints
 from visiontrain.engine.state.weights import load_init_weights
 from visiontrain.engine.step.accumulation import make_clock, samples_per_step
@@ -63,7 +64,7 @@ class TrainingRun(EvalRun):
 
     @property
     def ckpt_dir(self) -> Path | None:
-        return self.run_dir / "checkpoints" if self.run_dir is not None else None
+        return self.run_dir / CHECKPOINTS_DIR if self.run_dir is not None else None
 
     @property
     def writes(self) -> bool:
@@ -109,7 +110,7 @@ def build_training(cfg: Config, task: Task, run_dir: Path | None, *, resume: boo
     model = place_model(model, cfg, dist, device)
     e = cfg.ema  # the copy is made of the placed model: a teacher/EMA gets its sync-BN layers and layout
     ema = ModelEma(model, e.decay, warmup=e.warmup, every=e.every) if e.enabled else None
-    ckpt_dir = run_dir / "checkpoints" if run_dir is not None else None
+    ckpt_dir = run_dir / CHECKPOINTS_DIR if run_dir is not None else None
     # FSDP shards model, EMA and optimizer state (and checkpoints them sharded); else DDP or as is
     wrapped, sharded, units = distribute(model, ema, cfg, task, dist, device, ckpt_dir)
     o = cfg.optim  # parameter groups after sharding: FSDP replaces the parameters by DTensors

@@ -24,6 +24,7 @@ from visiontrain.engine.protocols.task import Task
 from visiontrain.engine.records.run_log import RunLogger
 from visiontrain.engine.state.checkpoint import write_run_config
 from visiontrain.engine.state.checkpoint_format import States
+from visiontrain.engine.state.run_files import LAST_CHECKPOINT
 from visiontrain.engine.step.accumulation import accum_steps_at
 from visiontrain.engine.step.guards import OutOfMemory, is_out_of_memory, out_of_memory_message
 from visiontrain.engine.step.metrics import StepRecorder
@@ -102,7 +103,7 @@ class Trainer:
             self.hooks("on_exception", err)  # trackers end FAILED or KILLED, signal handlers go back
             if not (isinstance(err, Exception) and is_out_of_memory(err)):
                 raise
-            last = self.run.ckpt_dir / "last.pt" if self.run.ckpt_dir is not None else None
+            last = self.run.ckpt_dir / LAST_CHECKPOINT if self.run.ckpt_dir is not None else None
             phase = "evaluation" if self.progress.evaluating else "training"
             raise OutOfMemory(out_of_memory_message(err, phase=phase, cfg=self.cfg, device=self.device, step=self.step,
                                                     last_checkpoint=str(last) if last and last.is_file() else None)

@@ -25,6 +25,7 @@ from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import (BestTracker, CheckpointError, WeightsState, atomic_save,
                                                  load_checkpoint, write_run_file)
 from visiontrain.engine.state.run_dir import config_changes
+from visiontrain.engine.state.run_files import LAST_CHECKPOINT, SUMMARY_FILE
 from visiontrain.engine.state.weights import check_resume_compatible, save_safetensors
 from visiontrain.engine.step.guards import check_weights
 
@@ -110,7 +111,7 @@ class Checkpointer(Part):
         state = self.compose()
         if not r.dist.is_main:
             return
-        atomic_save(state, self.dir / "last.pt")
+        atomic_save(state, self.dir / LAST_CHECKPOINT)
         every = self.cfg.checkpoint.keep_every
         if every and self.progress.step % every == 0:
             atomic_save(state, self.dir / f"step-{self.progress.step}.pt")
@@ -155,6 +156,6 @@ class Checkpointer(Part):
             "skipped_steps": lp.skipped, "fp16_overflow_skips": lp.overflow_skipped,
             "ended": p.end_reason(self.cfg.trainer.max_steps),
         }
-        write_run_file(r.run_dir, "summary.json", dumps_json(summary, indent=2))
+        write_run_file(r.run_dir, SUMMARY_FILE, dumps_json(summary, indent=2))
         self.log.table("final", {**summary["final"], "wall_s": summary["wall_s"]})
         return summary

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from visiontrain.engine.protocols.part import Part
+from visiontrain.engine.state.run_files import LAST_CHECKPOINT
 from visiontrain.stop_signals import STOP_SIGNALS, Preempted
 
 
@@ -93,8 +94,8 @@ class StopCheck(Part):
     @classmethod
     def for_run(cls, trainer: Any) -> "StopCheck":
         run, parts = trainer.run, trainer.parts
-        where = f"{run.ckpt_dir / 'last.pt'} written; continue with --resume auto" if run.ckpt_dir is not None \
-            else "no run dir, nothing written"
+        where = "no run dir, nothing written" if run.ckpt_dir is None \
+            else f"{run.ckpt_dir / LAST_CHECKPOINT} written; continue with --resume auto"
         return cls(StopFlag(), trainer.progress, log_point=parts["log_point"].due, distributed=run.dist.enabled,
                    device=run.device, save=parts["checkpointer"].save_last, where=where, close=trainer.log.close)
 

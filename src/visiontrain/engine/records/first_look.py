@@ -37,6 +37,7 @@ from visiontrain.engine.protocols.task import Task
 from visiontrain.engine.records.plots import save_figure
 from visiontrain.engine.records.run_log import RunLogger, dumps_json
 from visiontrain.engine.state.checkpoint import write_run_file
+from visiontrain.engine.state.run_files import MODEL_SUMMARY_FILE, PLOTS_DIR
 from visiontrain.engine.step.pipeline import to_device
 from visiontrain.engine.step.source import LoaderSource, TrainSource
 
@@ -44,7 +45,6 @@ log = logging.getLogger("visiontrain")
 
 #: Samples of the first batch whose forward pass is counted (two: BatchNorm needs more than one value).
 FLOP_SAMPLES = 2
-SUMMARY_FILE = "model_summary.json"
 
 
 def write_previews(task: Task, batch: Any, out_dir: Path) -> list[Path]:
@@ -182,14 +182,14 @@ def first_look(run: TrainingRun, task: Task, log: RunLogger, *, plots: bool, sum
     items = run.source.first_items(None if plots else FLOP_SAMPLES)
     if plots:
         try:
-            write_previews(task, collate(items), run.run_dir / "plots")
+            write_previews(task, collate(items), run.run_dir / PLOTS_DIR)
         except Exception as err:  # noqa: BLE001  (a view of the run, not part of it)
             log.print(f"warning: preview plots not drawn: {type(err).__name__}: {err}")
     if summary:
         result = summarize_model(run.raw_model, task, items, collate, run.device, sharded=run.sharded is not None)
         log.print("\n".join(result.lines()))
         if run.writes:
-            write_run_file(run.run_dir, SUMMARY_FILE, dumps_json(result.to_dict(), indent=2))
+            write_run_file(run.run_dir, MODEL_SUMMARY_FILE, dumps_json(result.to_dict(), indent=2))
 
 
 def preview(cfg: Config, task: Task, out_dir: Path) -> list[Path]:

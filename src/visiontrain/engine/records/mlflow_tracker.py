@@ -39,14 +39,16 @@ from typing import Any, Callable
 from visiontrain.config import ConfigError, LoggingConfig, flatten
 from visiontrain.engine.records.metrics_file import is_number
 from visiontrain.engine.state.checkpoint import write_run_file
-from visiontrain.engine.state.run_files import MLFLOW_ARTIFACT_DIR, MLFLOW_DB_FILE, MLFLOW_RUN_FILE
+from visiontrain.engine.state.run_files import (BEST_CHECKPOINT, BEST_EMA_CHECKPOINT, CHECKPOINTS_DIR, CONFIG_FILE,
+                                                FINAL_WEIGHTS, MLFLOW_ARTIFACT_DIR, MLFLOW_DB_FILE, MLFLOW_RUN_FILE,
+                                                PLOTS_DIR, PROVENANCE_FILE, REPORT_FILE, SUMMARY_FILE)
 
 log = logging.getLogger("visiontrain")
 
 INSTALL = "pip install 'visiontrain[mlflow]'"
-ARTIFACTS = ("config.yaml", "provenance.json", "summary.json", "report.html")
+ARTIFACTS = (CONFIG_FILE, PROVENANCE_FILE, SUMMARY_FILE, REPORT_FILE)
 #: The model, sent with ``logging.mlflow_weights``: the final weights (run dir) and the best checkpoints.
-FINAL_WEIGHTS, BEST_CHECKPOINTS = ("model.safetensors", "model_ema.safetensors"), ("best.pt", "best_ema.pt")
+BEST_CHECKPOINTS = (BEST_CHECKPOINT, BEST_EMA_CHECKPOINT)
 #: MLflow's limits (mlflow.utils.validation).
 MAX_PARAM, MAX_TAG, MAX_KEY, PER_BATCH, METRICS_PER_BATCH = 6000, 8000, 250, 100, 1000
 NOT_IN_A_NAME = re.compile(r"[^\w.\- :/]")
@@ -118,20 +120,20 @@ def weight_files(run_dir: Path) -> list[tuple[Path, str | None]]:
     """(file or directory, artifact folder) of the model as the run dir holds it now: the final weights,
     the best checkpoints, and for an FSDP run the directory of shards each best checkpoint names."""
     files: list[tuple[Path, str | None]] = [(run_dir / f, None) for f in FINAL_WEIGHTS if (run_dir / f).is_file()]
-    ckpts = run_dir / "checkpoints"
+    ckpts = run_dir / CHECKPOINTS_DIR
     sharded = any(ckpts.glob("step-*.dcp"))  # only then is a .pt small and worth opening
     for path in (ckpts / f for f in BEST_CHECKPOINTS):
         if not path.is_file():
             continue
-        files.append((path, "checkpoints"))
+        files.append((path, CHECKPOINTS_DIR))
         if sharded:
             from visiontrain.engine.state.checkpoint import load_checkpoint
             from visiontrain.engine.state.checkpoint_format import sharded_record
             from visiontrain.engine.state.sharded import dcp_path
 
             record = sharded_record(load_checkpoint(path, resolve_sharded=False))
-            if record is not None and (ckpts / str(record["dir"]), "checkpoints") not in files:
-                files.append((dcp_path(ckpts, record), "checkpoints"))
+            if record is not None and (ckpts / str(record["dir"]), CHECKPOINTS_DIR) not in files:
+                files.append((dcp_path(ckpts, record), CHECKPOINTS_DIR))
     return files
 
 
@@ -265,7 +267,7 @@ class MlflowTracker:
             self.client.log_batch(self.run_id, metrics=batch)
 
     def _close(self, status: str) -> None:
-        plots = self.run_dir / "plots"
+        plots = self.run_dir / PLOTS_DIR
         files = [(self.run_dir / f, None) for f in ARTIFACTS if (self.run_dir / f).is_file()]
         files += [(p, str(p.parent.relative_to(self.run_dir))) for p in sorted(plots.rglob("*.png"))] \
             if plots.is_dir() else []

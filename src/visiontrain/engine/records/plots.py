@@ -28,6 +28,7 @@ from typing import Any
 from visiontrain.config_sections import SCHEDULED_SCALARS
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.records.metrics_file import Row, ema_key, is_ema, model_key, numeric_keys, read_metrics, series
+from visiontrain.engine.state.run_files import PLOTS_DIR
 from visiontrain.evaluation.panels import panel_grid
 
 log = logging.getLogger("visiontrain")
@@ -164,7 +165,7 @@ def write_curves(run_dir: Path, out: Path | None = None) -> list[Path]:
     """Draw a run dir's curves from its metrics.jsonl into RUN_DIR/plots/, or ``out`` (also for a
     finished or stopped run: ``visiontrain report`` calls it)."""
     train, evals = read_metrics(run_dir, strict=False)  # a view of the run: a damaged line is passed over
-    out = out if out is not None else run_dir / "plots"
+    out = out if out is not None else run_dir / PLOTS_DIR
     out.mkdir(exist_ok=True)
     written = []
     for name, fig in curve_figures(train, evals, run_dir.name).items():
@@ -201,7 +202,7 @@ class PlotHook(Hook):
         try:
             write_curves(self.run_dir)
             for name, fig in self.trainer.task.eval_figures().items():
-                pixels = save_figure(fig, self.run_dir / "plots" / f"{name}.png")
+                pixels = save_figure(fig, self.run_dir / PLOTS_DIR / f"{name}.png")
                 self.trainer.log.image(f"figures/{name}", pixels, self.trainer.step)
         except Exception as err:  # noqa: BLE001  (plots are a view of the run, not part of it)
-            log.warning("plots: could not write %s: %s: %s", self.run_dir / "plots", type(err).__name__, err)
+            log.warning("plots: could not write %s: %s: %s", self.run_dir / PLOTS_DIR, type(err).__name__, err)

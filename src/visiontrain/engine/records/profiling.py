@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from visiontrain.engine.protocols.hooks import Hook
+from visiontrain.engine.state.run_files import PROFILE_DIR
 
 
 class ProfileSteps(Hook):
@@ -53,4 +54,4 @@ class ProfileSteps(Hook):
     def for_run(cls, trainer: Any) -> "ProfileSteps | None":
         """The profiler when ``trainer.profile`` is on and this rank writes the run dir."""
         t, run = trainer.cfg.trainer, trainer.run
-        return cls(run.run_dir / "profile", t.profile_start, t.profile_steps) if t.profile and run.writes else None
+        return cls(run.run_dir / PROFILE_DIR, t.profile_start, t.profile_steps) if t.profile and run.writes else None

@@ -18,6 +18,8 @@ import torch
 
 from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.engine.state.files import CheckpointError, atomic_save, give_usual_mode, read_checkpoint_file
+from visiontrain.engine.state.run_files import (BEST_CHECKPOINT, BEST_EMA_CHECKPOINT, CHECKPOINTS_DIR, CONFIG_FILE,
+                                                LAST_CHECKPOINT)
 from visiontrain.engine.state.sharded import ShardedCheckpoints, resolve_full
 from visiontrain.engine.state.write_failure import why_not_written
 
@@ -30,7 +32,7 @@ __all__ = ["CheckpointError", "atomic_save", "give_usual_mode", "read_checkpoint
 def _unwritable(run_dir: Path, err: OSError, where: Path | None = None) -> CheckpointError:
     """Which path, why, and what to do: a run that has a checkpoint can go on in another run dir."""
     where = where or Path(err.filename or run_dir)
-    last = run_dir / "checkpoints" / "last.pt"
+    last = run_dir / CHECKPOINTS_DIR / LAST_CHECKPOINT
     todo = (f"make it writable, or continue its run in another: --run-dir NEW --resume {last}" if last.is_file()
             else "make it writable or choose another --run-dir")
     return CheckpointError(f"run dir {run_dir} cannot be written: {why_not_written(err, where)} ({where}); {todo}")
@@ -40,7 +42,7 @@ def prepare_run_dir(run_dir: Path) -> list[str]:
     """Create RUN_DIR/checkpoints and delete what interrupted writes left (returned, to be
     reported). An unwritable run dir (a read-only copy, a full disk) is an error that names it,
     before any training: a file is created in each directory and removed again to find out."""
-    for directory in (run_dir, run_dir / "checkpoints"):
+    for directory in (run_dir, run_dir / CHECKPOINTS_DIR):
         try:
             directory.mkdir(parents=True, exist_ok=True)
             fd, probe = tempfile.mkstemp(prefix=".write-check.", suffix=".tmp", dir=directory)
@@ -48,7 +50,7 @@ def prepare_run_dir(run_dir: Path) -> list[str]:
             os.unlink(probe)
         except OSError as err:
             raise _unwritable(run_dir, err, directory) from err
-    return remove_stale_temporaries(run_dir / "checkpoints") + remove_stale_temporaries(run_dir)
+    return remove_stale_temporaries(run_dir / CHECKPOINTS_DIR) + remove_stale_temporaries(run_dir)
 
 
 @contextlib.contextmanager
@@ -65,7 +67,7 @@ def removed_if_set_up_fails(run_dir: Path | None) -> Any:
     try:
         yield
     except BaseException:
-        for directory in [*(d / "checkpoints" for d in created[:1]), *created]:  # deepest first
+        for directory in [*(d / CHECKPOINTS_DIR for d in created[:1]), *created]:  # deepest first
             with contextlib.suppress(OSError):
                 directory.rmdir()
         raise
@@ -84,10 +86,10 @@ def write_run_file(run_dir: Path, name: str, text: str) -> None:
 def write_run_config(run_dir: Path, text: str, resumed_at: int | None = None) -> None:
     """RUN_DIR/config.yaml. A resumed run whose config differs keeps the earlier one as
     config-<step>.yaml: the config of the segment that ended at that step."""
-    old = run_dir / "config.yaml"
+    old = run_dir / CONFIG_FILE
     if resumed_at is not None and old.is_file() and old.read_text() != text:
         write_run_file(run_dir, f"config-{resumed_at}.yaml", old.read_text())
-    write_run_file(run_dir, "config.yaml", text)
+    write_run_file(run_dir, CONFIG_FILE, text)
 
 
 def remove_stale_temporaries(directory: Path) -> list[str]:
@@ -171,7 +173,7 @@ class BestTracker:
         record = self.better(value, self.best.get(which))
         if record:
             self.best[which] = value
-            atomic_save(state, self.dir / ("best.pt" if which == "model" else "best_ema.pt"))
+            atomic_save(state, self.dir / (BEST_CHECKPOINT if which == "model" else BEST_EMA_CHECKPOINT))
         if which == "model" and self.keep and self.wants("model", value):
             name = f"best-step{step}.pt"
             atomic_save(state, self.dir / name)

@@ -12,7 +12,7 @@ writes them; ``compare``, ``report`` and the CLI find them through these names. 
       plots/                PLOTS_DIR: curves, previews and the task's figures
       tb/, profile/         TENSORBOARD_DIR, PROFILE_DIR
       model.safetensors, model_ema.safetensors   FINAL_WEIGHTS: the weights at the end
-      checkpoints/          CHECKPOINTS_DIR: LAST_CHECKPOINT, BEST_CHECKPOINT, best_ema.pt, best-stepS.pt
+      checkpoints/          CHECKPOINTS_DIR: LAST_CHECKPOINT, BEST_CHECKPOINT, BEST_EMA_CHECKPOINT, best-stepS.pt
       mlflow.db, mlflow.json, mlflow-artifacts/   MLFLOW_FILES: a local MLflow store (engine.records.mlflow_tracker)
 """
 from __future__ import annotations
@@ -30,9 +30,10 @@ FINAL_WEIGHTS = ("model.safetensors", "model_ema.safetensors")
 CHECKPOINTS_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.pt"
 BEST_CHECKPOINT = "best.pt"
+BEST_EMA_CHECKPOINT = "best_ema.pt"
 MLFLOW_DB_FILE, MLFLOW_RUN_FILE, MLFLOW_ARTIFACT_DIR = "mlflow.db", "mlflow.json", "mlflow-artifacts"
 MLFLOW_FILES = (MLFLOW_DB_FILE, MLFLOW_RUN_FILE, MLFLOW_ARTIFACT_DIR)
 
-__all__ = ["BEST_CHECKPOINT", "CHECKPOINTS_DIR", "CONFIG_FILE", "FINAL_WEIGHTS", "LAST_CHECKPOINT", "METRICS_FILE",
+__all__ = ["BEST_CHECKPOINT", "BEST_EMA_CHECKPOINT", "CHECKPOINTS_DIR", "CONFIG_FILE", "FINAL_WEIGHTS", "LAST_CHECKPOINT", "METRICS_FILE",
            "MLFLOW_ARTIFACT_DIR", "MLFLOW_DB_FILE", "MLFLOW_FILES", "MLFLOW_RUN_FILE", "MODEL_SUMMARY_FILE",
            "PLOTS_DIR", "PROFILE_DIR", "PROVENANCE_FILE", "REPORT_FILE", "SUMMARY_FILE", "TENSORBOARD_DIR"]

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from visiontrain.engine.parallel.fsdp import local
+from visiontrain.engine.state.run_files import LAST_CHECKPOINT
 from visiontrain.engine.step.metrics import Rows
 
 
@@ -38,7 +39,7 @@ def saved_before(ckpt_dir: Path | None) -> str:
     its first checkpoint has none to go back to."""
     if ckpt_dir is None:
         return "nor before it: this run has no run dir"
-    if not (ckpt_dir / "last.pt").exists():
+    if not (ckpt_dir / LAST_CHECKPOINT).exists():
         return "nor before it: there is no checkpoints/last.pt yet"
     return "checkpoints/last.pt is from before it"
 
