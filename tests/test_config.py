@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+import visiontrain.tasks  # noqa: F401  (registers the task config sections)
 from visiontrain import config as C
 from visiontrain.config import ConfigError, load_config
 from visiontrain.config import ScheduleConfig
-import visiontrain.tasks  # noqa: F401  (registers the task config sections)
-from visiontrain.tasks.classification import ClassificationConfig
 from visiontrain.typed_config import all_keys
+from visiontrain.tasks.classification import ClassificationConfig
 
 FASHION = "classify-fashion"
 

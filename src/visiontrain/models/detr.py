@@ -32,7 +32,8 @@ from torchvision.ops import FrozenBatchNorm2d, box_convert, clip_boxes_to_image,
 
 from visiontrain.models import MIN_BOX_SIZE, cached_torch_hub_weights  # noqa: E402
 from visiontrain.models.detr_deformable import deformable_layers  # noqa: E402
-from visiontrain.models.detr_queries import (MLP, QueryOptions, ReferenceQueries, query_attention_mask, sine_embedding)  # noqa: E402
+from visiontrain.models.detr_queries import (  # noqa: E402
+    MLP, QueryOptions, ReferenceQueries, query_attention_mask, sine_embedding)
 
 __all__ = ["DETR", "postprocess", "sine_position_encoding", "downsample_mask"]
 

@@ -21,7 +21,8 @@ import numpy as np
 
 from visiontrain.data import image_check
 from visiontrain.data.bad_data import warn_spelled_alike
-from visiontrain.data.detection.base import BadAnnotationError, BadDataPolicy, DetectionDataset, ImageRecord, check_box
+from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
+                                             ImageRecord, check_box)
 from visiontrain.data.detection.images import image_size, size_text
 
 Probe = tuple[tuple[int, int] | None, str, str]  # ((height, width) or None, reason, message)

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from visiontrain.data.bad_data import alike_in, listed, warn_spelled_alike
-from visiontrain.data.detection.base import BadAnnotationError, BadDataPolicy, DetectionDataset, ImageRecord, check_box
+from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
+                                             ImageRecord, check_box)
 from visiontrain.data.detection.coco import probe_image
 from visiontrain.data.detection.images import size_text
 

@@ -17,7 +17,8 @@ import numpy as np
 import yaml
 
 from visiontrain.data.bad_data import warn_spelled_alike
-from visiontrain.data.detection.base import BadAnnotationError, BadDataPolicy, DetectionDataset, ImageRecord
+from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
+                                             ImageRecord)
 from visiontrain.data.detection.coco import ids_text, keep_boxes, probe_images
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
