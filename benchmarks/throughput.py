@@ -100,9 +100,8 @@ def detr_step(model_name: str, batch: int, device: torch.device, precision: str,
     params = [p for p in model.parameters() if p.requires_grad]
     if compiled:
         model = torch.compile(model)
-    sampler, loader, _ = loaders(data, cfg, DistInfo(), device)  # the engine's first batch, seeded alike
-    sampler.set_epoch(0)
-    images, mask, targets = next(iter(loader))
+    source, _ = loaders(data, cfg, DistInfo(), device)  # the engine's first batch, seeded alike
+    images, mask, targets = next(iter(source.batches(0)))
     sample = to_device((images.contiguous(memory_format=torch.channels_last), mask, targets), device)
     opt = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, fused=True)
     weights = task.loss_weights

@@ -93,7 +93,8 @@ def test_loaders_say_once_how_many_images_each_epoch_leaves_out(caplog) -> None:
     ds = TensorDataset(torch.zeros(21, 1), torch.zeros(21, dtype=torch.int64))
     data = TaskData(ds, ds, {}, random_transforms=False, group_ids=[0] * 5 + [1] * 16)
     with caplog.at_level(logging.INFO, logger="visiontrain"):
-        sampler, _, _ = loaders(data, cfg, DistInfo(), torch.device("cpu"))
+        source, _ = loaders(data, cfg, DistInfo(), torch.device("cpu"))
+    sampler = source.sampler
     assert sampler.left_out_per_epoch == 1 and len(sampler) == 5
     lines = [r.getMessage() for r in caplog.records if "leaves" in r.getMessage()]
     assert len(lines) == 1 and "leaves 1 out of each epoch" in lines[0] and "task.group_aspect=false" in lines[0]

@@ -42,9 +42,8 @@ def first_batch(recipe: str, overrides: list[str], on_device: bool):
     from visiontrain.engine.build.loaders import loaders
     from visiontrain.engine.parallel.distributed import DistInfo
 
-    sampler, loader, _ = loaders(data, cfg, DistInfo(), torch.device("cpu"))
-    sampler.set_epoch(0)
-    return next(iter(loader)), task.device_transform()
+    source, _ = loaders(data, cfg, DistInfo(), torch.device("cpu"))
+    return next(iter(source.batches(0))), task.device_transform()
 
 
 def on_test_device(batch):
