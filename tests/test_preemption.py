@@ -16,9 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from visiontrain.engine.parts.preemption import EXIT_PREEMPTED
 from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
+from visiontrain.exit_codes import EXIT_PREEMPTED
 
 from procs import FAULTHANDLER_ENV, finish
 
