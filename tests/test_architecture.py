@@ -95,7 +95,7 @@ def module_name(path: Path) -> str:
 def room_of(module: str) -> str:
     if module in BASE:
         return "base"
-    if module in ("visiontrain.config", "visiontrain.config_sections"):
+    if module == "visiontrain.config":
         return "config"
     parts = module.split(".")
     return parts[1] if len(parts) > 2 or parts[1] in ROOMS else "app"

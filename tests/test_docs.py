@@ -502,15 +502,17 @@ def _is_mapping(tp: typing.Any) -> bool:
 
 def key_exists(key: str) -> bool:
     from visiontrain import config as C
-    from visiontrain.config import ScheduleConfig
+    from visiontrain.engine.schedules import ScheduleConfig
     import visiontrain.tasks  # noqa: F401
 
     parts = key.split(".")
     head, rest = parts[0], parts[1:]
-    if head == "task":
+    if head == "seed":
+        return not rest
+    if head in ("task", "data"):  # typed by their name: a key of any task, of any data source
         fields: dict[str, typing.Any] = {}
-        for entry in C.TASK_REGISTRY.values():
-            fields.update(_field_types(entry.config_class))
+        for kind in C.SECTIONS[head].kinds.values():
+            fields.update(_field_types(kind))
         if not rest or rest[0] not in fields:
             return False
         return len(rest) == 1 or (len(rest) == 2 and _is_mapping(fields[rest[0]]))
@@ -526,8 +528,10 @@ def key_exists(key: str) -> bool:
         else:
             return False
         return not rest or (len(rest) == 1 and rest[0] in _field_types(ScheduleConfig))
-    cls: typing.Any = C.Config
-    for n, part in enumerate(parts):
+    if head not in C.SECTIONS:
+        return False
+    cls: typing.Any = C.SECTIONS[head].annotation
+    for n, part in enumerate(rest, 1):
         fields = _field_types(cls)
         if part not in fields:
             return False

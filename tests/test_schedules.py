@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from visiontrain.config import ScheduleConfig
+from visiontrain.engine.schedules import ScheduleConfig
 from visiontrain.engine.schedules import (
     Schedule,
     StepClock,

@@ -14,10 +14,10 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from visiontrain import config as C
-from visiontrain.config import TaskConfig, doc
+from visiontrain.config import doc
 from visiontrain.engine.eval_loop import EvalData
 from visiontrain.engine.trainer import Trainer
-from visiontrain.engine.task import Task, TaskData, register_task
+from visiontrain.engine.task import Task, TaskConfig, TaskData, register_task
 
 
 @dataclass

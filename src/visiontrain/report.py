@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from visiontrain.compare import RunRecord, read_run
-from visiontrain.config import TASK_REGISTRY
+from visiontrain.engine.task import TASK_REGISTRY
 from visiontrain.engine.metrics_file import (COMPUTE_S, DATA_S, EPOCH, ROW_KEYS, SAMPLES_PER_S, STEP, TIME, ema_key,
                                              is_number, is_per_class, per_class_tables)
 from visiontrain.engine.plots import write_curves

@@ -13,11 +13,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from visiontrain.config import Config, ConfigError, TrainerConfig
+from visiontrain.config import Config, ConfigError
 from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler, SeededDataset
 from visiontrain.engine.distributed import DistInfo, wrap_ddp
 from visiontrain.engine.fsdp import ShardedCheckpoints, shard_model
 from visiontrain.engine.source import LoaderSource, TrainSource
+from visiontrain.engine.trainer_config import TrainerConfig
 from visiontrain.stop_signals import ignore_stop_signals
 from visiontrain.engine.schedules import StepClock
 from visiontrain.engine.worker_check import check_sendable_to_workers

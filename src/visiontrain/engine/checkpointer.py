@@ -27,6 +27,21 @@ from visiontrain.engine.parts import Part, Progress
 from visiontrain.engine.run import TrainingRun
 from visiontrain.engine.run_dir import config_changes
 from visiontrain.engine.weights import check_resume_compatible, save_safetensors
+from dataclasses import dataclass
+from typing import Literal
+from visiontrain.config import register_section
+from visiontrain.typed_config import doc
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = doc("write checkpoints/last.pt every N units (0 = only at the end)", 1, minimum=0)
+    unit: Literal["epochs", "steps"] = doc("unit of checkpoint.every", "epochs")
+    keep_best: int = doc("also keep the k best checkpoints as best-stepS.pt (0 = only best.pt)", 0, minimum=0)
+    keep_every: int = doc("keep a copy step-S.pt every N steps (0 = off)", 0, minimum=0)
+
+
+register_section("checkpoint", CheckpointConfig, "checkpoint section")
 
 
 class Checkpointer(Part):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from visiontrain.config import ConfigError, EvalConfig
+from visiontrain.config import ConfigError
 from visiontrain.engine import checkpoint_format as fmt
 from visiontrain.engine.distributed import DistInfo, broadcast_object
 from visiontrain.engine.evaluator import checkpoint_metric

@@ -13,6 +13,20 @@ import torch
 from torch import nn
 
 from visiontrain.engine.fsdp import local
+from dataclasses import dataclass
+from visiontrain.config import register_section
+from visiontrain.typed_config import doc
+
+
+@dataclass
+class EmaConfig:
+    enabled: bool = doc("keep an exponential moving average of the weights", False)
+    decay: float = doc("EMA decay (weight of the old average; cvnets momentum m = 1 - decay)", 0.9998)
+    warmup: bool = doc("ramp the decay up from 0 early in training (timm ModelEmaV3)", False)
+    every: int = doc("update the EMA every k optimizer steps", 1, minimum=1)
+
+
+register_section("ema", EmaConfig, "EMA section")
 
 
 def unwrap(model: nn.Module) -> nn.Module:

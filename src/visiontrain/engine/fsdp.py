@@ -29,10 +29,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from visiontrain.config import DistributedConfig
 from visiontrain.engine import checkpoint_format as fmt
 from visiontrain.engine.files import CheckpointError, read_checkpoint_file
-from visiontrain.engine.distributed import DistInfo, broadcast_object
+from visiontrain.engine.distributed import DistInfo, DistributedConfig, broadcast_object
 
 DCP_DIR = re.compile(r"^step-\d+(-\d+)?\.dcp$")
 

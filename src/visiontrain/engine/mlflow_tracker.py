@@ -36,9 +36,32 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from visiontrain.config import ConfigError, LoggingConfig, flatten
+from visiontrain.config import ConfigError, flatten
 from visiontrain.engine.checkpoint import write_run_file
 from visiontrain.engine.metrics_file import is_number
+from dataclasses import dataclass
+from visiontrain.config import register_section
+from visiontrain.typed_config import doc
+
+
+@dataclass
+class LoggingConfig:
+    """Where a run's metrics go besides its run dir (metrics.jsonl, TensorBoard, the console)."""
+
+    mlflow: bool = doc("also record the run in MLflow: the config as params, every logged metric, the plots, "
+                       "report and summary as artifacts, the launch as tags, the final status (rank 0; needs "
+                       "pip install 'visiontrain[mlflow]')", False)
+    mlflow_uri: str | None = doc("MLflow tracking URI (sqlite:///PATH.db, http://HOST:PORT, ...); default "
+                                 "sqlite:///RUN_DIR/mlflow.db, a store of the run's own", None)
+    mlflow_experiment: str | None = doc("MLflow experiment name (default: the recipe's name, else the run "
+                                        "dir's)", None)
+    mlflow_weights: bool = doc("with logging.mlflow: when the run ends, also send the final weights "
+                               "(model.safetensors, model_ema.safetensors) and the best checkpoints "
+                               "(checkpoints/best.pt, best_ema.pt) as artifacts; false keeps them off a remote "
+                               "server", True)
+
+
+register_section("logging", LoggingConfig, "experiment tracking section (MLflow)")
 
 log = logging.getLogger("visiontrain")
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from visiontrain.config_sections import SCHEDULED_SCALARS
+from visiontrain.engine.schedules import SCHEDULED_SCALARS
 from visiontrain.engine.hooks import Hook
 from visiontrain.engine.metrics_file import (Row, ema_key, is_ema, model_key, numeric_keys, read_metrics,
                                              series)

@@ -2,8 +2,11 @@
 in the task's own module); ``build_task`` builds whichever task a config names, a user's included."""
 from __future__ import annotations
 
-from visiontrain.config import Config, registered_task
-from visiontrain.engine.task import Task, TaskData
+from visiontrain.config import Config
+from visiontrain.data.datasets import sources as classification_sources  # noqa: F401  (registers data kinds)
+from visiontrain.data.detection import sources as detection_sources  # noqa: F401  (registers data kinds)
+from visiontrain.engine import trainer  # noqa: F401  (the engine's parts register their config sections)
+from visiontrain.engine.task import Task, TaskData, registered_task
 from visiontrain.tasks import classification, detr, dino, rcnn, yolo  # noqa: F401  (each registers itself)
 
 
