@@ -54,8 +54,9 @@ class Section:
         name = tree.get("name", self.default_kind) if isinstance(tree, dict) else self.default_kind
         found = self.kinds.get(name) if isinstance(name, str) else None
         if found is None:
-            raise ConfigError(f"{self.name}.name: unknown {self.noun} {name!r}{did_you_mean(str(name), list(self.kinds))}"
-                              f"; expected one of {', '.join(sorted(self.kinds))}")
+            hint = did_you_mean(str(name), list(self.kinds))
+            raise ConfigError(f"{self.name}.name: unknown {self.noun} {name!r}{hint}; "
+                              f"expected one of {', '.join(sorted(self.kinds))}")
         return found
 
     def default(self) -> Any:

@@ -16,7 +16,8 @@ class DataConfig:
     """What the engine reads of the data section, whatever the source: how to batch and load it."""
 
     name: str = doc("dataset: fashion-mnist | digits | image-folder (classification); coco | voc | yolo | "
-                    "fashion-mosaic | neon-trees (detection); the other data.* keys are the source's own", "fashion-mnist")
+                    "fashion-mosaic | neon-trees (detection); the other data.* keys are the source's own",
+                    "fashion-mnist")
     batch_size: int = doc("batch size per process (per micro-step under accumulation)", 256, minimum=1)
     eval_batch_size: int | None = doc("evaluation batch size (default: 2 x batch_size)", None, minimum=1)
     num_workers: int = doc("DataLoader worker processes (0 = load in the main process)", 0, minimum=0)

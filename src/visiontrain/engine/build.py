@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from visiontrain.config import Config, ConfigError
+from visiontrain.data.sources import DataConfig
 from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler, SeededDataset
 from visiontrain.engine.distributed import DistInfo, wrap_ddp
 from visiontrain.engine.fsdp import ShardedCheckpoints, shard_model
@@ -75,7 +76,7 @@ def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device) -
     """The training source and the evaluation loader of a task's ``TaskData``: its own source when
     ``data.train`` is one, else the map-style dataset through the resumable batch sampler (grouped
     by aspect ratio when the task gives groups)."""
-    d = cfg.data
+    d: DataConfig = cfg.data
     context = worker_context(d.worker_start) if d.num_workers > 0 else None
     if isinstance(data.train, TrainSource):
         return data.train, val_loader(data, cfg, dist_info, device, context=context)
@@ -104,7 +105,7 @@ def train_sampler(data: Any, cfg: Config, dist_info: DistInfo) -> ResumableBatch
 def val_loader(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device, *, context: Any = None
                ) -> DataLoader:
     """The evaluation loader of a task's ``TaskData`` (all that ``validate`` builds of the data)."""
-    d = cfg.data
+    d: DataConfig = cfg.data
     if d.num_workers > 0 and context is None:
         context = worker_context(d.worker_start)
     val = eval_loader(data.val, d.eval_batch(), collate=data.eval_collate, num_workers=d.num_workers,

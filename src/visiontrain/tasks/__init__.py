@@ -3,9 +3,7 @@ in the task's own module); ``build_task`` builds whichever task a config names, 
 from __future__ import annotations
 
 from visiontrain.config import Config
-from visiontrain.data.datasets import sources as classification_sources  # noqa: F401  (registers data kinds)
-from visiontrain.data.detection import sources as detection_sources  # noqa: F401  (registers data kinds)
-from visiontrain.engine import trainer  # noqa: F401  (the engine's parts register their config sections)
+from visiontrain.engine import trainer  # noqa: F401  (the engine's parts and the data sources register their sections)
 from visiontrain.engine.task import Task, TaskData, registered_task
 from visiontrain.tasks import classification, detr, dino, rcnn, yolo  # noqa: F401  (each registers itself)
 

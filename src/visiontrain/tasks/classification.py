@@ -249,7 +249,8 @@ class ClassificationTask(Task):
         size = info["image_size"]
         example = torch.randn(2, info["in_channels"], size, size, generator=torch.Generator().manual_seed(0))
         metadata = {"class_names": self.class_names, "category_ids": list(range(self.num_classes)),
-                    **input_metadata(self.preprocess, self.cfg.data, reader_args(self.cfg.data)["augment"], size, info["in_channels"]),
+                    **input_metadata(self.preprocess, self.cfg.data, reader_args(self.cfg.data)["augment"], size,
+                                     info["in_channels"]),
                     "output": "logits [B, classes]: softmax gives the class probabilities"}
         return ExportSpec(model.eval(), (example,), ["images"], ["logits"], metadata=metadata)
 

@@ -77,6 +77,7 @@ for _name in DETECTION_SOURCES:
 def detection_source(data: DataConfig) -> DetectionDataConfig:
     """A detector's data section; a classification source's name is an unknown detection dataset."""
     if not isinstance(data, DetectionDataConfig):
-        raise ValueError(f"data.name: unknown detection dataset {data.name!r}{did_you_mean(data.name, DETECTION_SOURCES)}"
-                         f"; expected one of {', '.join(DETECTION_SOURCES)}")
+        hint = did_you_mean(data.name, DETECTION_SOURCES)
+        raise ValueError(f"data.name: unknown detection dataset {data.name!r}{hint}; "
+                         f"expected one of {', '.join(DETECTION_SOURCES)}")
     return data
