@@ -48,7 +48,8 @@ import pytest
 
 from dataset_trees import build_coco, build_image_folder, build_voc, build_yolo
 from shipped import LENGTH_AND_SIZE
-from visiontrain.config import Config
+import visiontrain.tasks  # noqa: F401  (registers every built-in config section)
+from visiontrain import config as C
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -482,7 +483,7 @@ def test_cli_command_lines_parse_and_load(page_dirs):
 
 
 # --- config keys ------------------------------------------------------------------
-SECTIONS = tuple(f.name for f in dataclasses.fields(Config))  # seed, task, data, ..., logging
+SECTIONS = ("seed", *C.SECTIONS)  # seed, task, data, ..., logging: every registered section
 KEY = re.compile(r"(?<![\w./-])(?:" + "|".join(SECTIONS) + r")\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 FILE_SUFFIXES = {"py", "pt", "pth", "yaml", "yml", "md", "json", "jsonl", "png", "txt", "safetensors", "onnx",
                  "html", "log", "sh"}

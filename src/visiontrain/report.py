@@ -24,7 +24,6 @@ from typing import Any
 import yaml
 
 from visiontrain.compare import RunRecord, read_run
-from visiontrain.engine.task import TASK_REGISTRY
 from visiontrain.engine.metrics_file import (COMPUTE_S, DATA_S, EPOCH, ROW_KEYS, SAMPLES_PER_S, STEP, TIME, ema_key,
                                              is_number, is_per_class, per_class_tables)
 from visiontrain.engine.plots import write_curves
@@ -171,6 +170,7 @@ def _checkpoint_metric(run: RunRecord, config: dict[str, Any]) -> tuple[str | No
     if metric is None or mode is None:
         try:
             import visiontrain.tasks  # noqa: F401  (registers the built-in tasks; loads torch, which the rest skips)
+            from visiontrain.engine.task import TASK_REGISTRY
 
             cls = TASK_REGISTRY[str((config.get("task") or {}).get("name"))].task_class
         except (ImportError, KeyError):  # a broken install, or a task of a module not imported: no default
