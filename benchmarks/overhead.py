@@ -37,10 +37,11 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from visiontrain import config as C  # noqa: E402
 from visiontrain._tv_compat import ensure_torchvision  # noqa: E402
-from visiontrain.config import TaskConfig, doc  # noqa: E402
+from visiontrain.config import doc
 from visiontrain.engine.loop.trainer import Trainer  # noqa: E402
 from visiontrain.engine.protocols.hooks import Hook  # noqa: E402
 from visiontrain.engine.protocols.task import Task, TaskData, register_task  # noqa: E402
+from visiontrain.engine.protocols.task import TaskConfig
 from visiontrain.engine.step.eval_loop import EvalData  # noqa: E402
 
 BATCH, IN, HIDDEN, OUT, SAMPLES, LR = 32, 64, 128, 10, 3200, 1e-3

@@ -1,40 +1,63 @@
-"""An example of growing the engine by a part: a stateful duty every 3 optimizer steps.
+"""An example of growing the engine by a part: a stateful duty every N optimizer steps, with its own
+config section.
 
-Adding it takes this file and one registration, ``register_part(WeightTrail.for_run)``
-(tests/test_parts.py does it in a fixture); the trainer, the checkpointer and config.py stay as
-they are. Its record is in every checkpoint under ``weight_trail`` and continues on resume.
+Adding it takes this file and one registration, :func:`register` (tests/test_parts.py calls it in a
+fixture)::
+
+    register_part(WeightTrail.for_run, section=("weight_trail", WeightTrailConfig, WEIGHT_TRAIL_DOC))
+
+The trainer, the checkpointer and config.py stay as they are. Its section is a recipe's
+``weight_trail:`` (``weight_trail.every=4`` on the command line), listed by ``show-config --docs``;
+its record is in every checkpoint under ``weight_trail`` and continues on resume.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from visiontrain.config import doc
+from visiontrain.engine.loop.assembly import PartFactory, register_part
 from visiontrain.engine.protocols.cadence import Cadence
 from visiontrain.engine.protocols.part import Part
 
+WEIGHT_TRAIL_DOC = "weight trail section: the sum of the model's weights, every N steps"
+
+
+@dataclass
+class WeightTrailConfig:
+    """The part's own section: how often it records."""
+
+    every: int = doc("optimizer steps between two records of the weights' sum (and one at the end)", 3, minimum=1)
+
 
 class WeightTrail(Part):
-    """Every 3 steps and at the end: the step and the sum of the model's weights (a host sync, on a
-    sparse cadence)."""
+    """Every ``weight_trail.every`` steps and at the end: the step and the sum of the model's weights (a
+    host sync, on a sparse cadence)."""
 
     name = "weight_trail"
-    cadence = Cadence(every=3, unit="steps", at_end=True)
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, settings: WeightTrailConfig, model: torch.nn.Module) -> None:
+        self.cadence = Cadence(every=settings.every, unit="steps", at_end=True)
         self.model = model
         self.trail: list[tuple[int, float]] = []
 
     @classmethod
     def for_run(cls, trainer: Any) -> "WeightTrail":
-        return cls(trainer.raw_model)
+        return cls(trainer.cfg.weight_trail, trainer.raw_model)
 
     def run(self, epoch_end: bool = False) -> None:
         total = torch.stack([p.detach().sum() for p in self.model.parameters()]).sum()
-        self.trail.append((self.trainer.step, total.item()))  # host sync (every 3 steps)
+        self.trail.append((self.trainer.step, total.item()))  # host sync (every N steps)
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps": [s for s, _ in self.trail], "sums": [v for _, v in self.trail]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.trail = list(zip(state["steps"], state["sums"]))
+
+
+def register() -> PartFactory:
+    """The one registration: the part, in every run made from now on, and its section."""
+    return register_part(WeightTrail.for_run, section=("weight_trail", WeightTrailConfig, WEIGHT_TRAIL_DOC))

@@ -48,7 +48,8 @@ import pytest
 
 from dataset_trees import build_coco, build_image_folder, build_voc, build_yolo
 from shipped import LENGTH_AND_SIZE
-from visiontrain.config import Config
+from visiontrain import config as C
+import visiontrain.tasks  # noqa: F401  (registers every built-in config section)
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -482,7 +483,7 @@ def test_cli_command_lines_parse_and_load(page_dirs):
 
 
 # --- config keys ------------------------------------------------------------------
-SECTIONS = tuple(f.name for f in dataclasses.fields(Config))  # seed, task, data, ..., logging
+SECTIONS = ("seed", *C.SECTIONS)  # seed, task, data, ..., logging: every registered section
 KEY = re.compile(r"(?<![\w./-])(?:" + "|".join(SECTIONS) + r")\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 FILE_SUFFIXES = {"py", "pt", "pth", "yaml", "yml", "md", "json", "jsonl", "png", "txt", "safetensors", "onnx",
                  "html", "log", "sh"}
@@ -502,15 +503,17 @@ def _is_mapping(tp: typing.Any) -> bool:
 
 def key_exists(key: str) -> bool:
     from visiontrain import config as C
-    from visiontrain.config import ScheduleConfig
+    from visiontrain.engine.step.schedules import ScheduleConfig
     import visiontrain.tasks  # noqa: F401
 
     parts = key.split(".")
     head, rest = parts[0], parts[1:]
-    if head == "task":
+    if head == "seed":
+        return not rest
+    if head in ("task", "data"):  # typed by their name: a key of any task, of any data source
         fields: dict[str, typing.Any] = {}
-        for entry in C.TASK_REGISTRY.values():
-            fields.update(_field_types(entry.config_class))
+        for kind in C.SECTIONS[head].kinds.values():
+            fields.update(_field_types(kind))
         if not rest or rest[0] not in fields:
             return False
         return len(rest) == 1 or (len(rest) == 2 and _is_mapping(fields[rest[0]]))
@@ -526,8 +529,10 @@ def key_exists(key: str) -> bool:
         else:
             return False
         return not rest or (len(rest) == 1 and rest[0] in _field_types(ScheduleConfig))
-    cls: typing.Any = C.Config
-    for n, part in enumerate(parts):
+    if head not in C.SECTIONS:
+        return False
+    cls: typing.Any = C.SECTIONS[head].annotation
+    for n, part in enumerate(rest, 1):
         fields = _field_types(cls)
         if part not in fields:
             return False

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from visiontrain import cli
-from visiontrain import config as C
+from visiontrain import cli, config as C
 from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
 
@@ -133,7 +132,7 @@ def test_errors_say_where_the_key_came_from_and_rank_suggestions(tmp_path):
 
 def test_an_unknown_dataset_name_gets_a_did_you_mean(capsys, tmp_path):
     code, _, err = fit(capsys, *DIGITS, "data.name=imagefolder", "--run-dir", str(tmp_path / "run"))
-    assert code == 2 and "unknown classification dataset 'imagefolder' (did you mean 'image-folder'?)" in err
+    assert code == 2 and "data.name: unknown dataset 'imagefolder' (did you mean 'image-folder'?)" in err
     assert not (tmp_path / "run").exists()  # a refused command leaves no empty directory
 
 

@@ -7,12 +7,13 @@ import itertools
 from pathlib import Path
 from typing import Any, Iterator
 
+import example_part
 import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
-
-from example_part import WeightTrail
 from toy_task import ToyData, ToyTask, toy_config
+
+from visiontrain import config as C
 from visiontrain.engine.loop import assembly
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.engine.protocols.cadence import Cadence
@@ -151,9 +152,10 @@ def test_the_loop_names_no_optional_part_and_no_data_format():
 # ---------------------------------------------------------------------------- a new part
 @pytest.fixture
 def weight_trail():
-    factory = assembly.register_part(WeightTrail.for_run)
+    factory = example_part.register()
     yield
     assembly.PARTS.remove(factory)
+    del C.SECTIONS["weight_trail"]
 
 
 def test_a_registered_part_runs_on_its_cadence_and_resumes_where_it_was(tmp_path, weight_trail):
@@ -174,16 +176,42 @@ def test_a_registered_part_runs_on_its_cadence_and_resumes_where_it_was(tmp_path
     assert resumed.weight_trail.trail == full.weight_trail.trail
 
 
+def test_a_part_s_own_section_is_set_by_a_recipe_and_an_override_listed_and_checked(tmp_path, weight_trail):
+    """The part's dataclass, registered with it from its own file, is a section of every recipe: a
+    recipe sets it, an override changes it, show-config --docs lists it, a mistyped key in it gets
+    a suggestion, and the run records on the cadence it sets, in its checkpoint too."""
+    recipe = tmp_path / "trail.yaml"
+    recipe.write_text("task: {name: toy}\ndata: {batch_size: 32}\noptim: {name: sgd, lr: 0.05}\n"
+                      "trainer: {epochs: 2, log_every: 4, progress: plain}\nweight_trail: {every: 5}\n")
+    assert C.load_config(str(recipe)).weight_trail.every == 5
+    cfg = C.load_config(str(recipe), ["weight_trail.every=4"])
+    assert cfg.weight_trail == example_part.WeightTrailConfig(every=4)
+    docs = {key: text for key, _, text in C.describe_keys(cfg)}
+    assert docs["weight_trail"] == example_part.WEIGHT_TRAIL_DOC and "between two records" in docs["weight_trail.every"]
+    assert "weight_trail:\n  every: 4\n" in C.dump_config(cfg)
+    with pytest.raises(C.ConfigError, match=r"unknown config key 'weight_trail.evry'; did you mean weight_trail.every"):
+        C.load_config(str(recipe), ["weight_trail.evry=4"])
+    with pytest.raises(C.ConfigError, match=r"weight_trail.every: expected an integer >= 1, got 0"):
+        C.load_config(str(recipe), ["weight_trail.every=0"])
+    run = Trainer(cfg, ToyTask(cfg), tmp_path / "run")
+    run.fit()
+    assert [s for s, _ in run.weight_trail.trail] == [4, 8, 12, 16]
+    last = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert fmt.entry(last, "weight_trail")["steps"] == [4, 8, 12, 16]
+    assert fmt.config_of(last)["weight_trail"] == {"every": 4}
+
+
 def test_a_part_added_since_the_checkpoint_starts_afresh_and_says_so(tmp_path, capsys):
     cfg = toy_config(trainer__epochs=2, trainer__max_steps=8)
     Trainer(cfg, ToyTask(cfg), tmp_path / "run").fit()
-    factory = assembly.register_part(WeightTrail.for_run)
+    factory = example_part.register()
     try:
         longer = toy_config(trainer__epochs=2)
         resumed = Trainer(longer, ToyTask(longer), tmp_path / "run", resume=str(tmp_path / "run/checkpoints/last.pt"))
         resumed.fit()
     finally:
         assembly.PARTS.remove(factory)
+        del C.SECTIONS["weight_trail"]
     assert "holds no state of 'weight_trail': it starts afresh" in capsys.readouterr().out
     assert [s for s, _ in resumed.weight_trail.trail] == [9, 12, 15, 16]
 

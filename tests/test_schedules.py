@@ -8,8 +8,7 @@ import random
 
 import pytest
 
-from visiontrain.config import ScheduleConfig
-from visiontrain.engine.step.schedules import Schedule, StepClock, build_schedule, scale_lr_by_batch
+from visiontrain.engine.step.schedules import Schedule, ScheduleConfig, StepClock, build_schedule, scale_lr_by_batch
 
 
 def values(sched: Schedule, steps: list[int]) -> list[float]:

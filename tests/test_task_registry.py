@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from visiontrain import config as C
-from visiontrain.config import TaskConfig, doc
-from visiontrain.engine.protocols.task import Prediction, Task, TaskData, register_task
+from visiontrain.config import doc
+from visiontrain.engine.protocols.task import TASK_REGISTRY, Prediction, Task, TaskConfig, TaskData, register_task
 from visiontrain.inference import Detections, Predictor
 from visiontrain.tasks import build_task
 
@@ -55,7 +55,7 @@ def registered():
     """Registers the square task for one test and takes it out again: the registry is the process's."""
     register_task("square", SquareTask, SquareConfig)
     yield
-    C.TASK_REGISTRY.pop("square")
+    TASK_REGISTRY.pop("square")
 
 
 def test_one_call_types_the_task_section_and_builds_the_task(registered):
@@ -93,7 +93,7 @@ def test_a_task_that_predicts_boxes_is_read_as_a_detector_whatever_its_class(reg
 
 
 def test_the_built_in_tasks_declare_what_they_predict():
-    kinds = {name: entry.task_class.predicts for name, entry in C.TASK_REGISTRY.items()}
+    kinds = {name: entry.task_class.predicts for name, entry in TASK_REGISTRY.items()}
     assert {k: kinds[k] for k in ("classification", "detr", "rcnn", "yolo", "dino")} == {
         "classification": Prediction.CLASS_SCORES, "detr": Prediction.BOXES, "rcnn": Prediction.BOXES,
         "yolo": Prediction.BOXES, "dino": Prediction.NONE}
@@ -127,4 +127,4 @@ class ClaimsScores(Task):
 def test_a_declaration_the_commands_cannot_act_on_fails_at_registration(name, task_class, config_class, message):
     with pytest.raises(ValueError, match=message):
         register_task(name, task_class, config_class)
-    assert name not in C.TASK_REGISTRY or C.TASK_REGISTRY[name].task_class is not task_class
+    assert name not in TASK_REGISTRY or TASK_REGISTRY[name].task_class is not task_class

@@ -2,10 +2,10 @@
 vision models. ``visiontrain fit RECIPE`` trains; see the README.
 
 Inference from Python (docs/inference.md): ``from visiontrain import Predictor``. A task of your own
-(docs/custom-task.md): ``from visiontrain import EvalData, Task, TaskData, register_task``; a hook of
-your own (``trainer.hooks``): ``from visiontrain import Cadence, Hook``; a training data source:
-``TrainSource``; training from Python: ``Trainer``. These names stay where they are when the engine's
-files move. They are imported on first use, so ``import visiontrain`` stays cheap (no torch).
+(docs/custom-task.md): ``from visiontrain import EvalData, Task, TaskConfig, TaskData, register_task``;
+a hook of your own (``trainer.hooks``): ``from visiontrain import Cadence, Hook``; a training data
+source: ``TrainSource``; training from Python: ``Trainer``. These names stay where they are when the
+engine's files move. They are imported on first use, so ``import visiontrain`` stays cheap (no torch).
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ __version__ = "0.1.0"
 _LAZY = {"Predictor": "visiontrain.inference", "Classification": "visiontrain.inference",
          "ClassScore": "visiontrain.inference", "Detections": "visiontrain.inference",
          "Hook": "visiontrain.engine.protocols.hooks", "Cadence": "visiontrain.engine.protocols.cadence",
-         "Task": "visiontrain.engine.protocols.task", "TaskData": "visiontrain.engine.protocols.task",
+         "Task": "visiontrain.engine.protocols.task", "TaskConfig": "visiontrain.engine.protocols.task",
+         "TaskData": "visiontrain.engine.protocols.task",
          "ExportSpec": "visiontrain.engine.protocols.task", "Prediction": "visiontrain.engine.protocols.task",
          "register_task": "visiontrain.engine.protocols.task", "EvalData": "visiontrain.engine.step.eval_loop",
          "TrainSource": "visiontrain.engine.step.source", "Trainer": "visiontrain.engine.loop.trainer"}

@@ -20,6 +20,7 @@ import gc
 import logging
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 import yaml
 
@@ -60,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "passed on to every rank of --nproc")
     sub = p.add_subparsers(dest="command", required=True, parser_class=lambda **kw: argparse.ArgumentParser(
         formatter_class=_Help, **kw))
+    _add_training_commands(sub)
+    _add_model_commands(sub)
+    _add_run_tools(sub)
+    return p
+
+
+def _add_training_commands(sub: Any) -> None:
+    """recipes, fit, validate: what trains a recipe and evaluates what it trained."""
     sub.add_parser("recipes", help="list built-in recipes").set_defaults(fn=cmd_recipes)
 
     fit = sub.add_parser("fit", help="train a recipe")
@@ -82,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "touched (detection datasets)")
     val.set_defaults(fn=cmd_validate)
 
+
+def _add_model_commands(sub: Any) -> None:
+    """predict, export, consolidate: what a trained checkpoint is used for."""
     pred = sub.add_parser("predict", help="a classifier's top-k classes (JSON, optional contact sheet) or a "
                                           "detector's boxes (drawn, and a COCO JSON) on image files")
     pred.add_argument("checkpoint", help="a classification or detection checkpoint, or a run dir (its best.pt, "
@@ -116,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     cons.add_argument("--out", help="output file (default: CHECKPOINT's name with -full.pt)")
     cons.set_defaults(fn=cmd_consolidate)
 
+
+def _add_run_tools(sub: Any) -> None:
+    """benchmark, compare, report, preview, show-config: looking at a recipe or at runs, training nothing."""
     bench = sub.add_parser("benchmark", help="time training steps of a recipe: samples/s, data wait vs "
                                              "compute, peak memory (writes nothing)")
     bench.add_argument("recipe", help="built-in recipe name or path to a YAML file")
@@ -149,7 +164,6 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("overrides", nargs="*", help="key=value overrides")
     show.add_argument("--docs", action="store_true", help="list every key with its type and meaning")
     show.set_defaults(fn=cmd_show_config)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,12 @@
 """Recipes: YAML -> typed dataclasses, with `key=value` overrides and errors that name the key.
 
-Every key is a dataclass field with a type and a one-line doc (``field(metadata={"doc": ...})``).
-Unknown keys are errors that suggest the closest valid keys; wrong types name the key and the
-expected type. The ``task`` section is typed by the task named in ``task.name`` (each task
-registers its own dataclass), so task-specific keys are checked exactly like engine keys.
+This module loads, merges and validates; it defines no section. Each section's dataclass sits
+beside the part or task that reads it, which registers it here (:func:`register_section`): the
+engine's parts their ``trainer``, ``eval``, ``checkpoint``... sections, each data source its kind of
+``data`` section and each task its ``task`` section (:func:`register_kind`, typed by the section's
+``name`` key). Every key is a dataclass field with a type and a one-line doc (``doc``). Unknown keys
+are errors that suggest the closest valid keys; wrong types name the key and the expected type.
+``import visiontrain.tasks`` registers every built-in section, kind and task.
 """
 from __future__ import annotations
 
@@ -11,61 +14,115 @@ import copy
 import dataclasses
 import difflib
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
-from visiontrain.config_sections import (SCHEDULED_SCALARS, CheckpointConfig, DataConfig, DistributedConfig, EmaConfig,
-                                         EvalConfig, LoggingConfig, OptimConfig, ScheduleConfig, ScheduleShape,
-                                         ScheduleUnit, TaskConfig, TrainerConfig, doc)
-from visiontrain.typed_config import ConfigError, build_typed, type_name
+from visiontrain.typed_config import (ConfigError, all_keys, build_typed, check_value, did_you_mean, doc, type_name,
+                                      unknown_key)
 
-__all__ = ["Config", "ConfigError", "LoggingConfig", "RegisteredTask", "TASK_REGISTRY", "TaskConfig",
-           "config_from_dict", "config_to_dict", "describe_keys", "doc", "dump_config", "flatten", "list_recipes",
-           "load_config", "parse_overrides", "registered_task"]
+__all__ = ["Config", "ConfigError", "SECTIONS", "Section", "config_from_dict", "config_to_dict", "describe_keys",
+           "doc", "dump_config", "flatten", "list_recipes", "load_config", "parse_overrides", "register_kind",
+           "register_section"]
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
+#: The order a dumped config and `show-config --docs` list the built-in sections in (a recipe's
+#: order); a section registered later comes after them, in the order of registration.
+LISTED_FIRST = ("task", "data", "optim", "schedules", "trainer", "ema", "eval", "checkpoint", "distributed",
+                "logging")
+SEED_DOC = "seed for sampling, augmentation and initialisation"
 
 
 @dataclass
+class Section:
+    """A top-level key of a recipe and the type its value is checked against: a dataclass, another
+    annotation (``schedules`` is ``dict[str, ScheduleConfig]``), or, for a section typed by its
+    ``name`` key (``task``, ``data``), the dataclass registered for that name in ``kinds``."""
+    name: str
+    annotation: Any
+    doc: str
+    default_kind: str | None = None            # the ``name`` a section typed by name has when unset
+    kinds: dict[str, type] = field(default_factory=dict)
+    noun: str = ""                              # what the name names, for an error: "task", "dataset"
+
+    def kind_class(self, tree: Any) -> Any:
+        """The annotation this section's value ``tree`` is checked against."""
+        if self.default_kind is None:
+            return self.annotation
+        name = tree.get("name", self.default_kind) if isinstance(tree, dict) else self.default_kind
+        found = self.kinds.get(name) if isinstance(name, str) else None
+        if found is None:
+            hint = did_you_mean(str(name), list(self.kinds))
+            raise ConfigError(f"{self.name}.name: unknown {self.noun} {name!r}{hint}; "
+                              f"expected one of {', '.join(sorted(self.kinds))}")
+        return found
+
+    def default(self) -> Any:
+        kind = self.kind_class({})
+        return build_typed(kind, {}, f"{self.name}.", known=[]) if dataclasses.is_dataclass(kind) else \
+            typing.get_origin(kind)()
+
+
+#: Every section, by its top-level key. Filled by register_section where each section is defined.
+SECTIONS: dict[str, Section] = {}
+
+
+def register_section(name: str, annotation: Any, doc_text: str, *, typed_by_name: str | None = None,
+                     noun: str = "") -> Any:
+    """Make ``name:`` a section of every recipe, checked against ``annotation``. ``typed_by_name``:
+    the section is typed by its own ``name`` key (the dataclass :func:`register_kind` registered for
+    it), and this is the name it has when a recipe sets none. Returns ``annotation``."""
+    if name == "seed" or not name.isidentifier():
+        raise ValueError(f"register_section({name!r}): a section's name is an identifier other than 'seed'")
+    if name in SECTIONS and typed_by_name is not None:  # a kinded section keeps the kinds registered so far
+        SECTIONS[name] = dataclasses.replace(SECTIONS[name], annotation=annotation, doc=doc_text,
+                                             default_kind=typed_by_name, noun=noun)
+    else:
+        SECTIONS[name] = Section(name, annotation, doc_text, typed_by_name, noun=noun)
+    return annotation
+
+
+def register_kind(section: str, name: str, config_class: type) -> type:
+    """Make ``SECTION.name: NAME`` type the section by ``config_class`` (a dataclass whose ``name``
+    field defaults to NAME); registering a name again replaces it. Returns ``config_class``."""
+    if not (dataclasses.is_dataclass(config_class) and "name" in {f.name for f in dataclasses.fields(config_class)}):
+        raise ValueError(f"register_kind({section!r}, {name!r}): expected a dataclass with a 'name' field, "
+                         f"got {config_class!r}")
+    SECTIONS.setdefault(section, Section(section, config_class, "", name)).kinds[name] = config_class
+    return config_class
+
+
+def listed_sections() -> list[Section]:
+    """The sections in the order a recipe lists them (:data:`LISTED_FIRST`, then the others)."""
+    first = [SECTIONS[n] for n in LISTED_FIRST if n in SECTIONS]
+    return first + [s for n, s in SECTIONS.items() if n not in LISTED_FIRST]
+
+
 class Config:
-    seed: int = doc("seed for sampling, augmentation and initialisation", 0)
-    task: TaskConfig = doc("task section, typed by task.name", factory=TaskConfig)
-    data: DataConfig = doc("data section", factory=DataConfig)
-    optim: OptimConfig = doc("optimizer section", factory=OptimConfig)
-    schedules: dict[str, ScheduleConfig] = doc(
-        f"per-step schedules: {', '.join(SCHEDULED_SCALARS)}, loss.<term>, task.<scalar>", factory=dict)
-    trainer: TrainerConfig = doc("trainer section", factory=TrainerConfig)
-    ema: EmaConfig = doc("EMA section", factory=EmaConfig)
-    eval: EvalConfig = doc("evaluation section", factory=EvalConfig)
-    checkpoint: CheckpointConfig = doc("checkpoint section", factory=CheckpointConfig)
-    distributed: DistributedConfig = doc("multi-process section (torchrun)", factory=DistributedConfig)
-    logging: LoggingConfig = doc("experiment tracking section (MLflow)", factory=LoggingConfig)
+    """A run's settings: ``seed`` and one attribute per registered section (``cfg.trainer.epochs``),
+    each of the type its owner registered. A part or task is handed its own section; the whole
+    Config travels only to what builds the run and what records it."""
 
+    seed: int
 
-@dataclass(frozen=True)
-class RegisteredTask:
-    """What ``task.name`` names: the class that builds the task and the dataclass that types its
-    ``task:`` section. Filled only by ``engine.protocols.task.register_task``, which checks both; kept in
-    this room, the lowest that reads it, because a recipe is typed before any task is built."""
-    task_class: type                    # a visiontrain.engine.protocols.task.Task (a room above this one)
-    config_class: type[TaskConfig]
+    def __init__(self, seed: int = 0, **sections: Any) -> None:
+        self.seed = seed
+        for section in listed_sections():
+            setattr(self, section.name, sections.pop(section.name) if section.name in sections else section.default())
+        if sections:
+            raise TypeError(f"Config: no section {', '.join(sorted(sections))} is registered")
 
+    def __getattr__(self, name: str) -> Any:
+        """Only reached for a name that is not set: a section nobody registered."""
+        raise AttributeError(f"the config has no section {name!r} (registered: {', '.join(SECTIONS)})")
 
-#: task.name -> its task. ``import visiontrain.tasks`` registers the built-in ones.
-TASK_REGISTRY: dict[str, RegisteredTask] = {}
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and vars(self) == vars(other)
 
-
-def registered_task(name: Any) -> RegisteredTask:
-    """The task registered as ``name``; an unknown name names the close one and every known one."""
-    found = TASK_REGISTRY.get(name)
-    if found is None:
-        close = difflib.get_close_matches(str(name), list(TASK_REGISTRY), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"task.name: unknown task {name!r}{hint}; expected one of {', '.join(sorted(TASK_REGISTRY))}")
-    return found
+    def __repr__(self) -> str:
+        return f"Config({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
@@ -121,21 +178,69 @@ def config_from_dict(tree: dict, source: str = "config") -> Config:
     """Validate a plain dict (a recipe after overrides) into a Config."""
     if not isinstance(tree, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(tree).__name__}")
-    tree = dict(tree)
-    task_tree = dict(tree.pop("task", None) or {})
-    task_name = task_tree.get("name", TaskConfig.name)
     try:
-        task_cls = registered_task(task_name).config_class
-        cfg = build_typed(Config, tree, root=Config)
-        cfg.task = build_typed(task_cls, task_tree, "task.", root=Config)
+        return _typed_config(dict(tree))
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
-    defaults = DataConfig()
-    for key, instead in task_cls.unread_data_keys.items():  # a saved config holds every key at its default
-        if getattr(cfg.data, key) != getattr(defaults, key):
-            raise ConfigError(f"{source}: data.{key}={getattr(cfg.data, key)}: task {task_name!r} does not read "
-                              f"it; {instead}")
-    return cfg
+
+
+def _typed_config(tree: dict) -> Config:
+    for key in tree:
+        if key != "seed" and key not in SECTIONS:
+            raise unknown_key("", key, ["seed", *SECTIONS], ["seed", *SECTIONS])
+    kinds = {s.name: s.kind_class(tree.get(s.name) or {}) for s in SECTIONS.values()}
+    known = ["seed", *[k for name, kind in kinds.items() for k in _keys(name, kind)]]
+    task_keys = getattr(kinds.get("task"), "unread_data_keys", {})
+    if "data" in kinds and isinstance(tree.get("data"), dict):
+        tree["data"] = _drop_unread_data_keys(tree["data"], kinds["data"], tree.get("task") or {}, task_keys)
+    sections = {name: build_typed(kind, tree.get(name) or {}, f"{name}.", known=known)
+                if dataclasses.is_dataclass(kind) else _checked(kind, tree.get(name), name, known)
+                for name, kind in kinds.items()}
+    seed = _checked(int, tree.get("seed", 0), "seed", known)
+    return Config(seed, **sections)
+
+
+def _keys(name: str, kind: Any) -> list[str]:
+    return [name, *all_keys(kind, f"{name}.")] if dataclasses.is_dataclass(kind) else [name]
+
+
+def _checked(annotation: Any, value: Any, key: str, known: list[str]) -> Any:
+    """A section that is no dataclass (``schedules``), or the seed: its value checked; unset, its default."""
+    if value is None and typing.get_origin(annotation) is dict:
+        return {}
+    return check_value(value, annotation, key, known)
+
+
+def _drop_unread_data_keys(data: dict, kind: type, task: dict, task_keys: dict[str, str]) -> dict:
+    """``data`` without the keys its source does not read that hold their default (a saved config, or
+    one from before the data section was split by source, lists every key); a key set to anything
+    else is refused: one the task does not read names what it reads instead, another the sources
+    that read it."""
+    own = {f.name: f for f in dataclasses.fields(kind)}
+    defaults = _data_defaults()
+    out = {}
+    for key, value in data.items():
+        at_default = key in defaults and value == defaults[key]
+        if key in task_keys and not at_default:
+            raise ConfigError(f"data.{key}={value}: task {task.get('name', SECTIONS['task'].default_kind)!r} "
+                              f"does not read it; {task_keys[key]}")
+        if key in own and key not in task_keys or not at_default:
+            out[key] = value
+    for key in set(out) - set(own):
+        readers = [n for n, k in SECTIONS["data"].kinds.items() if key in {f.name for f in dataclasses.fields(k)}]
+        hint = f" (data.name {data.get('name', SECTIONS['data'].default_kind)!r} does not read it; " \
+               f"{', '.join(readers)} do)" if readers else ""
+        raise unknown_key("data.", key, sorted(own), [f"data.{k}" for k in own], hint)
+    return out
+
+
+def _data_defaults() -> dict[str, Any]:
+    """Each data key's default, over every registered source."""
+    out: dict[str, Any] = {}
+    for kind in SECTIONS["data"].kinds.values():
+        for key, value in dataclasses.asdict(kind()).items():
+            out.setdefault(key, value)
+    return out
 
 
 def load_config(recipe: str, overrides: list[str] | None = None) -> Config:
@@ -158,8 +263,14 @@ def load_config(recipe: str, overrides: list[str] | None = None) -> Config:
     return config_from_dict(tree, source=f"command line (over {path.name})")
 
 
-def config_to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)
+def config_to_dict(cfg: Config) -> dict:
+    """The config as plain values, the form a checkpoint, config.yaml and MLflow's params keep."""
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value):
+            return dataclasses.asdict(value)
+        return {k: plain(v) for k, v in value.items()} if isinstance(value, dict) else copy.deepcopy(value)
+
+    return {key: plain(value) for key, value in vars(cfg).items()}
 
 
 def flatten(tree: Any, prefix: str = "", whole: Callable[[dict], bool] | None = None) -> dict[str, Any]:
@@ -180,8 +291,8 @@ def dump_config(cfg: Config) -> str:
 
 
 def describe_keys(cfg: Config) -> list[tuple[str, str, str]]:
-    """(dotted key, type, doc) for every key of this config, the task's keys included."""
-    rows: list[tuple[str, str, str]] = []
+    """(dotted key, type, doc) for every key of this config, the task's and the data source's included."""
+    rows: list[tuple[str, str, str]] = [("seed", "int", SEED_DOC)]
 
     def walk(obj: Any, prefix: str) -> None:
         hints = typing.get_type_hints(type(obj))
@@ -189,13 +300,19 @@ def describe_keys(cfg: Config) -> list[tuple[str, str, str]]:
             low = f.metadata.get("min")
             text = f.metadata.get("doc", "") + (f" (at least {low})" if low is not None else "")
             rows.append((prefix + f.name, type_name(hints[f.name]), text))
-            value = getattr(obj, f.name)
-            if dataclasses.is_dataclass(value):
-                walk(value, f"{prefix}{f.name}.")
-            elif isinstance(value, dict):
-                for k, v in value.items():
-                    if dataclasses.is_dataclass(v):
-                        walk(v, f"{prefix}{f.name}.{k}.")
+            nested(getattr(obj, f.name), f"{prefix}{f.name}.")
 
-    walk(cfg, "")
+    def nested(value: Any, prefix: str) -> None:
+        if dataclasses.is_dataclass(value):
+            walk(value, prefix)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if dataclasses.is_dataclass(v):
+                    walk(v, f"{prefix}{k}.")
+
+    for section in listed_sections():
+        value = getattr(cfg, section.name)
+        kind = type(value) if dataclasses.is_dataclass(value) else section.annotation
+        rows.append((section.name, type_name(kind), section.doc))
+        nested(value, f"{section.name}.")
     return rows

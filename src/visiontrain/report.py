@@ -24,7 +24,6 @@ from typing import Any
 import yaml
 
 from visiontrain.compare import RunRecord, read_run
-from visiontrain.config import TASK_REGISTRY
 from visiontrain.engine.records.metrics_file import (COMPUTE_S, DATA_S, EPOCH, ROW_KEYS, SAMPLES_PER_S, STEP, TIME,
                                                      ema_key, is_number, is_per_class, per_class_tables)
 from visiontrain.engine.records.plots import write_curves
@@ -170,6 +169,7 @@ def _checkpoint_metric(run: RunRecord, config: dict[str, Any]) -> tuple[str | No
     metric, mode = ev.get("metric"), ev.get("mode")
     if metric is None or mode is None:
         try:
+            from visiontrain.engine.protocols.task import TASK_REGISTRY
             import visiontrain.tasks  # noqa: F401  (registers the built-in tasks; loads torch, which the rest skips)
 
             cls = TASK_REGISTRY[str((config.get("task") or {}).get("name"))].task_class

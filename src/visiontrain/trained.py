@@ -77,9 +77,10 @@ def _on_test_split(tree: dict, path: str) -> tuple[C.Config, Task]:
                             f"evaluate ({fixed}); `visiontrain validate RUN` without --split evaluates on its "
                             f"validation split")
     data = tree.setdefault("data", {})
-    test = data.get("test_split", C.DataConfig.test_split)  # a checkpoint from before the key: its default
-    used = {"data.train_split": data.get("train_split", C.DataConfig.train_split),
-            "data.val_split": data.get("val_split", C.DataConfig.val_split)}
+    source = C.SECTIONS["data"].kind_class(data)  # a checkpoint from before a key: the source's default
+    test = data.get("test_split", source.test_split)
+    used = {"data.train_split": data.get("train_split", source.train_split),
+            "data.val_split": data.get("val_split", source.val_split)}
     for key, name in used.items():
         if test == name:
             raise C.ConfigError(f"--split test: data.test_split={test} is {key}, which training used; "

@@ -11,11 +11,21 @@ import dataclasses
 import difflib
 import types
 import typing
-from typing import Any, Literal, Union
+from typing import Any, Literal, Sequence, Union
 
 
 class ConfigError(ValueError):
     """A recipe or override does not fit the schema; the message names the key."""
+
+
+def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING, *,
+        minimum: int | None = None) -> Any:
+    """A dataclass field with its documentation attached (shown by `show-config --docs`); ``minimum``
+    bounds a number, so that e.g. ``data.batch_size=0`` is an error naming the key, not a crash later."""
+    meta = {"doc": text} if minimum is None else {"doc": text, "min": minimum}
+    if factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
 def type_name(tp: Any) -> str:
@@ -39,7 +49,7 @@ def all_keys(cls: type, prefix: str = "") -> list[str]:
     return keys
 
 
-def _convert(value: Any, tp: Any, key: str, root: type) -> Any:
+def check_value(value: Any, tp: Any, key: str, known: Sequence[str]) -> Any:
     """Check `value` against the annotation `tp`, converting only int -> float."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is Any:
@@ -47,7 +57,7 @@ def _convert(value: Any, tp: Any, key: str, root: type) -> Any:
     if origin in (Union, types.UnionType):
         for arg in args:
             try:
-                return _convert(value, arg, key, root)
+                return check_value(value, arg, key, known)
             except ConfigError:
                 continue
         raise ConfigError(f"{key}: expected {type_name(tp)}, got {value!r}")
@@ -64,15 +74,15 @@ def _convert(value: Any, tp: Any, key: str, root: type) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping of {tp.__name__} keys, got {value!r}")
-        return build_typed(tp, value, key + ".", root=root)
+        return build_typed(tp, value, key + ".", known=known)
     if origin is list:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
-        return [_convert(v, args[0], f"{key}[{i}]", root) for i, v in enumerate(value)]
+        return [check_value(v, args[0], f"{key}[{i}]", known) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return {str(k): _convert(v, args[1], f"{key}.{k}", root) for k, v in value.items()}
+        return {str(k): check_value(v, args[1], f"{key}.{k}", known) for k, v in value.items()}
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is float and isinstance(value, str):
@@ -99,20 +109,26 @@ def _closest(key: str, candidates: list[str], n: int = 3) -> list[str]:
     return sorted(close, key=lambda c: -difflib.SequenceMatcher(None, key, c).ratio())
 
 
-def build_typed(cls: type, values: dict, prefix: str = "", *, root: type) -> Any:
+def unknown_key(prefix: str, key: str, names: Sequence[str], known: Sequence[str], hint: str = "") -> ConfigError:
+    """The error for ``prefix + key``, not one of ``names``: the closest keys of the whole config
+    (``known``) and of its section, then the section's valid keys; ``hint`` says what to set instead."""
+    full = prefix + str(key)
+    close = set(_closest(full, list(known))) | {prefix + c for c in _closest(str(key), sorted(names))}
+    close = _closest(full, sorted(close), n=3) or sorted(close)[:3]
+    suggestion = f"; did you mean {', '.join(close)}?" if close else ""
+    return ConfigError(f"unknown config key {full!r}{hint}{suggestion} "
+                       f"(valid keys under {prefix or 'the top level'}: {', '.join(sorted(names))})")
+
+
+def build_typed(cls: type, values: dict, prefix: str = "", *, known: Sequence[str]) -> Any:
     """``cls(**values)`` with every value checked against its annotation (nested dataclasses too), and
-    an unknown key named with the closest keys of ``root`` (the whole config) and of its section."""
+    an unknown key named with the closest keys of ``known`` (every key of the config) and of its section."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for key in values:
         if key not in names:
-            full = prefix + str(key)
-            close = set(_closest(full, all_keys(root, ""))) | {prefix + c for c in _closest(str(key), sorted(names))}
-            close = _closest(full, sorted(close), n=3) or sorted(close)[:3]
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise ConfigError(f"unknown config key {full!r}{hint} "
-                              f"(valid keys under {prefix or 'the top level'}: {', '.join(sorted(names))})")
-    kwargs = {k: _convert(v, hints[k], prefix + k, root) for k, v in values.items()}
+            raise unknown_key(prefix, key, sorted(names), known)
+    kwargs = {k: check_value(v, hints[k], prefix + k, known) for k, v in values.items()}
     for f in dataclasses.fields(cls):
         low, value = f.metadata.get("min"), kwargs.get(f.name)
         if low is not None and isinstance(value, (int, float)) and value < low:  # not "warmup" in float | "warmup"

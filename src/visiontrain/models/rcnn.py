@@ -30,8 +30,8 @@ from torchvision.models.detection.image_list import ImageList  # noqa: E402
 from torchvision.ops import FeaturePyramidNetwork, FrozenBatchNorm2d, MultiScaleRoIAlign  # noqa: E402
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool  # noqa: E402
 
-from visiontrain.models.freezing import freeze_parameters  # noqa: E402
 from visiontrain.models import cached_torch_hub_weights  # noqa: E402
+from visiontrain.models.freezing import freeze_parameters  # noqa: E402
 
 __all__ = ["BACKBONES", "PreparedFasterRCNN", "RcnnExport", "build_faster_rcnn", "fpn_levels"]
 

@@ -48,6 +48,51 @@ def batched_box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return inter / union.clamp(min=1e-9)
 
 
+def _candidate_anchors(wh: torch.Tensor, gt_labels: torch.Tensor, anchors: torch.Tensor,
+                       extra_match_iou: float | None, dev: torch.device
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Each box's J candidate anchors, as assignments [B, M * J]: the anchor id, whether it is the
+    box's best (rather than an extra match), whether the assignment is used; and J."""
+    b, m = gt_labels.shape
+    ious = shape_iou(wh, anchors)                                                 # [B, M, K]
+    anchor_id = ious.argmax(-1, keepdim=True)                                     # [B, M, 1]: the best
+    first = take = torch.ones_like(anchor_id, dtype=torch.bool)
+    if extra_match_iou is not None:
+        best, anchor_id = anchor_id, torch.arange(anchors.shape[0], device=dev).expand(b, m, -1)
+        first = anchor_id == best
+        take = first | (ious > extra_match_iou)
+    j = anchor_id.shape[-1]                 # J candidate anchors per box: assignments are [B, M * J]
+    use = ((gt_labels >= 0)[..., None] & take).reshape(b, m * j)
+    return anchor_id.reshape(b, m * j), first.reshape(b, m * j), use, j
+
+
+def _cells_and_slots(centre: torch.Tensor, anchor_id: torch.Tensor, first: torch.Tensor, use: torch.Tensor,
+                     sizes: Sequence[tuple[int, int]], a: int, n: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where each assignment lands: its centre in cells of its anchor's scale, the cell (gx, gy) and
+    the prediction slot, ``n`` (a spare slot) for an unused assignment or one that loses its slot."""
+    b, mj = anchor_id.shape
+    dev = anchor_id.device
+    level = anchor_id // a
+    # host-made constants, copied without waiting (a blocking copy waits for every queued kernel)
+    hw = torch.tensor(sizes).to(dev, non_blocking=True)                           # [L, 2]
+    offsets = torch.tensor([0] + [a * h * w for h, w in sizes]).cumsum(0)[:-1].to(dev, non_blocking=True)
+    strides = torch.tensor(STRIDES[:len(sizes)], dtype=centre.dtype).to(dev, non_blocking=True)[level]
+    cell_xy = centre / strides[..., None]
+    lh, lw = hw[level, 0], hw[level, 1]
+    gx = cell_xy[..., 0].floor().long().clamp(min=0).minimum(lw - 1)
+    gy = cell_xy[..., 1].floor().long().clamp(min=0).minimum(lh - 1)
+    slot = offsets[level] + ((anchor_id % a) * lh + gy) * lw + gx
+    slot = torch.where(use, slot, torch.full_like(slot, n))                      # unused -> spare slot n
+    # one assignment per slot: best-anchor ones before extra ones, then the highest box index
+    # (GluonCV's loop, where a later box overwrites an earlier one)
+    order = torch.arange(mj, device=dev).expand(b, -1) + first * mj
+    winner = torch.full((b, n + 1), -1, device=dev, dtype=torch.long).scatter_reduce(
+        1, slot, order, reduce="amax", include_self=True)
+    slot = torch.where(use & (winner.gather(1, slot) == order), slot, torch.full_like(slot, n))
+    return cell_xy, gx, gy, slot
+
+
 def build_targets(gt_boxes: torch.Tensor, gt_labels: torch.Tensor, gt_weights: torch.Tensor,
                   pred_boxes: torch.Tensor, anchors: torch.Tensor, sizes: Sequence[tuple[int, int]],
                   image_hw: tuple[int, int], num_classes: int, *, ignore_iou: float = 0.7,
@@ -67,42 +112,16 @@ def build_targets(gt_boxes: torch.Tensor, gt_labels: torch.Tensor, gt_weights: t
     b, m = gt_labels.shape
     n = pred_boxes.shape[1]
     dev = pred_boxes.device
-    a = anchors.shape[0] // len(sizes)
     wh = (gt_boxes[..., 2:] - gt_boxes[..., :2]).clamp(min=1e-6)
-    ious = shape_iou(wh, anchors)                                                 # [B, M, K]
-    anchor_id = ious.argmax(-1, keepdim=True)                                     # [B, M, 1]: the best
-    first = take = torch.ones_like(anchor_id, dtype=torch.bool)
-    if extra_match_iou is not None:
-        best, anchor_id = anchor_id, torch.arange(anchors.shape[0], device=dev).expand(b, m, -1)
-        first = anchor_id == best
-        take = first | (ious > extra_match_iou)
-    j = anchor_id.shape[-1]                 # J candidate anchors per box: assignments are [B, M * J]
-    use = ((gt_labels >= 0)[..., None] & take).reshape(b, m * j)
+    anchor_id, first, use, j = _candidate_anchors(wh, gt_labels, anchors, extra_match_iou, dev)
 
     def per_assignment(x: torch.Tensor) -> torch.Tensor:
         """Per-box values [B, M, *] repeated for each of the box's J candidate anchors."""
         return x[:, :, None].expand(b, m, j, *x.shape[2:]).reshape(b, m * j, *x.shape[2:])
 
-    anchor_id, first = anchor_id.reshape(b, m * j), first.reshape(b, m * j)
     wh, labels = per_assignment(wh), per_assignment(gt_labels)
     centre = per_assignment((gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2)
-    level = anchor_id // a
-    # host-made constants, copied without waiting (a blocking copy waits for every queued kernel)
-    hw = torch.tensor(sizes).to(dev, non_blocking=True)                           # [L, 2]
-    offsets = torch.tensor([0] + [a * h * w for h, w in sizes]).cumsum(0)[:-1].to(dev, non_blocking=True)
-    strides = torch.tensor(STRIDES[:len(sizes)], dtype=centre.dtype).to(dev, non_blocking=True)[level]
-    cell_xy = centre / strides[..., None]
-    lh, lw = hw[level, 0], hw[level, 1]
-    gx = cell_xy[..., 0].floor().long().clamp(min=0).minimum(lw - 1)
-    gy = cell_xy[..., 1].floor().long().clamp(min=0).minimum(lh - 1)
-    slot = offsets[level] + ((anchor_id % a) * lh + gy) * lw + gx
-    slot = torch.where(use, slot, torch.full_like(slot, n))                      # unused -> spare slot n
-    # one assignment per slot: best-anchor ones before extra ones, then the highest box index
-    # (GluonCV's loop, where a later box overwrites an earlier one)
-    order = torch.arange(m * j, device=dev).expand(b, -1) + first * (m * j)
-    winner = torch.full((b, n + 1), -1, device=dev, dtype=torch.long).scatter_reduce(
-        1, slot, order, reduce="amax", include_self=True)
-    slot = torch.where(use & (winner.gather(1, slot) == order), slot, torch.full_like(slot, n))
+    cell_xy, gx, gy, slot = _cells_and_slots(centre, anchor_id, first, use, sizes, anchors.shape[0] // len(sizes), n)
     valid = labels >= 0
 
     def scatter(values: torch.Tensor) -> torch.Tensor:

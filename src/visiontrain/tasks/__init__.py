@@ -2,8 +2,9 @@
 in the task's own module); ``build_task`` builds whichever task a config names, a user's included."""
 from __future__ import annotations
 
-from visiontrain.config import Config, registered_task
-from visiontrain.engine.protocols.task import Task, TaskData
+from visiontrain.config import Config
+from visiontrain.engine.loop import trainer  # noqa: F401  (the parts and data sources register their sections)
+from visiontrain.engine.protocols.task import Task, TaskData, registered_task
 from visiontrain.tasks import classification, detr, dino, rcnn, yolo  # noqa: F401  (each registers itself)
 
 

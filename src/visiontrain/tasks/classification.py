@@ -7,18 +7,19 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from visiontrain.config import TaskConfig, doc
+from visiontrain.config import doc
 from visiontrain.data.datasets import build_classification_data, check_image_files, classification_eval_transform
+from visiontrain.data.datasets.sources import ImageFolderDataConfig, reader_args
 from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.data.normalize import NormalizeOnDevice
 from visiontrain.engine.protocols.hooks import Hook
-from visiontrain.engine.protocols.task import ExportSpec, Prediction, Task, TaskData, register_task
+from visiontrain.engine.protocols.task import ExportSpec, Prediction, Task, TaskConfig, TaskData, register_task
 from visiontrain.engine.records.metrics_file import PER_CLASS
 from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.evaluation.confusion import classification_per_class
@@ -28,20 +29,11 @@ from visiontrain.models import LOCAL_MODELS, build_model
 
 
 #: The detection-only ``data.*`` keys, which no classifier reads (DINO's neither).
-CLASSIFICATION_UNREAD = {
-    "on_bad_annotation": "a classifier reads no annotations; an image file that cannot be read follows "
-                         "data.on_bad_image",
-    **dict.fromkeys(("cache", "cache_gb", "cache_dir"), "the decoded-image cache is detection's: fashion-mnist "
-                    "and digits are held in memory as tensors already, and image-folder decodes each image when "
-                    "it is loaded")}
-
-
 PREVIEW_IMAGES = 32  # images of the first training batch drawn in train_batch.png
 
 
 @dataclass
 class ClassificationConfig(TaskConfig):
-    unread_data_keys: ClassVar[dict[str, str]] = CLASSIFICATION_UNREAD
     name: str = doc("task name", "classification")
     model: str = doc("small_cnn, plain_cnn (three blocks, flatten) or any timm model name (resnet18, "
                      "mobilevit_xs, ...)", "small_cnn")
@@ -95,8 +87,9 @@ def recorded_eval_transform(preprocess: dict[str, Any] | None, data: Any, augmen
         "the checkpoint's data_info has no 'preprocess' (written by an older visiontrain): rebuilding the "
         "validation transform from data.name=%s", data.name)
     try:
-        return classification_eval_transform(data.name, root=data.root, image_size=data.image_size, augment=augment,
-                                             download=data.download)
+        args = reader_args(data)
+        return classification_eval_transform(data.name, root=args["root"], image_size=args["image_size"],
+                                             augment=augment, download=args["download"])
     except (OSError, ValueError) as err:
         raise ValueError(f"the checkpoint's data_info has no 'preprocess' (written by an older visiontrain) and "
                          f"data.name={data.name} could not be read to recover its normalisation: {err}; make the "
@@ -145,11 +138,9 @@ class ClassificationTask(Task):
 
     def build_data(self) -> TaskData:
         d = self.cfg.data
-        data = build_classification_data(d.name, root=d.root, image_size=d.image_size, augment=d.augment,
-                                         limit_train=d.limit_train, limit_val=d.limit_val,
-                                         download=d.download, uint8_train=d.normalize_on_device,
-                                         train_split=d.train_split, val_split=d.val_split)
-        check_image_files(data, on_bad_image=d.image_policy(), max_skipped_share=d.max_skipped_share)
+        data = build_classification_data(d.name, **reader_args(d))
+        if isinstance(d, ImageFolderDataConfig):  # the other sources are in memory: no file to open
+            check_image_files(data, on_bad_image=d.image_policy(), max_skipped_share=d.max_skipped_share)
         self.num_classes, self.class_names = data.num_classes, list(data.class_names)
         self.normalisation = (data.eval_transform.mean, data.eval_transform.std)  # the training images' too
         info = {"num_classes": data.num_classes, "class_names": data.class_names,
@@ -158,7 +149,7 @@ class ClassificationTask(Task):
         return TaskData(data.train, data.val, info, random_transforms=data.random_train_transforms)
 
     def device_transform(self) -> Callable[[Any], Any] | None:
-        if not self.cfg.data.normalize_on_device:
+        if not reader_args(self.cfg.data)["uint8_train"]:
             return None
 
         normalize = NormalizeOnDevice()  # image-folder's ImageNet statistics
@@ -236,7 +227,7 @@ class ClassificationTask(Task):
 
     def eval_transform(self) -> EvalTransform:
         """The validation set's own transform (``data_info["preprocess"]``; see :func:`recorded_eval_transform`)."""
-        transform = recorded_eval_transform(self.preprocess, self.cfg.data, self.cfg.data.augment)
+        transform = recorded_eval_transform(self.preprocess, self.cfg.data, reader_args(self.cfg.data)["augment"])
         self.preprocess = transform.spec()
         return transform
 
@@ -258,7 +249,8 @@ class ClassificationTask(Task):
         size = info["image_size"]
         example = torch.randn(2, info["in_channels"], size, size, generator=torch.Generator().manual_seed(0))
         metadata = {"class_names": self.class_names, "category_ids": list(range(self.num_classes)),
-                    **input_metadata(self.preprocess, self.cfg.data, self.cfg.data.augment, size, info["in_channels"]),
+                    **input_metadata(self.preprocess, self.cfg.data, reader_args(self.cfg.data)["augment"], size,
+                                     info["in_channels"]),
                     "output": "logits [B, classes]: softmax gives the class probabilities"}
         return ExportSpec(model.eval(), (example,), ["images"], ["logits"], metadata=metadata)
 

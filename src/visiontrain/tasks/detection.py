@@ -13,10 +13,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from visiontrain.config import TaskConfig, doc
+from visiontrain.config import doc
 from visiontrain.data.bad_data import listed
+from visiontrain.data.detection.sources import detection_source
 from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD, NormalizeOnDevice
-from visiontrain.engine.protocols.task import Prediction, Task, TaskData
+from visiontrain.engine.protocols.task import Prediction, Task, TaskConfig, TaskData
 from visiontrain.engine.records.metrics_file import PER_CLASS
 from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.evaluation.coco import coco_evaluation, to_coco_results
@@ -99,11 +100,7 @@ class DetectionTask(Task):
         from visiontrain.data.detection.transforms import collate_detection
 
         d = self.cfg.data
-        train, val = build_detection_splits(d.name, root=d.root, train_split=d.train_split,
-                                            val_split=d.val_split, on_bad_annotation=d.on_bad_annotation,
-                                            on_bad_image=d.on_bad_image, max_skipped_share=d.max_skipped_share,
-                                            limit_train=d.limit_train, limit_val=d.limit_val, cache=d.cache,
-                                            cache_gb=d.cache_gb, cache_dir=d.cache_dir)
+        train, val = build_detection_splits(d.name, **detection_source(d).reader_args())
         for split, ds in (("train", train), ("val", val)):
             if ds.policy.skipped:
                 # the key that skipped them: under on_bad_annotation=error only image files can have been
@@ -122,7 +119,7 @@ class DetectionTask(Task):
                         train_collate=collate_detection, eval_collate=collate_detection, group_ids=groups)
 
     def device_transform(self) -> Callable[[Any], Any] | None:
-        if not self.cfg.data.normalize_on_device:
+        if not detection_source(self.cfg.data).normalize_on_device:
             return None
 
         normalize = NormalizeOnDevice()

@@ -19,28 +19,29 @@ import torch
 from torch import nn
 from torch.utils.data import Subset
 
-from visiontrain.config import ConfigError, TaskConfig, doc
+from visiontrain.config import ConfigError, doc
 from visiontrain.data.batch_ops import channels_last as to_channels_last
 from visiontrain.data.datasets import build_classification_data, check_image_files
+from visiontrain.data.datasets.sources import ImageFolderDataConfig, reader_args
 from visiontrain.data.multicrop import MultiCropDataset, MultiCropSpec
 from visiontrain.data.multicrop_batched import BatchedMultiCrop, CropCollate, RawMultiCropDataset, collate_raw
 from visiontrain.engine.build.loaders import eval_loader, worker_context
+from visiontrain.engine.build.loaders import eval_loader, worker_context
 from visiontrain.engine.parallel.distributed import DistInfo
 from visiontrain.engine.protocols.hooks import Hook
-from visiontrain.engine.protocols.task import ExportSpec, Task, TaskData, register_task
+from visiontrain.engine.protocols.task import ExportSpec, Task, TaskConfig, TaskData, register_task
 from visiontrain.engine.step.ema import unwrap
 from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.evaluation.knn import extract_features, knn_predict
 from visiontrain.evaluation.previews import Tile, display_pixels, tiles_image
 from visiontrain.models.dino import (DinoHead, MultiCropWrapper, build_backbone, dino_loss, set_fused_attention,
                                      update_center)
-from visiontrain.tasks.classification import CLASSIFICATION_UNREAD, input_metadata
+from visiontrain.tasks.classification import input_metadata
 
 
 @dataclass
 class DinoConfig(TaskConfig):
     unread_data_keys: ClassVar[dict[str, str]] = {
-        **CLASSIFICATION_UNREAD,
         **dict.fromkeys(("train_split", "val_split"), "DINO reads an image folder's train/ (its training images and "
                         "k-NN bank) and val/ (the k-NN queries) only"),
         "augment": "its augmentation is the multi-crop: task.global_crop_size, task.local_crop_size, "
@@ -132,9 +133,10 @@ class DinoTask(Task):
     # ------------------------------------------------------------------ data and model
     def build_data(self) -> TaskData:
         d, t = self.cfg.data, self.cfg.task
-        data = build_classification_data(d.name, root=d.root, image_size=self.eval_image_size(), augment="none",
-                                         limit_train=d.limit_train, limit_val=d.limit_val, download=d.download)
-        check_image_files(data, on_bad_image=d.image_policy(), max_skipped_share=d.max_skipped_share)
+        args = {**reader_args(d), "image_size": self.eval_image_size(), "augment": "none", "uint8_train": False}
+        data = build_classification_data(d.name, **{k: v for k, v in args.items() if not k.endswith("_split")})
+        if isinstance(d, ImageFolderDataConfig):  # the other sources are in memory: no file to open
+            check_image_files(data, on_bad_image=d.image_policy(), max_skipped_share=d.max_skipped_share)
         src = data.train
         spec = MultiCropSpec(global_size=t.global_crop_size, local_size=t.local_crop_size,
                              local_crops=t.local_crops, global_scale=tuple(t.global_scale),
@@ -161,7 +163,7 @@ class DinoTask(Task):
         global crops), unless ``data.image_size`` asks for another, which is then said once. Left to
         the dataset's own default, an image folder would evaluate a 28 px model at 224 px."""
         d, t = self.cfg.data, self.cfg.task
-        if d.image_size is None:
+        if getattr(d, "image_size", None) is None:
             return t.global_crop_size
         if d.image_size != t.global_crop_size:
             log.info("task dino: the k-NN evaluation (bank and queries) and the export use data.image_size=%d px "

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from visiontrain.config import Config
 from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler, SeededDataset
+from visiontrain.data.sources import DataConfig
 from visiontrain.engine.build.worker_check import check_sendable_to_workers
 from visiontrain.engine.parallel.distributed import DistInfo
 from visiontrain.engine.step.source import LoaderSource, TrainSource
@@ -23,7 +24,7 @@ def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device) -
     """The training source and the evaluation loader of a task's ``TaskData``: its own source when
     ``data.train`` is one, else the map-style dataset through the resumable batch sampler (grouped
     by aspect ratio when the task gives groups)."""
-    d = cfg.data
+    d: DataConfig = cfg.data
     context = worker_context(d.worker_start) if d.num_workers > 0 else None
     if isinstance(data.train, TrainSource):
         return data.train, val_loader(data, cfg, dist_info, device, context=context)
@@ -52,7 +53,7 @@ def train_sampler(data: Any, cfg: Config, dist_info: DistInfo) -> ResumableBatch
 def val_loader(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device, *, context: Any = None
                ) -> DataLoader:
     """The evaluation loader of a task's ``TaskData`` (all that ``validate`` builds of the data)."""
-    d = cfg.data
+    d: DataConfig = cfg.data
     if d.num_workers > 0 and context is None:
         context = worker_context(d.worker_start)
     val = eval_loader(data.val, d.eval_batch(), collate=data.eval_collate, num_workers=d.num_workers,

@@ -7,8 +7,9 @@ order is the order of the hook events and of the parts after each step. Whatever
 ``state_dict`` / ``load_state_dict`` is registered in the run's ``States`` under its
 ``state_name`` (else its ``name``); hooks without a name (a task's, a user's) are saved together
 under ``hooks``, each by its import path. So a new stateful periodic duty is one new file (a
-``Part``, or a ``Hook`` with a ``cadence``) and one registration: a line in :data:`PARTS`, or
-:func:`register_part` from outside the engine; the trainer and the checkpointer do not change.
+``Part``, or a ``Hook`` with a ``cadence``, and the dataclass of its config section) and one
+registration: a line in :data:`PARTS`, or :func:`register_part` from outside the engine, which
+registers the section too; the trainer, the checkpointer and ``config.py`` do not change.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from visiontrain.config import Config
+from visiontrain.config import Config, register_section
 from visiontrain.engine.parts.checkpointer import Checkpointer
 from visiontrain.engine.parts.early_stop import EarlyStopping
 from visiontrain.engine.parts.evaluator import Evaluator
@@ -24,11 +25,12 @@ from visiontrain.engine.parts.log_point import LogPoint
 from visiontrain.engine.parts.preemption import StopCheck
 from visiontrain.engine.protocols.hooks import Hook, HookList, hook_path, load_hooks
 from visiontrain.engine.protocols.part import Part, PeriodicHook
+from visiontrain.engine.records import mlflow_tracker  # noqa: F401  (registers MLflow and the logging section)
 from visiontrain.engine.records.first_look import FirstLook
 from visiontrain.engine.records.plots import PlotHook
 from visiontrain.engine.records.profiling import ProfileSteps
 from visiontrain.engine.records.provenance import Launch
-from visiontrain.engine.records.tracking import Tracker, TrackRun, make_trackers
+from visiontrain.engine.records.tracking import TrackRun, Tracker, make_trackers
 from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import RngState, WeightsState
 
@@ -79,10 +81,15 @@ PARTS: list[PartFactory] = [
 ]
 
 
-def register_part(factory: PartFactory) -> PartFactory:
+def register_part(factory: PartFactory, *, section: tuple[str, type, str] | None = None) -> PartFactory:
     """Add a part (or hook) to every run made from now on, after the built-in ones: ``factory(trainer)``
     returns it, or None where a run has none. Its ``due`` is asked after each step before the
-    checkpointer's (unless it ``keeps``); returned, so that ``PARTS.remove`` can take it out again."""
+    checkpointer's (unless it ``keeps``); returned, so that ``PARTS.remove`` can take it out again.
+    ``section``: ``(name, dataclass, doc)`` of the part's own config section, registered with it
+    (``config.register_section``): recipes and overrides set it, ``show-config --docs`` lists it,
+    and the factory reads it as ``trainer.cfg.<name>``."""
+    if section is not None:
+        register_section(*section)
     PARTS.append(factory)
     return factory
 

@@ -8,11 +8,30 @@ import contextlib
 import gc
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager, Iterator, Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from visiontrain.config import register_section
+from visiontrain.typed_config import doc
+
+
+@dataclass
+class DistributedConfig:
+    strategy: Literal["ddp", "fsdp"] = doc(
+        "under torchrun: ddp replicates the model (DistributedDataParallel); fsdp shards parameters, "
+        "gradients and optimizer state over the ranks (FSDP2 fully_shard), checkpoints sharded (DCP)", "ddp")
+    fsdp_units: list[str] = doc(
+        "fsdp: regexes of module names each sharded as its own unit, gathered only around its forward "
+        "and backward (default: every block of a list of repeated blocks, e.g. a ViT's blocks.N)", factory=list)
+    fsdp_reshard_after_forward: bool = doc(
+        "fsdp: free each unit's gathered parameters after its forward (least memory); false keeps them "
+        "until its backward (one all-gather fewer per unit, more memory)", True)
+
+
+register_section("distributed", DistributedConfig, "multi-process section (torchrun)")
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from visiontrain.config import DistributedConfig
-from visiontrain.engine.parallel.distributed import DistInfo
+from visiontrain.engine.parallel.distributed import DistInfo, DistributedConfig
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

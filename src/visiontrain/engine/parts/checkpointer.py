@@ -9,10 +9,11 @@ holds weights after a bad step) and checks the weights are finite: both host syn
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
-from visiontrain.config import config_to_dict
+from visiontrain.config import config_to_dict, register_section
 from visiontrain.engine.build.training import TrainingRun
 from visiontrain.engine.parallel.distributed import broadcast_object
 from visiontrain.engine.parallel.fsdp import full_state_dict
@@ -28,6 +29,18 @@ from visiontrain.engine.state.run_dir import config_changes
 from visiontrain.engine.state.run_files import LAST_CHECKPOINT, SUMMARY_FILE
 from visiontrain.engine.state.weights import check_resume_compatible, save_safetensors
 from visiontrain.engine.step.guards import check_weights
+from visiontrain.typed_config import doc
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = doc("write checkpoints/last.pt every N units (0 = only at the end)", 1, minimum=0)
+    unit: Literal["epochs", "steps"] = doc("unit of checkpoint.every", "epochs")
+    keep_best: int = doc("also keep the k best checkpoints as best-stepS.pt (0 = only best.pt)", 0, minimum=0)
+    keep_every: int = doc("keep a copy step-S.pt every N steps (0 = off)", 0, minimum=0)
+
+
+register_section("checkpoint", CheckpointConfig, "checkpoint section")
 
 
 class Checkpointer(Part):

@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from visiontrain.config import ConfigError, EvalConfig
+from visiontrain.config import ConfigError
 from visiontrain.engine.parallel.distributed import DistInfo, broadcast_object
-from visiontrain.engine.parts.evaluator import checkpoint_metric
+from visiontrain.engine.parts.evaluator import EvalConfig, checkpoint_metric
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.protocols.part import Progress
 from visiontrain.engine.records.metrics_file import ema_key, model_scalars

@@ -9,11 +9,12 @@ metrics is the checkpointer's business: the evaluator hands them to every hook (
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
 
 import torch
 
-from visiontrain.config import Config
+from visiontrain.config import Config, register_section
 from visiontrain.engine.build.training import EvalRun
 from visiontrain.engine.parallel.fsdp import sync_buffers
 from visiontrain.engine.protocols.cadence import Cadence
@@ -21,6 +22,29 @@ from visiontrain.engine.protocols.part import Part, Progress
 from visiontrain.engine.records.metrics_file import EMA_PREFIX
 from visiontrain.engine.records.run_log import RunLogger
 from visiontrain.engine.step.eval_loop import EvalData
+from visiontrain.typed_config import doc
+
+
+@dataclass
+class EvalConfig:
+    every: int = doc("evaluate every N units (0 = only at the end)", 1, minimum=0)
+    unit: Literal["epochs", "steps"] = doc("unit of eval.every", "epochs")
+    metric: str | None = doc("checkpoint metric (default: the task's)", None)
+    mode: Literal["max", "min"] | None = doc("max or min for the checkpoint metric", None)
+    models: Literal["both", "model", "ema"] = doc(
+        "which weights to evaluate when an EMA is kept (ema: only the EMA, e.g. DINO's teacher)", "both")
+    at_start: bool = doc("also evaluate before the first step (the metric at initialisation)", False)
+    patience: int = doc("stop after this many evaluations in a row without an improvement of the checkpoint "
+                        "metric (0 = never stop early)", 0, minimum=0)
+    min_delta: float = doc("patience: an improvement must beat the best value by more than this, in the "
+                           "metric's own units", 0.0, minimum=0)
+    patience_after: float | Literal["warmup"] = doc(
+        "patience: only evaluations from this point on count, and the best value is taken among them (Keras' "
+        "start_from_epoch): a position in eval.unit, or warmup: the end of schedules.lr's warmup (a metric that "
+        "dips while the lr is still rising stops nothing)", 0.0, minimum=0)
+
+
+register_section("eval", EvalConfig, "evaluation section")
 
 
 def checkpoint_metric(cfg: Config, task: Any) -> tuple[str, str]:

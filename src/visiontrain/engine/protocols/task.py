@@ -11,15 +11,53 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from visiontrain.config import TASK_REGISTRY, Config, RegisteredTask, TaskConfig
+from visiontrain.config import Config, ConfigError, register_kind, register_section
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.step.eval_loop import EvalData
+from visiontrain.typed_config import did_you_mean, doc
+
+
+@dataclass
+class TaskConfig:
+    """Base of every task's `task` section; each task subclasses it with its own keys.
+
+    ``unread_data_keys``: ``data.*`` keys the task never reads, each with what it reads instead. A
+    recipe or an override that sets one is refused: a user coming from ``imgsz=640`` who writes
+    data.image_size=640 for a detector would otherwise train at the task's own size unawares."""
+    unread_data_keys: ClassVar[dict[str, str]] = {}
+    name: str = doc("task: classification | ...", "classification")
+    loss_weights: dict[str, float] = doc(
+        "weight per loss term; a term without a weight is logged, not optimised", factory=dict)
+
+
+register_section("task", TaskConfig, "task section, typed by task.name", typed_by_name="classification", noun="task")
+
+
+@dataclass(frozen=True)
+class RegisteredTask:
+    """What ``task.name`` names: the class that builds the task and the dataclass that types its
+    ``task:`` section."""
+    task_class: type[Task]
+    config_class: type[TaskConfig]
+
+
+#: task.name -> its task. ``import visiontrain.tasks`` registers the built-in ones.
+TASK_REGISTRY: dict[str, RegisteredTask] = {}
+
+
+def registered_task(name: Any) -> RegisteredTask:
+    """The task registered as ``name``; an unknown name names the close one and every known one."""
+    found = TASK_REGISTRY.get(name)
+    if found is None:
+        raise ConfigError(f"task.name: unknown task {name!r}{did_you_mean(str(name), list(TASK_REGISTRY))}; "
+                          f"expected one of {', '.join(sorted(TASK_REGISTRY))}")
+    return found
 
 
 @dataclass
@@ -205,6 +243,7 @@ def register_task(name: str, task_class: type[Task], config_class: type[TaskConf
     if task_class.predicts is Prediction.BOXES and not hasattr(task_class, "predict_threshold"):
         raise ValueError(f"{where} predicts boxes but has no predict_threshold (the default minimum score)")
     TASK_REGISTRY[name] = RegisteredTask(task_class, config_class)
+    register_kind("task", name, config_class)
 
 
 class DictOutputs(nn.Module):

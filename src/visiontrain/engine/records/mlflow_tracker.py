@@ -33,15 +33,38 @@ import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from visiontrain.config import ConfigError, LoggingConfig, flatten
+from visiontrain.config import ConfigError, flatten, register_section
 from visiontrain.engine.records.metrics_file import is_number
+from visiontrain.engine.records.tracking import register_tracker
 from visiontrain.engine.state.checkpoint import write_run_file
 from visiontrain.engine.state.run_files import (BEST_CHECKPOINT, BEST_EMA_CHECKPOINT, CHECKPOINTS_DIR, CONFIG_FILE,
                                                 FINAL_WEIGHTS, MLFLOW_ARTIFACT_DIR, MLFLOW_DB_FILE, MLFLOW_RUN_FILE,
                                                 PLOTS_DIR, PROVENANCE_FILE, REPORT_FILE, SUMMARY_FILE)
+from visiontrain.typed_config import doc
+
+
+@dataclass
+class LoggingConfig:
+    """Where a run's metrics go besides its run dir (metrics.jsonl, TensorBoard, the console)."""
+
+    mlflow: bool = doc("also record the run in MLflow: the config as params, every logged metric, the plots, "
+                       "report and summary as artifacts, the launch as tags, the final status (rank 0; needs "
+                       "pip install 'visiontrain[mlflow]')", False)
+    mlflow_uri: str | None = doc("MLflow tracking URI (sqlite:///PATH.db, http://HOST:PORT, ...); default "
+                                 "sqlite:///RUN_DIR/mlflow.db, a store of the run's own", None)
+    mlflow_experiment: str | None = doc("MLflow experiment name (default: the recipe's name, else the run "
+                                        "dir's)", None)
+    mlflow_weights: bool = doc("with logging.mlflow: when the run ends, also send the final weights "
+                               "(model.safetensors, model_ema.safetensors) and the best checkpoints "
+                               "(checkpoints/best.pt, best_ema.pt) as artifacts; false keeps them off a remote "
+                               "server", True)
+
+
+register_section("logging", LoggingConfig, "experiment tracking section (MLflow)")
 
 log = logging.getLogger("visiontrain")
 
@@ -278,3 +301,9 @@ class MlflowTracker:
             else:
                 self.client.log_artifact(self.run_id, str(path), artifact_path=folder)
         self.client.set_terminated(self.run_id, status)
+
+
+@register_tracker
+def mlflow_for_run(cfg: Any, run_dir: Path, experiment: str) -> MlflowTracker | None:
+    """The tracker backend ``logging.mlflow`` asks for (registered when this module is imported)."""
+    return MlflowTracker(cfg.logging, run_dir, experiment) if cfg.logging.mlflow else None

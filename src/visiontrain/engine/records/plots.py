@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from visiontrain.config_sections import SCHEDULED_SCALARS
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.records.metrics_file import Row, ema_key, is_ema, model_key, numeric_keys, read_metrics, series
 from visiontrain.engine.state.run_files import PLOTS_DIR
+from visiontrain.engine.step.schedules import SCHEDULED_SCALARS
 from visiontrain.evaluation.panels import panel_grid
 
 log = logging.getLogger("visiontrain")

@@ -81,16 +81,9 @@ def _tensorboard(cfg: Config, run_dir: Path, experiment: str) -> Tracker:
     return TensorBoardTracker(run_dir)
 
 
-def _mlflow(cfg: Config, run_dir: Path, experiment: str) -> Tracker | None:
-    if not cfg.logging.mlflow:
-        return None
-    from visiontrain.engine.records.mlflow_tracker import MlflowTracker  # imports mlflow only when asked for
-
-    return MlflowTracker(cfg.logging, run_dir, experiment)
-
-
-#: The tracker backends, in the order they are handed each event.
-TRACKERS: list[TrackerFactory] = [_tensorboard, _mlflow]
+#: The tracker backends, in the order they are handed each event: TensorBoard, then each registered
+#: one (``engine.records.mlflow_tracker`` registers MLflow's, with the ``logging`` section).
+TRACKERS: list[TrackerFactory] = [_tensorboard]
 
 
 def register_tracker(factory: TrackerFactory) -> TrackerFactory:

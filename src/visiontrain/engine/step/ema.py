@@ -8,11 +8,25 @@ kernels run on the local shards.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from visiontrain.config import register_section
 from visiontrain.engine.parallel.fsdp import local
+from visiontrain.typed_config import doc
+
+
+@dataclass
+class EmaConfig:
+    enabled: bool = doc("keep an exponential moving average of the weights", False)
+    decay: float = doc("EMA decay (weight of the old average; cvnets momentum m = 1 - decay)", 0.9998)
+    warmup: bool = doc("ramp the decay up from 0 early in training (timm ModelEmaV3)", False)
+    every: int = doc("update the EMA every k optimizer steps", 1, minimum=1)
+
+
+register_section("ema", EmaConfig, "EMA section")
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -15,10 +15,34 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
+
+from visiontrain.config import register_section
+from visiontrain.typed_config import doc
+
+
+@dataclass
+class OptimConfig:
+    name: Literal["sgd", "adam", "adamw"] = doc("optimizer", "adamw")
+    lr: float = doc("base learning rate (before the batch-size rule)", 1e-3, minimum=0)
+    weight_decay: float = doc("weight decay of the decayed parameter group", 0.0, minimum=0)
+    momentum: float = doc("SGD momentum / Adam beta1", 0.9, minimum=0)
+    beta2: float = doc("Adam beta2", 0.999, minimum=0)
+    eps: float = doc("Adam epsilon", 1e-8, minimum=0)
+    nesterov: bool = doc("SGD Nesterov momentum", False)
+    impl: Literal["auto", "fused", "foreach", "loop"] = doc(
+        "torch optimizer implementation; auto = fused where the device supports it", "auto")
+    no_decay_bias_norm: bool = doc("no weight decay on biases, norm layers and 1-D params", True)
+    lr_mult: dict[str, float] = doc("regex on parameter name -> lr multiplier (first match)", factory=dict)
+    freeze: list[str] = doc("regexes of parameter names to freeze (requires_grad False)", factory=list)
+    frozen_bn: bool = doc("replace BatchNorm in frozen modules by FrozenBatchNorm2d", True)
+    base_batch: int | None = doc("if set, lr *= global_batch / base_batch", None)
+
+
+register_section("optim", OptimConfig, "optimizer section")
 
 __all__ = ["NORM_TYPES", "NormGroups", "ParamGroupError", "build_optimizer", "build_param_groups", "check_coverage",
            "is_fused", "no_decay_names", "norm_param_names"]

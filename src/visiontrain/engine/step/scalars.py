@@ -12,8 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from visiontrain.config import SCHEDULED_SCALARS, ScheduleConfig
-from visiontrain.engine.step.schedules import Schedule, StepClock, build_schedule
+from visiontrain.engine.step.schedules import SCHEDULED_SCALARS, Schedule, ScheduleConfig, StepClock, build_schedule
 
 log = logging.getLogger("visiontrain")
 

@@ -52,9 +52,52 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Callable, get_args
+from typing import Callable, Literal, get_args
 
-from visiontrain.config import ScheduleConfig, ScheduleShape, ScheduleUnit
+from visiontrain.config import register_section
+from visiontrain.typed_config import doc
+
+
+ScheduleShape = Literal["constant", "cosine", "linear", "step", "multistep", "poly"]
+ScheduleUnit = Literal["steps", "epochs", "run"]
+#: What ``schedules.<name>`` may name besides ``loss.<term>`` and ``task.<scalar>``: the engine's own scalars.
+SCHEDULED_SCALARS: tuple[str, ...] = ("lr", "weight_decay", "momentum", "ema_decay", "bn_momentum")
+
+
+@dataclass
+class ScheduleConfig:
+    """One named scalar's schedule, as written in YAML.
+
+    ``schedules.<name>: {shape: cosine, end: 2e-4, warmup: 20000, warmup_start: 2e-4,
+    unit: steps}``. Fields a shape does not use are ignored.
+    """
+
+    shape: ScheduleShape = doc("constant | cosine | linear | step | multistep | poly", "constant")
+    end: float | None = doc("final value of cosine/linear/poly (default 0)", None)
+    milestones: list[float] = doc("multistep: where value *= gamma, in `unit`", factory=list)
+    step_size: float = doc("step: value *= gamma every step_size units", 0.0)
+    gamma: float = doc("decay factor of step / multistep", 0.1)
+    power: float = doc("exponent of poly", 0.9)
+    warmup: float = doc("warmup length in `unit` (0 = none)", 0.0)
+    warmup_min_steps: int = doc(
+        "a warmup (warmup > 0) lasts at least this many optimizer steps: one given in epochs or as a fraction of "
+        "the run shrinks with the data, and on a few dozen images it is over in a few steps (detectron2 and "
+        "seamseg count theirs in iterations)", 0, minimum=0)
+    warmup_shape: Literal["linear", "cosine"] = doc(
+        "linear, or cosine: the half-cosine rise of OneCycleLR (anneal_strategy='cos')", "linear")
+    warmup_start: float | None = doc("value at step 0 of the warmup (default 0)", None)
+    warmup_factor: float | None = doc("warmup starts at this fraction of the value it ramps to (instead of "
+                                      "warmup_start)", None)
+    unit: ScheduleUnit = doc("steps | epochs | run (a fraction of the run's optimizer steps, as OneCycleLR's "
+                             "pct_start): unit of warmup, milestones, step_size", "steps")
+    base: float | None = doc("start value of the main schedule (default: the configured value, e.g. optim.lr)", None)
+    warmup_inclusive: bool = doc("warmup = np.linspace(start, base, W): base at its last step W-1 (DINO), not at "
+                                 "step W", False)
+    per_epoch: bool = doc("one value per epoch, the formulas taken at the epoch index (needs unit: epochs)", False)
+
+
+register_section("schedules", dict[str, ScheduleConfig], f"per-step schedules: {', '.join(SCHEDULED_SCALARS)}, "
+                 "loss.<term>, task.<scalar>")
 
 SHAPES: tuple[str, ...] = get_args(ScheduleShape)
 UNITS: tuple[str, ...] = get_args(ScheduleUnit)

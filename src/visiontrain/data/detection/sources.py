@@ -1,0 +1,83 @@
+"""The ``data`` keys of the detection sources, read by ``build_detection_splits``: coco, voc and yolo
+read a tree under data.root, fashion-mosaic and neon-trees are built into one (data.root, or the data
+cache directory); all of them read their splits' names, what a bad annotation or image file does,
+and the decoded-image cache."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from visiontrain.config import register_kind
+from visiontrain.data.section import DataConfig
+from visiontrain.typed_config import did_you_mean, doc
+
+DETECTION_SOURCES = ("coco", "voc", "yolo", "fashion-mosaic", "neon-trees")
+
+
+@dataclass
+class DetectionDataConfig(DataConfig):
+    """A detection source: which one is data.name."""
+
+    name: str = doc("dataset: coco | voc | yolo (read from data.root) | fashion-mosaic | neon-trees (built in)",
+                    "coco")
+    root: str | None = doc("dataset directory (coco: ROOT/annotations, ROOT/<split>; voc: ROOT/ImageSets, "
+                           "ROOT/Annotations, ROOT/JPEGImages; yolo: ROOT/images, ROOT/labels; fashion-mosaic, "
+                           "neon-trees: where they are built, default the data cache directory)", None)
+    train_split: str = doc("split name of the training set (detection: coco train2017, voc trainval; image-folder: "
+                           "the directory under data.root)", "train")
+    val_split: str = doc("split name of the validation set (detection; image-folder: the directory under data.root)",
+                         "val")
+    test_split: str = doc("split name of the test set (detection; image-folder: the directory under data.root), "
+                          "evaluated only by `visiontrain validate --split test`, never during training", "test")
+    normalize_on_device: bool = doc(
+        "train images leave the loader as uint8 and are scaled and normalised on the device (detection, "
+        "image-folder): no float pass on the CPU, a quarter of the bytes to collate, pin and copy", False)
+    on_bad_annotation: Literal["error", "skip"] = doc(
+        "detection: a bad box or category (or image file, unless data.on_bad_image says otherwise) is an error "
+        "naming it, or is skipped and counted", "error")
+    on_bad_image: Literal["error", "skip"] | None = doc(
+        "every dataset read from files: an image file that is missing, not an image, or truncated (all are "
+        "opened before the first step) is an error naming the files and their count, or is skipped and counted; "
+        "null: as data.on_bad_annotation (error unless that is set)", None)
+    max_skipped_share: float = doc(
+        "under skip, the largest share of a split's images (or of its boxes) that may be dropped: above it the "
+        "run stops with the count and the likely cause, since a split that loses that much is more often read "
+        "wrongly than dirty (COCO boxes written as x1,y1,x2,y2); 1 accepts any share", 0.1, minimum=0)
+    cache: Literal["none", "ram"] = doc(
+        "detection: ram keeps each image's decoded pixels after its first decode, in one file per split that "
+        "every DataLoader worker reads, so later epochs and evaluations decode nothing (3 x H x W bytes an image, "
+        "checked against data.cache_gb before training); none decodes every image each time it is loaded", "none")
+    cache_gb: float | None = doc(
+        "data.cache=ram: the most the decoded images may take, in GiB (2^30 bytes), per training process; "
+        "null: half of the memory available at the start, shared by torchrun's processes on a machine", None,
+        minimum=0)
+    cache_dir: str | None = doc(
+        "data.cache=ram: the directory of the cache files; null: /dev/shm (memory) where it exists and has room "
+        "for the images, else the temporary directory. On a disk the kernel's page cache keeps the files in "
+        "memory while it can", None)
+
+    def image_policy(self) -> str:
+        """What an image file that cannot be read does: ``on_bad_image``, or where it is unset
+        ``on_bad_annotation``, which says it for detection."""
+        return self.on_bad_image or self.on_bad_annotation
+
+    def reader_args(self) -> dict[str, Any]:
+        """``build_detection_splits``' keyword arguments."""
+        return {"root": self.root, "train_split": self.train_split, "val_split": self.val_split,
+                "on_bad_annotation": self.on_bad_annotation, "on_bad_image": self.on_bad_image,
+                "max_skipped_share": self.max_skipped_share, "limit_train": self.limit_train,
+                "limit_val": self.limit_val, "cache": self.cache, "cache_gb": self.cache_gb,
+                "cache_dir": self.cache_dir}
+
+
+for _name in DETECTION_SOURCES:
+    register_kind("data", _name, DetectionDataConfig)
+
+
+def detection_source(data: DataConfig) -> DetectionDataConfig:
+    """A detector's data section; a classification source's name is an unknown detection dataset."""
+    if not isinstance(data, DetectionDataConfig):
+        hint = did_you_mean(data.name, DETECTION_SOURCES)
+        raise ValueError(f"data.name: unknown detection dataset {data.name!r}{hint}; "
+                         f"expected one of {', '.join(DETECTION_SOURCES)}")
+    return data
