@@ -117,7 +117,7 @@ class MixSwitchOff(Hook):
     """GluonCV / timm style: no mixing in the last ``mix_off_epochs`` epochs."""
 
     def before_epoch(self) -> None:
-        task, epochs = self.trainer.task, self.trainer.cfg.trainer.epochs
+        task, epochs = self.trainer.task, self.trainer.progress.epochs
         task.mixing = self.trainer.epoch < epochs - task.cfg.task.mix_off_epochs
 
 

@@ -99,7 +99,7 @@ class YoloSchedule(Hook):
     off for the last ``no_mixup_epochs`` epochs; both derive from the trainer's checkpointed state."""
 
     def before_epoch(self) -> None:
-        task, epochs = self.trainer.task, self.trainer.cfg.trainer.epochs
+        task, epochs = self.trainer.task, self.trainer.progress.epochs
         task.mixing = task.cfg.task.mixup and self.trainer.epoch < epochs - task.cfg.task.no_mixup_epochs
 
     def before_step(self) -> None:

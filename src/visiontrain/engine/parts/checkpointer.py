@@ -47,21 +47,26 @@ class Checkpointer(Part):
     name, keeps = "checkpointer", True
     state_name = fmt.BEST  # its own state: the best values and the kept best-k files
 
-    def __init__(self, run: TrainingRun, progress: Progress, states: fmt.States, log: RunLogger, *,
-                 check_finite: Callable[[], None], metric: str, mode: str) -> None:
-        self.built, self.progress, self.states, self.log = run, progress, states, log
-        self.check_finite, self.cfg, self.metric, self.mode = check_finite, run.cfg, metric, mode
+    def __init__(self, settings: CheckpointConfig, run: TrainingRun, progress: Progress, states: fmt.States,
+                 log: RunLogger, *, config: dict[str, Any], max_steps: int | None, check_finite: Callable[[], None],
+                 metric: str, mode: str) -> None:
+        """``config``: the run's resolved config, recorded in every checkpoint (a resume prints what
+        changed); ``max_steps``: ``trainer.max_steps``, which summary.json says ended the run."""
+        self.settings, self.built, self.progress, self.states, self.log = settings, run, progress, states, log
+        self.config, self.max_steps = config, max_steps
+        self.check_finite, self.metric, self.mode = check_finite, metric, mode
         self.dir = run.ckpt_dir
-        c = run.cfg.checkpoint
-        self.cadence = Cadence(c.every, c.unit)
-        self.best = BestTracker(self.dir, mode, c.keep_best) if run.writes else None
+        self.cadence = Cadence(settings.every, settings.unit)
+        self.best = BestTracker(self.dir, mode, settings.keep_best) if run.writes else None
         self.weights_ok_at = 0  # the step at which the weights were last checked finite
         self.last_eval: dict[str, Any] = {}
 
     @classmethod
     def for_run(cls, trainer: Any) -> "Checkpointer":
-        metric, mode = checkpoint_metric(trainer.cfg, trainer.task)
-        return cls(trainer.run, trainer.progress, trainer.states, trainer.log,
+        cfg = trainer.cfg
+        metric, mode = checkpoint_metric(cfg.eval, trainer.task)
+        return cls(cfg.checkpoint, trainer.run, trainer.progress, trainer.states, trainer.log,
+                   config=config_to_dict(cfg), max_steps=cfg.trainer.max_steps,
                    check_finite=trainer.parts["log_point"].check_finite, metric=metric, mode=mode)
 
     def due(self, step: int, epoch_end: bool) -> bool:
@@ -91,13 +96,13 @@ class Checkpointer(Part):
         check_weights([r.raw_model] + ([r.ema_model] if r.ema_model is not None else []), p.step,
                       self.weights_ok_at, reduce=r.sharded is not None, ckpt_dir=self.dir)  # host sync (checkpoint)
         self.weights_ok_at = p.step
-        return self.states.compose(config_to_dict(self.cfg), r.data_info)
+        return self.states.compose(self.config, r.data_info)
 
     def resume(self, source: str) -> None:
         """Every state back where the checkpoint left it; refused (naming why) when it cannot be exact."""
         state = load_checkpoint(source, resolve_sharded=False)
         check_resume_compatible(state, self.built, source)
-        for line in config_changes(fmt.config_of(state) or {}, config_to_dict(self.cfg)):
+        for line in config_changes(fmt.config_of(state) or {}, self.config):
             self.log.print(line)
         weights = self.states.get(fmt.WEIGHTS)
         if isinstance(weights, WeightsState):
@@ -125,7 +130,7 @@ class Checkpointer(Part):
         if not r.dist.is_main:
             return
         atomic_save(state, self.dir / LAST_CHECKPOINT)
-        every = self.cfg.checkpoint.keep_every
+        every = self.settings.keep_every
         if every and self.progress.step % every == 0:
             atomic_save(state, self.dir / f"step-{self.progress.step}.pt")
         if r.sharded is not None:
@@ -167,7 +172,7 @@ class Checkpointer(Part):
             "samples_per_s": lp.samples_seen / max(p.trained_s, 1e-9), "final": dict(self.last_eval),
             "best": dict(self.best.best) if self.best else {}, "metric": self.metric, "mode": self.mode,
             "skipped_steps": lp.skipped, "fp16_overflow_skips": lp.overflow_skipped,
-            "ended": p.end_reason(self.cfg.trainer.max_steps),
+            "ended": p.end_reason(self.max_steps),
         }
         write_run_file(r.run_dir, SUMMARY_FILE, dumps_json(summary, indent=2))
         self.log.table("final", {**summary["final"], "wall_s": summary["wall_s"]})

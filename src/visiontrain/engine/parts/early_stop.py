@@ -68,7 +68,7 @@ class EarlyStopping(Hook):
         """The stopper ``cfg.eval`` asks for, on a built run's clock and lr schedule."""
         settings, run = trainer.cfg.eval, trainer.run
         start = patience_start(settings, run.clock, run.scalars.schedules.get("lr")) if settings.patience else 0.0
-        metric, mode = checkpoint_metric(trainer.cfg, trainer.task)
+        metric, mode = checkpoint_metric(settings, trainer.task)
         return cls(settings.patience, settings.min_delta, metric, mode, run.dist, start=start,
                    progress=trainer.progress)
 

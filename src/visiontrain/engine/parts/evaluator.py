@@ -14,7 +14,7 @@ from typing import Any, Callable, Literal
 
 import torch
 
-from visiontrain.config import Config, register_section
+from visiontrain.config import register_section
 from visiontrain.engine.build.training import EvalRun
 from visiontrain.engine.parallel.fsdp import sync_buffers
 from visiontrain.engine.protocols.cadence import Cadence
@@ -47,10 +47,10 @@ class EvalConfig:
 register_section("eval", EvalConfig, "evaluation section")
 
 
-def checkpoint_metric(cfg: Config, task: Any) -> tuple[str, str]:
+def checkpoint_metric(settings: EvalConfig, task: Any) -> tuple[str, str]:
     """The metric best checkpoints and early stopping follow, and its direction: ``eval.metric`` /
     ``eval.mode``, else the task's."""
-    return cfg.eval.metric or task.metric, cfg.eval.mode or task.mode
+    return settings.metric or task.metric, settings.mode or task.mode
 
 
 def evaluate_models(run: EvalRun, which: str = "both") -> dict[str, Any]:
@@ -76,18 +76,17 @@ def evaluate_models(run: EvalRun, which: str = "both") -> dict[str, Any]:
 class Evaluator(Part):
     name = "evaluator"
 
-    def __init__(self, cfg: Config, run: EvalRun, progress: Progress, log: RunLogger, *,
+    def __init__(self, settings: EvalConfig, run: EvalRun, progress: Progress, log: RunLogger, *,
                  check_finite: Callable[[], None], sharded: bool) -> None:
-        self.cfg, self.built, self.progress, self.log = cfg, run, progress, log
+        self.settings, self.built, self.progress, self.log = settings, run, progress, log
         self.check_finite, self.sharded = check_finite, sharded
-        e = cfg.eval
-        self.cadence = Cadence(e.every, e.unit, at_end=e.unit == "epochs")  # the last epoch's end too
+        self.cadence = Cadence(settings.every, settings.unit, at_end=settings.unit == "epochs")  # and the last epoch
         self.last: dict[str, Any] = {}
         self.last_step = -1
 
     @classmethod
     def for_run(cls, trainer: Any) -> "Evaluator":
-        return cls(trainer.cfg, trainer.run, trainer.progress, trainer.log,
+        return cls(trainer.cfg.eval, trainer.run, trainer.progress, trainer.log,
                    check_finite=trainer.parts["log_point"].check_finite, sharded=trainer.run.sharded is not None)
 
     def due(self, step: int, epoch_end: bool) -> bool:
@@ -98,7 +97,7 @@ class Evaluator(Part):
 
     def start(self) -> None:
         """``eval.at_start``: the metric at initialisation, measured the same way as later ones."""
-        if self.cfg.eval.at_start and self.progress.step == 0:
+        if self.settings.at_start and self.progress.step == 0:
             self.run()
 
     def finish(self) -> None:
@@ -112,7 +111,7 @@ class Evaluator(Part):
         if self.sharded:
             sync_buffers([r.raw_model] + ([r.ema_model] if r.ema_model is not None else []))
         self.progress.evaluating = True
-        metrics = evaluate_models(r, self.cfg.eval.models)  # host sync (the task's metrics)
+        metrics = evaluate_models(r, self.settings.models)  # host sync (the task's metrics)
         self.progress.evaluating = False
         self.last, self.last_step = metrics, self.progress.step
         self.log.log("eval", self.progress.step, self.progress.epoch, metrics)

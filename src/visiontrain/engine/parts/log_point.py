@@ -14,11 +14,10 @@ from __future__ import annotations
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from visiontrain.config import Config
 from visiontrain.engine.parallel.distributed import DistInfo, all_reduce_mean
 from visiontrain.engine.protocols.cadence import Cadence
 from visiontrain.engine.protocols.part import Part, Progress
@@ -27,19 +26,23 @@ from visiontrain.engine.step.accumulation import samples_per_step
 from visiontrain.engine.step.guards import check_rows
 from visiontrain.engine.step.metrics import EpochMeans, PendingRows, StepRecorder
 from visiontrain.engine.step.scalars import ScheduledScalars
+from visiontrain.engine.step.trainer_config import TrainerConfig
 
 
 class LogPoint(Part):
     name = "log_point"
 
-    def __init__(self, cfg: Config, progress: Progress, recorder: StepRecorder, scalars: ScheduledScalars,
+    def __init__(self, settings: TrainerConfig, progress: Progress, recorder: StepRecorder, scalars: ScheduledScalars,
                  optimizer: torch.optim.Optimizer, log: RunLogger, dist: DistInfo, device: torch.device,
-                 fp16: bool, ckpt_dir: Path | None = None) -> None:
-        self.cfg, self.progress, self.recorder, self.scalars = cfg, progress, recorder, scalars
+                 fp16: bool, *, samples_at: Callable[[int], int], ckpt_dir: Path | None = None) -> None:
+        """``samples_at(epoch)``: the samples one optimizer step trains on in that epoch, over every
+        process (``samples_per_step``), for the throughput."""
+        self.settings, self.progress, self.recorder, self.scalars = settings, progress, recorder, scalars
+        self.samples_at = samples_at
         self.ckpt_dir = ckpt_dir  # named in a non-finite error: what the run can go back to
         self.optimizer, self.log, self.dist, self.device, self.fp16 = optimizer, log, dist, device, fp16
         # every trainer.log_every steps and the last; each epoch's end too
-        self.cadence = Cadence(cfg.trainer.log_every, "steps", at_end=True)
+        self.cadence = Cadence(settings.log_every, "steps", at_end=True)
         self.pending = PendingRows()  # rows read from the device, not yet logged
         self.epoch_means = EpochMeans()
         self.skipped = self.overflow_skipped = 0
@@ -49,8 +52,9 @@ class LogPoint(Part):
     @classmethod
     def for_run(cls, trainer: Any) -> "LogPoint":
         run = trainer.run
-        return cls(trainer.cfg, trainer.progress, trainer.recorder, run.scalars, run.optimizer, trainer.log, run.dist,
-                   run.device, fp16=run.scaler is not None, ckpt_dir=run.ckpt_dir)
+        return cls(trainer.cfg.trainer, trainer.progress, trainer.recorder, run.scalars, run.optimizer, trainer.log,
+                   run.dist, run.device, fp16=run.scaler is not None, ckpt_dir=run.ckpt_dir,
+                   samples_at=lambda epoch: samples_per_step(trainer.cfg, run.dist.world_size, epoch))
 
     def start(self) -> None:
         """At the start of fit: the throughput window and the ETA count from here."""
@@ -72,7 +76,7 @@ class LogPoint(Part):
         evaluation and checkpoint, so `raise` fires at most log_every steps after the bad step."""
         read = self.recorder.read(reduce=partial(all_reduce_mean, info=self.dist))  # host sync
         first = self.progress.step - len(read.rows) + 1
-        skipped, overflow = check_rows(read, first, policy=self.cfg.trainer.nonfinite, fp16=self.fp16,
+        skipped, overflow = check_rows(read, first, policy=self.settings.nonfinite, fp16=self.fp16,
                                        epoch_of=self.progress.clock.epoch_of, ckpt_dir=self.ckpt_dir)
         self.skipped, self.overflow_skipped = self.skipped + skipped, self.overflow_skipped + overflow
         self.pending.add(read)
@@ -86,7 +90,7 @@ class LogPoint(Part):
         if not n:
             return
         self.epoch_means.add(values, n)
-        samples = n * samples_per_step(self.cfg, self.dist.world_size, p.epoch)
+        samples = n * self.samples_at(p.epoch)
         self.samples_seen += samples
         values.update(self.scalars.logged(self.optimizer))
         values["skipped_steps"], values["fp16_overflow_skips"] = self.skipped, self.overflow_skipped
