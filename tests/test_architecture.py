@@ -31,10 +31,10 @@ def test_tasks_and_data_do_not_import_the_cli():
 
 READ_METHODS = {"item", "tolist", "cpu", "numpy"}
 # The modules a training step runs through (set-up and checkpoint I/O read CPU values by nature).
-HOT_PATH = ("step/pipeline.py", "loop/trainer.py", "step/metrics.py", "step/ema.py", "build/placement.py",
-            "build/loaders.py", "step/accumulation.py", "protocols/hooks.py", "parallel/distributed.py",
+HOT_PATH = ("step/pipeline.py", "loop/trainer.py", "step/metrics.py", "step/ema.py", "setup/placement.py",
+            "setup/loaders.py", "step/accumulation.py", "protocols/hooks.py", "parallel/distributed.py",
             "protocols/part.py", "parts/log_point.py", "parts/evaluator.py", "parts/checkpointer.py",
-            "parts/preemption.py", "step/scalars.py", "step/prefetch.py", "build/training.py", "step/eval_loop.py",
+            "parts/preemption.py", "step/scalars.py", "step/prefetch.py", "setup/training.py", "step/eval_loop.py",
             "protocols/cadence.py", "step/source.py", "parts/early_stop.py", "loop/assembly.py")
 
 
@@ -79,7 +79,7 @@ def test_the_marker_check_finds_reads():
 # run spreads over processes and devices; what it keeps (checkpoints, the run dir); what one step
 # runs; the contracts a task, a hook or a part implements; the build phase; what a run writes for
 # people; the periodic parts; the loop that runs them all.
-ENGINE_ROOMS = ["parallel", "state", "step", "protocols", "build", "records", "parts", "loop"]
+ENGINE_ROOMS = ["parallel", "state", "step", "protocols", "setup", "records", "parts", "loop"]
 ROOMS = ["base", "config", "data", "models", "evaluation", *(f"engine/{r}" for r in ENGINE_ROOMS), "tasks", "app"]
 BASE = {"visiontrain", "visiontrain._tv_compat", "visiontrain.typed_config", "visiontrain.stop_signals",
         "visiontrain.exit_codes"}
@@ -106,7 +106,7 @@ def room_of(module: str) -> str:
 
 def resolved_imports(path: Path, modules: set[str]) -> set[str]:
     """The visiontrain modules ``path`` imports, anywhere in the file (a function-level import is an
-    arrow too): ``from visiontrain.engine import build`` is visiontrain.engine.build."""
+    arrow too): ``from visiontrain.engine import build`` is visiontrain.engine.setup."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):

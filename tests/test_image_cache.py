@@ -9,12 +9,12 @@ import pickle
 import signal
 from pathlib import Path
 
+import dataset_trees
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import dataset_trees
 from visiontrain import config as C
 from visiontrain.data import image_cache
 from visiontrain.data.detection.images import image_size, read_rgb
@@ -75,7 +75,7 @@ def test_forkserver_workers_share_one_copy(tmp_path, tmp_path_factory):
     """Two forkserver workers fill the cache and the main process reads what they wrote; then, with
     the image files deleted, two new workers read what other processes filled. A worker that decoded
     into a private copy, or received the pixels with the dataset, would fail one of the three checks."""
-    from visiontrain.engine.build.loaders import worker_context
+    from visiontrain.engine.setup.loaders import worker_context
 
     name, root, splits = tree("coco", tmp_path_factory)
     train, _ = cached_splits(name, root, splits, tmp_path)

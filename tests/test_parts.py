@@ -78,7 +78,7 @@ def positions(clock: StepClock, epochs: int) -> Iterator[tuple[Progress, bool, b
         yield p, True, True
 
 
-# (clock, epochs) as engine.build.make_clock makes them: all epochs, max_steps mid-epoch or at an
+# (clock, epochs) as engine.setup.make_clock makes them: all epochs, max_steps mid-epoch or at an
 # epoch's end, accumulation switched on from epoch 2
 CLOCKS = [(StepClock(8, 24), 3), (StepClock(8, 20), 3), (StepClock(8, 16), 3), (StepClock(3, 9), 3),
           (StepClock(5, 14, change_epoch=2, steps_per_epoch_after=2), 4), (StepClock(1, 4), 4)]

@@ -6,14 +6,14 @@ import threading
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
-
 from procs import run_cli
-from visiontrain.config import load_config
-from visiontrain.engine.build.loaders import loaders, worker_context
-from visiontrain.engine.parallel.distributed import DistInfo
-from visiontrain.engine.step.source import stop_workers
+from torch.utils.data import DataLoader
 from worker_lock import LOCK, LargeItems, TakesTheLock, stack_unshared
+
+from visiontrain.config import load_config
+from visiontrain.engine.parallel.distributed import DistInfo
+from visiontrain.engine.setup.loaders import loaders, worker_context
+from visiontrain.engine.step.source import stop_workers
 
 SMALL_RECIPES = ("classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3", "ssl-dino")
 
@@ -91,7 +91,7 @@ def test_a_dataset_class_a_worker_cannot_import_is_refused_at_start(monkeypatch)
     import types
 
     from visiontrain.config import ConfigError
-    from visiontrain.engine.build.worker_check import check_sendable_to_workers
+    from visiontrain.engine.setup.worker_check import check_sendable_to_workers
 
     class NotebookDataset(torch.utils.data.Dataset):
         def __len__(self) -> int:

@@ -149,8 +149,8 @@ def cmd_preview(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from visiontrain.engine.build.training import build_evaluation
     from visiontrain.engine.parts.evaluator import evaluate_models
+    from visiontrain.engine.setup.training import build_evaluation
     from visiontrain.trained import load_trained
 
     trained = load_trained(args.target, args.overrides, split=args.split)

@@ -25,11 +25,10 @@ from visiontrain.data.datasets import build_classification_data, check_image_fil
 from visiontrain.data.datasets.sources import ImageFolderDataConfig, reader_args
 from visiontrain.data.multicrop import MultiCropDataset, MultiCropSpec
 from visiontrain.data.multicrop_batched import BatchedMultiCrop, CropCollate, RawMultiCropDataset, collate_raw
-from visiontrain.engine.build.loaders import eval_loader, worker_context
-from visiontrain.engine.build.loaders import eval_loader, worker_context
 from visiontrain.engine.parallel.distributed import DistInfo
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.protocols.task import ExportSpec, Task, TaskConfig, TaskData, register_task
+from visiontrain.engine.setup.loaders import eval_loader, worker_context
 from visiontrain.engine.step.ema import unwrap
 from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.evaluation.knn import extract_features, knn_predict

@@ -1,6 +1,6 @@
 """fit(): epochs -> steps -> TrainStep, and after each step the parts that are due.
 
-The build phase (engine.build.training) makes the run's objects and ``engine.loop.assembly`` its parts and hooks;
+The build phase (engine.setup.training) makes the run's objects and ``engine.loop.assembly`` its parts and hooks;
 this file only runs them. After every optimizer step the loop asks its parts, in order, whether
 they are due (the log point, the evaluator, the checkpointer, the stop check, and whatever else the
 run has). Each owns its cadence, its state and its host syncs; the step itself reads nothing on
@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from visiontrain.config import Config, dump_config
-from visiontrain.engine.build.placement import seed_everything
-from visiontrain.engine.build.training import build_training
 from visiontrain.engine.loop import assembly
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.protocols.part import Progress
 from visiontrain.engine.protocols.task import Task
 from visiontrain.engine.records.run_log import RunLogger
+from visiontrain.engine.setup.placement import seed_everything
+from visiontrain.engine.setup.training import build_training
 from visiontrain.engine.state.checkpoint import write_run_config
 from visiontrain.engine.state.checkpoint_format import States
 from visiontrain.engine.state.run_files import LAST_CHECKPOINT

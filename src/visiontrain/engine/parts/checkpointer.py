@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from visiontrain.config import config_to_dict, register_section
-from visiontrain.engine.build.training import TrainingRun
 from visiontrain.engine.parallel.distributed import broadcast_object
 from visiontrain.engine.parallel.fsdp import full_state_dict
 from visiontrain.engine.parts.evaluator import checkpoint_metric
@@ -22,6 +21,7 @@ from visiontrain.engine.protocols.cadence import Cadence
 from visiontrain.engine.protocols.part import Part, Progress
 from visiontrain.engine.records.metrics_file import ema_key, is_per_class, model_scalars
 from visiontrain.engine.records.run_log import RunLogger, dumps_json
+from visiontrain.engine.setup.training import TrainingRun
 from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import (BestTracker, CheckpointError, WeightsState, atomic_save,
                                                  load_checkpoint, write_run_file)

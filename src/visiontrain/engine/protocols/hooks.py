@@ -4,7 +4,7 @@ In the spirit of detectron2's HookBase: extension by composition, not by flags o
 Each hook gets a weak reference to the trainer (``self.trainer``) and reads what it needs from it:
 ``step`` (optimizer steps done), ``epoch``, ``model``, ``optimizer``, ``task``, ``cfg``, ``ema``,
 ``log`` (the run's logger: ``log.print``), ``progress``, ``parts`` (every part by name) and ``run``
-(everything the build phase made: loaders, scaler, clock; engine.build.training.TrainingRun).
+(everything the build phase made: loaders, scaler, clock; engine.setup.training.TrainingRun).
 
 A hook with a ``cadence`` (``engine.protocols.cadence.Cadence``: every N steps or epochs, plus at the end)
 is also a part of the loop: its ``periodic()`` runs after each step at which the cadence is due,

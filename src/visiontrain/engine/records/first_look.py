@@ -28,14 +28,14 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from visiontrain.config import Config
-from visiontrain.engine.build.loaders import train_loader, train_sampler
-from visiontrain.engine.build.placement import seed_everything
-from visiontrain.engine.build.training import TrainingRun
 from visiontrain.engine.parallel.distributed import DistInfo
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.protocols.task import Task
 from visiontrain.engine.records.plots import save_figure
 from visiontrain.engine.records.run_log import RunLogger, dumps_json
+from visiontrain.engine.setup.loaders import train_loader, train_sampler
+from visiontrain.engine.setup.placement import seed_everything
+from visiontrain.engine.setup.training import TrainingRun
 from visiontrain.engine.state.checkpoint import write_run_file
 from visiontrain.engine.state.run_files import MODEL_SUMMARY_FILE, PLOTS_DIR
 from visiontrain.engine.step.pipeline import to_device
@@ -195,7 +195,7 @@ def first_look(run: TrainingRun, task: Task, log: RunLogger, *, plots: bool, sum
 def preview(cfg: Config, task: Task, out_dir: Path) -> list[Path]:
     """``visiontrain preview``: the figures a fresh run of ``cfg`` draws at its start, without a model
     or a process group: the same seed, data, sampler and first batch (of a single-process run)."""
-    seed_everything(cfg.seed)  # as engine.build.training.build_training does before build_data
+    seed_everything(cfg.seed)  # as engine.setup.training.build_training does before build_data
     data = task.build_data()
     if isinstance(data.train, TrainSource):
         source = data.train

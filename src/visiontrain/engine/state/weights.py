@@ -100,7 +100,7 @@ def _model_text(config: Any, info: Any) -> str:
 
 def check_resume_compatible(state: dict[str, Any], run: Any, source: str) -> None:
     """Refuse a resume whose weights cannot continue exactly, naming what differs. ``run``: the run
-    being resumed into (engine.build.training.TrainingRun: its config, model, sharding). What the other parts
+    being resumed into (engine.setup.training.TrainingRun: its config, model, sharding). What the other parts
     need of it, each checks as it loads its own state (the data source: the batch size and the
     number of processes)."""
     missing = fmt.missing_entries(state)

@@ -46,7 +46,7 @@ class TrainSource(Protocol):
 
 
 class LoaderSource:
-    """A map-style dataset through a ``ResumableBatchSampler`` and a DataLoader (``engine.build``)."""
+    """A map-style dataset through a ``ResumableBatchSampler`` and a DataLoader (``engine.setup``)."""
 
     def __init__(self, sampler: ResumableBatchSampler, loader: DataLoader) -> None:
         self.sampler, self.loader = sampler, loader

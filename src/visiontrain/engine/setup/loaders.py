@@ -12,8 +12,8 @@ from torch.utils.data import DataLoader, Dataset
 from visiontrain.config import Config
 from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler, SeededDataset
 from visiontrain.data.sources import DataConfig
-from visiontrain.engine.build.worker_check import check_sendable_to_workers
 from visiontrain.engine.parallel.distributed import DistInfo
+from visiontrain.engine.setup.worker_check import check_sendable_to_workers
 from visiontrain.engine.step.source import LoaderSource, TrainSource
 from visiontrain.stop_signals import ignore_stop_signals
 

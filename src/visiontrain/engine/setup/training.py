@@ -16,10 +16,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from visiontrain.config import Config
-from visiontrain.engine.build.loaders import loaders, val_loader
-from visiontrain.engine.build.placement import distribute, pick_device, seed_everything, uses_fsdp
 from visiontrain.engine.parallel.distributed import DistInfo, convert_sync_bn, init_distributed
 from visiontrain.engine.protocols.task import Task
+from visiontrain.engine.setup.loaders import loaders, val_loader
+from visiontrain.engine.setup.placement import distribute, pick_device, seed_everything, uses_fsdp
 from visiontrain.engine.state.checkpoint import prepare_run_dir
 from visiontrain.engine.state.run_files import CHECKPOINTS_DIR
 from visiontrain.engine.state.sharded import ShardedCheckpoints
