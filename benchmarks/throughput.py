@@ -33,8 +33,8 @@ from visiontrain._tv_compat import ensure_torchvision
 ensure_torchvision()
 from visiontrain import config as C  # noqa: E402
 from visiontrain.benchmark import run_benchmark  # noqa: E402
-from visiontrain.engine.parallel.distributed import DistInfo  # noqa: E402
 from visiontrain.engine.setup.loaders import loaders  # noqa: E402
+from visiontrain.engine.parallel.distributed import DistInfo  # noqa: E402
 from visiontrain.engine.step.pipeline import to_device  # noqa: E402
 from visiontrain.models import build_model  # noqa: E402
 from visiontrain.tasks import build_task  # noqa: E402

@@ -6,10 +6,11 @@ import json
 
 import pytest
 import torch
-from toy_task import toy_config, train
 
+from toy_task import toy_config, train
 from visiontrain import cli
-from visiontrain.engine.setup import loaders as loaders_module, training as run_module
+from visiontrain.engine.setup import loaders as loaders_module
+from visiontrain.engine.setup import training as run_module
 from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
 from visiontrain.trained import load_trained

@@ -10,8 +10,8 @@ import yaml
 from visiontrain import config as C
 from visiontrain.config import ConfigError, load_config
 from visiontrain.data.datasets.sources import FashionMnistDataConfig
-from visiontrain.engine.protocols.task import registered_task
 from visiontrain.engine.step.schedules import ScheduleConfig
+from visiontrain.engine.protocols.task import registered_task
 import visiontrain.tasks  # noqa: F401  (registers the task config sections)
 from visiontrain.tasks.classification import ClassificationConfig
 from visiontrain.typed_config import all_keys

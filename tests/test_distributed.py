@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from procs import FAULTHANDLER_ENV, finish
 
 WORKER = Path(__file__).parent / "dist_worker.py"
@@ -67,8 +68,8 @@ def test_shards_are_disjoint_cover_the_data_and_depend_on_seed_and_epoch(world):
 
 def test_ddp_searches_unused_parameters_only_when_the_task_asks(monkeypatch):
     from toy_task import ToyTask, toy_config
-    from visiontrain.engine.loop import trainer as trainer_module
     from visiontrain.engine.setup import placement
+    from visiontrain.engine.loop import trainer as trainer_module
 
     seen = []
     monkeypatch.setattr(placement, "wrap_ddp", lambda model, *a, **kw: seen.append(kw) or model)
@@ -86,8 +87,8 @@ def test_sharded_evaluation_counts_every_sample_once(world):
     collectives); the padding repeats must not be counted. Each rank's shard evaluated on its own
     (the all-reduce sums them): the confusion counts add up to the set, and top-1 to one process's."""
     from visiontrain.config import load_config
-    from visiontrain.engine.parallel.distributed import DistInfo, real_samples
     from visiontrain.engine.setup.loaders import eval_loader
+    from visiontrain.engine.parallel.distributed import DistInfo, real_samples
     from visiontrain.engine.step.eval_loop import EvalData
     from visiontrain.tasks import build_task
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_classification_data import _png_tree
 from torch.utils.data import TensorDataset
 
+from test_classification_data import _png_tree
 from visiontrain.data.datasets.classification import build_classification_data
 from visiontrain.data.samplers import GroupedBatchSampler
 
@@ -85,9 +85,9 @@ def test_grouped_sampler_error_says_what_grouping_is_and_the_switch() -> None:
 
 def test_loaders_say_once_how_many_images_each_epoch_leaves_out(caplog) -> None:
     from visiontrain.config import load_config
+    from visiontrain.engine.setup.loaders import loaders
     from visiontrain.engine.parallel.distributed import DistInfo
     from visiontrain.engine.protocols.task import TaskData
-    from visiontrain.engine.setup.loaders import loaders
 
     cfg = load_config("classify-fashion", ["data.batch_size=4"])  # ships in-process (num_workers 0)
     ds = TensorDataset(torch.zeros(21, 1), torch.zeros(21, dtype=torch.int64))

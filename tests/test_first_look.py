@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+
 from procs import run_cli
 from toy_task import toy_config, train
-
 from visiontrain import config as C
-from visiontrain.engine.records.first_look import parameter_table
 from visiontrain.engine.setup.training import build_training
+from visiontrain.engine.records.first_look import parameter_table
 from visiontrain.tasks import build_task
 
 

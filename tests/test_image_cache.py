@@ -9,12 +9,12 @@ import pickle
 import signal
 from pathlib import Path
 
-import dataset_trees
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import dataset_trees
 from visiontrain import config as C
 from visiontrain.data import image_cache
 from visiontrain.data.detection.images import image_size, read_rgb

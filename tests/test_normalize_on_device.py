@@ -10,8 +10,8 @@ import json
 
 import pytest
 import torch
-from devices import TEST_DEVICE
 
+from devices import TEST_DEVICE
 from visiontrain import config as C
 from visiontrain.data.normalize import NormalizeOnDevice
 from visiontrain.engine.loop.trainer import Trainer
@@ -39,8 +39,8 @@ def first_batch(recipe: str, overrides: list[str], on_device: bool):
     cfg = C.load_config(recipe, BASE + overrides + [f"data.normalize_on_device={str(on_device).lower()}"])
     task = build_task(cfg)
     data = task.build_data()
-    from visiontrain.engine.parallel.distributed import DistInfo
     from visiontrain.engine.setup.loaders import loaders
+    from visiontrain.engine.parallel.distributed import DistInfo
 
     source, _ = loaders(data, cfg, DistInfo(), torch.device("cpu"))
     return next(iter(source.batches(0))), task.device_transform()

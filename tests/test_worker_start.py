@@ -6,14 +6,14 @@ import threading
 
 import pytest
 import torch
-from procs import run_cli
 from torch.utils.data import DataLoader
-from worker_lock import LOCK, LargeItems, TakesTheLock, stack_unshared
 
+from procs import run_cli
 from visiontrain.config import load_config
-from visiontrain.engine.parallel.distributed import DistInfo
 from visiontrain.engine.setup.loaders import loaders, worker_context
+from visiontrain.engine.parallel.distributed import DistInfo
 from visiontrain.engine.step.source import stop_workers
+from worker_lock import LOCK, LargeItems, TakesTheLock, stack_unshared
 
 SMALL_RECIPES = ("classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3", "ssl-dino")
 
