@@ -19,7 +19,7 @@ from visiontrain.engine.parallel.fsdp import full_state_dict
 from visiontrain.engine.parts.evaluator import checkpoint_metric
 from visiontrain.engine.protocols.cadence import Cadence
 from visiontrain.engine.protocols.part import Part, Progress
-from visiontrain.engine.records.metrics_file import ema_key, is_per_class, model_scalars
+from visiontrain.engine.records.metrics_file import SAMPLES_PER_S, ema_key, is_per_class, model_scalars
 from visiontrain.engine.records.run_log import RunLogger, dumps_json
 from visiontrain.engine.setup.training import TrainingRun
 from visiontrain.engine.state import checkpoint_format as fmt
@@ -169,7 +169,7 @@ class Checkpointer(Part):
             return {}
         summary = {
             "steps": p.step, "epochs": p.epoch, "wall_s": round(p.wall_before + p.trained_s, 3),
-            "samples_per_s": lp.samples_seen / max(p.trained_s, 1e-9), "final": dict(self.last_eval),
+            SAMPLES_PER_S: lp.samples_seen / max(p.trained_s, 1e-9), "final": dict(self.last_eval),
             "best": dict(self.best.best) if self.best else {}, "metric": self.metric, "mode": self.mode,
             "skipped_steps": lp.skipped, "fp16_overflow_skips": lp.overflow_skipped,
             "ended": p.end_reason(self.max_steps),

@@ -21,6 +21,7 @@ import torch
 from visiontrain.engine.parallel.distributed import DistInfo, all_reduce_mean
 from visiontrain.engine.protocols.cadence import Cadence
 from visiontrain.engine.protocols.part import Part, Progress
+from visiontrain.engine.records.metrics_file import COMPUTE_S, DATA_S, SAMPLES_PER_S, TRAIN
 from visiontrain.engine.records.run_log import RunLogger
 from visiontrain.engine.step.accumulation import samples_per_step
 from visiontrain.engine.step.guards import check_rows
@@ -94,12 +95,12 @@ class LogPoint(Part):
         self.samples_seen += samples
         values.update(self.scalars.logged(self.optimizer))
         values["skipped_steps"], values["fp16_overflow_skips"] = self.skipped, self.overflow_skipped
-        values["samples_per_s"] = samples / max(window_s, 1e-9)
-        values["data_s"], values["compute_s"] = data_s, window_s - data_s
+        values[SAMPLES_PER_S] = samples / max(window_s, 1e-9)
+        values[DATA_S], values[COMPUTE_S] = data_s, window_s - data_s
         values["eta_s"] = elapsed / max(p.step - self.start_step, 1) * (p.total - p.step)
         if self.device.type == "cuda":
             values["gpu_peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        self.log.log("train", p.step, p.epoch, values)
+        self.log.log(TRAIN, p.step, p.epoch, values)
 
     def state_dict(self) -> dict[str, Any]:
         return {"pending": self.pending.state_dict(), "epoch": self.epoch_means.state_dict(),

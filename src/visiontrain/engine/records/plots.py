@@ -26,14 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from visiontrain.engine.protocols.hooks import Hook
-from visiontrain.engine.records.metrics_file import Row, ema_key, is_ema, model_key, numeric_keys, read_metrics, series
+from visiontrain.engine.records.metrics_file import (COMPUTE_S, DATA_S, SAMPLES_PER_S, STEP, Row, ema_key, is_ema,
+                                                     model_key, numeric_keys, read_metrics, series)
 from visiontrain.engine.state.run_files import PLOTS_DIR
 from visiontrain.engine.step.schedules import SCHEDULED_SCALARS
 from visiontrain.evaluation.panels import panel_grid
 
 log = logging.getLogger("visiontrain")
 
-THROUGHPUT = {"samples_per_s", "data_s", "compute_s", "eta_s", "gpu_peak_mem_gb", "skipped_steps",
+THROUGHPUT = {SAMPLES_PER_S, DATA_S, COMPUTE_S, "eta_s", "gpu_peak_mem_gb", "skipped_steps",
               "fp16_overflow_skips"}
 SCHEDULED = frozenset(SCHEDULED_SCALARS)
 
@@ -86,7 +87,7 @@ def draw_panel(ax: Any, rows: list[Row], keys: list[str], *, marker: str = "", t
     ax.set_title(title, fontsize=9)
     if not any_finite:
         ax.text(0.5, 0.5, "no finite value", ha="center", va="center", transform=ax.transAxes, fontsize=8)
-    ax.set_xlabel("step", fontsize=8)
+    ax.set_xlabel(STEP, fontsize=8)
     ax.tick_params(labelsize=7)
     ax.grid(alpha=0.3)
     if legend or (legend is None and len(keys) > 1):  # one curve: the title names it
@@ -115,10 +116,10 @@ def curve_figures(train: list[Row], evals: list[Row], run_name: str = "") -> dic
     scheduled += [[k] for k in keys if is_scheduled(k) and k not in lrs and k != "lr"]
     if scheduled:
         figures["schedules"] = _curves(train, scheduled, f"{prefix}schedules")
-    if "samples_per_s" in keys:
-        rows = [{**r, "data_wait_share": r["data_s"] / max(r["data_s"] + r["compute_s"], 1e-12)}
-                if "data_s" in r and "compute_s" in r else r for r in train]
-        groups = [["samples_per_s"]] + ([["data_wait_share"]] if any("data_wait_share" in r for r in rows) else [])
+    if SAMPLES_PER_S in keys:
+        rows = [{**r, "data_wait_share": r[DATA_S] / max(r[DATA_S] + r[COMPUTE_S], 1e-12)}
+                if DATA_S in r and COMPUTE_S in r else r for r in train]
+        groups = [[SAMPLES_PER_S]] + ([["data_wait_share"]] if any("data_wait_share" in r for r in rows) else [])
         figures["throughput"] = _curves(rows, groups, f"{prefix}throughput")
     eval_keys = numeric_keys(evals)
     metrics = [k for k in eval_keys if not is_ema(k)]
@@ -128,7 +129,7 @@ def curve_figures(train: list[Row], evals: list[Row], run_name: str = "") -> dic
         # the training value of the same quantity on the same axis (training acc under top1)
         pairs = {g[0]: train_twin(model_key(g[0]), keys) for g in groups}
         twins = {t for t in pairs.values() if t}
-        twin_rows = [{"step": r["step"], **{f"{TRAIN_PREFIX}{t}": r[t] for t in twins if t in r}}
+        twin_rows = [{STEP: r[STEP], **{f"{TRAIN_PREFIX}{t}": r[t] for t in twins if t in r}}
                      for r in train] if twins else []
         rows = evals + twin_rows
         groups = [g + ([f"{TRAIN_PREFIX}{pairs[g[0]]}"] if pairs[g[0]] else []) for g in groups]

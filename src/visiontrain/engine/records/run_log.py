@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from visiontrain.engine.protocols.hooks import Hook
-from visiontrain.engine.records.metrics_file import is_per_class, make_row, model_key, per_class_tables, rewind
+from visiontrain.engine.records.metrics_file import (SAMPLES_PER_S, is_per_class, make_row, model_key, per_class_tables,
+                                                     rewind)
 from visiontrain.engine.records.tracking import Tracker
 from visiontrain.engine.state.run_files import METRICS_FILE
 from visiontrain.engine.state.write_failure import WriteError, why_not_written
@@ -42,7 +43,7 @@ WIDTH = 100
 #: Accuracies and error rates, in percent (0-100) everywhere; an EMA twin (``EMA_PREFIX``) is one too.
 PERCENT = frozenset({"top1", "top5", "acc", "class_error", "knn_top1"})
 #: Shown as whole numbers, also as an epoch's mean: throughput and counts.
-WHOLE = frozenset({"samples_per_s", "skipped_steps", "fp16_overflow_skips"})
+WHOLE = frozenset({SAMPLES_PER_S, "skipped_steps", "fp16_overflow_skips"})
 #: Scheduled values that span decades (1e-3 -> 1e-6): always in scientific notation.
 SCIENTIFIC = frozenset({"lr", "weight_decay"})
 #: A per-class table of more classes than this is printed as its ``LOWEST_ROWS`` lowest rows.
@@ -206,7 +207,7 @@ class RunLogger:
         for tracker in self.trackers:
             tracker.log(kind, step, epoch, values)
         if kind == "train":
-            info = "  ".join(format_items({k: values[k] for k in ("total", "lr", "samples_per_s")
+            info = "  ".join(format_items({k: values[k] for k in ("total", "lr", SAMPLES_PER_S)
                                            if k in values}))
             eta = f"eta {format_eta(values.get('eta_s', float('nan')))}"
             if self._bar is not None:
