@@ -62,7 +62,7 @@ def test_mix_switch_off_in_last_epochs():
     assert len(hooks) == 1 and isinstance(hooks[0], MixSwitchOff)
 
     class FakeTrainer:
-        cfg = task.cfg
+        progress = type("P", (), {"epochs": 5})()  # the loop's Progress: the run's length
 
     hooks[0].trainer = FakeTrainer()
     hooks[0].trainer.task = task

@@ -489,7 +489,7 @@ FILE_SUFFIXES = {"py", "pt", "pth", "yaml", "yml", "md", "json", "jsonl", "png",
                  "html", "log", "sh"}
 SCHEDULE_TARGETS = ("lr", "weight_decay", "momentum", "ema_decay", "bn_momentum")  # + loss.<term>, task.<scalar>
 INLINE_CODE = re.compile(r"(`+)(.+?)\1")
-SUBCOMMAND = re.compile(r"(?<![\w./-])visiontrain[ \t]+([a-z][a-z-]*)")
+SUBCOMMAND = re.compile(r"(?<![\w./-])(?<!from )(?<!import )visiontrain[ \t]+([a-z][a-z-]*)")
 
 
 def _field_types(cls: type) -> dict[str, typing.Any]:
