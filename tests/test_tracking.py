@@ -24,7 +24,7 @@ from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.records.metrics_file import ROW_KEYS, is_number, read_metrics
 from visiontrain.stop_signals import Preempted
 
-from visiontrain.engine.records.mlflow_tracker import MAX_PARAM, MlflowTracker, name, params_of
+from visiontrain.engine.records.mlflow_tracker import MAX_PARAM, LoggingConfig, MlflowTracker, name, params_of
 
 try:  # the extra (scripts/setup.sh test installs it): without it only the tests that need no MLflow run,
     import mlflow  # unless VISIONTRAIN_REQUIRE_MLFLOW=1 (CI) makes that a failure
@@ -249,7 +249,7 @@ def test_show_config_lists_the_logging_keys(capsys):
 @needs_mlflow
 def test_only_numbers_are_sent(tracked):
     """An evaluation may carry a per-class dict (or a flag); MLflow gets its numbers only."""
-    tracker = MlflowTracker(C.LoggingConfig(mlflow=True, mlflow_uri=tracked["uri"], mlflow_experiment="numbers"),
+    tracker = MlflowTracker(LoggingConfig(mlflow=True, mlflow_uri=tracked["uri"], mlflow_experiment="numbers"),
                             tracked["root"] / "numbers", "unused")
     (tracked["root"] / "numbers").mkdir()
     tracker.start({"seed": 0}, {"launches": [{"command": "visiontrain fit x"}]}, 0)
