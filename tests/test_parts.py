@@ -11,13 +11,13 @@ import example_part
 import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
+from crashes import Crash, CrashAt
 from toy_task import ToyData, ToyTask, toy_config
 
 from visiontrain import config as C
 from visiontrain.engine.loop import assembly
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.engine.protocols.cadence import Cadence
-from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.protocols.part import Progress
 from visiontrain.engine.protocols.task import TaskData
 from visiontrain.engine.state import checkpoint_format as fmt
@@ -27,17 +27,6 @@ from visiontrain.engine.step.schedules import StepClock
 ENGINE = Path(__file__).resolve().parents[1] / "src" / "visiontrain" / "engine"
 
 
-class Crash(Exception):
-    pass
-
-
-class CrashAt(Hook):
-    def __init__(self, k: int) -> None:
-        self.k = k
-
-    def before_step(self) -> None:
-        if self.trainer.step == self.k:
-            raise Crash(self.k)
 
 
 # ---------------------------------------------------------------------------- the cadence

@@ -9,27 +9,14 @@ import json
 import pytest
 import torch
 
+from crashes import Crash, CrashAt
 from devices import deterministic_kernels
 from toy_task import ToyTask, toy_config
 from visiontrain import config as C
 from visiontrain.engine.loop.trainer import Trainer
-from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.tasks import build_task
 
 
-class Crash(Exception):
-    pass
-
-
-class CrashAt(Hook):
-    """Dies at the start of step `k` (after step k-1's checkpoint was written), like a kill."""
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-
-    def before_step(self) -> None:
-        if self.trainer.step == self.k:
-            raise Crash(self.k)
 
 
 def classification_cfg(workers: int) -> C.Config:

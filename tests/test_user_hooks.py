@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from crashes import Crash, CrashAt
 from toy_task import ToyTask, toy_config
 from visiontrain import cli
 from visiontrain.engine.loop.trainer import Trainer
@@ -13,14 +14,6 @@ from visiontrain.engine.state.checkpoint import load_checkpoint
 
 HOOKS = ["user_hooks_example:LossEveryFour", "user_hooks_example:CountsEvaluations"]
 
-
-class CrashAt(Hook):
-    def __init__(self, k: int) -> None:
-        self.k = k
-
-    def before_step(self) -> None:
-        if self.trainer.step == self.k:
-            raise RuntimeError(f"killed at step {self.k}")
 
 
 def hooks_of(trainer: Trainer) -> dict[str, Hook]:
@@ -36,7 +29,7 @@ def test_hooks_named_in_the_config_run_and_resume_where_they_were(tmp_path):
     assert [step for step, _ in whole["LossEveryFour"].seen] == [4, 8, 12, 16, 20, 24]
     assert whole["CountsEvaluations"].evaluations == 3
     cut = Trainer(cfg, ToyTask(cfg), tmp_path / "cut", hooks=[CrashAt(15)])
-    with pytest.raises(RuntimeError, match="killed at step 15"):
+    with pytest.raises(Crash):
         cut.fit()
     last = tmp_path / "cut" / "checkpoints" / "last.pt"
     saved = fmt.entry(load_checkpoint(last), fmt.HOOKS)

@@ -39,5 +39,35 @@ class DataConfig:
         return self.eval_batch_size or 2 * self.batch_size
 
 
+@dataclass
+class SplitKeys:
+    """The names of a source's splits (every source but a generated one reads them)."""
+
+    train_split: str = doc("split name of the training set (detection: coco train2017, voc trainval; image-folder: "
+                           "the directory under data.root)", "train")
+    val_split: str = doc("split name of the validation set (detection; image-folder: the directory under data.root)",
+                         "val")
+    test_split: str = doc("split name of the test set (detection; image-folder: the directory under data.root), "
+                          "evaluated only by `visiontrain validate --split test`, never during training", "test")
+
+
+@dataclass
+class ImageFileKeys:
+    """What a source that reads image files adds: uint8 train images for the device, and what an
+    unreadable file does."""
+
+    normalize_on_device: bool = doc(
+        "train images leave the loader as uint8 and are scaled and normalised on the device (detection, "
+        "image-folder): no float pass on the CPU, a quarter of the bytes to collate, pin and copy", False)
+    on_bad_image: Literal["error", "skip"] | None = doc(
+        "every dataset read from files: an image file that is missing, not an image, or truncated (all are "
+        "opened before the first step) is an error naming the files and their count, or is skipped and counted; "
+        "null: as data.on_bad_annotation (error unless that is set)", None)
+    max_skipped_share: float = doc(
+        "under skip, the largest share of a split's images (or of its boxes) that may be dropped: above it the "
+        "run stops with the count and the likely cause, since a split that loses that much is more often read "
+        "wrongly than dirty (COCO boxes written as x1,y1,x2,y2); 1 accepts any share", 0.1, minimum=0)
+
+
 register_section("data", DataConfig, "data section, typed by data.name", typed_by_name="fashion-mnist",
                  noun="dataset")

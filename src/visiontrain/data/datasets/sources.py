@@ -5,26 +5,20 @@ unreadable image file does, and may leave the train images uint8 for the device.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from visiontrain.config import register_kind
-from visiontrain.data.section import DataConfig
+from visiontrain.data.section import DataConfig, ImageFileKeys, SplitKeys
 from visiontrain.typed_config import doc
 
 
 @dataclass
-class DigitsDataConfig(DataConfig):
+class DigitsDataConfig(SplitKeys, DataConfig):
     """digits: in memory, two fixed splits (train and val)."""
 
     name: str = doc("dataset: digits (scikit-learn's 8 x 8 digits, two fixed splits)", "digits")
     image_size: int | None = doc("model input side; None = the dataset's native size", None, minimum=1)
     augment: str = doc("train augmentation: none | flip | basic | imagenet", "none")
-    train_split: str = doc("split name of the training set (detection: coco train2017, voc trainval; image-folder: "
-                           "the directory under data.root)", "train")
-    val_split: str = doc("split name of the validation set (detection; image-folder: the directory under data.root)",
-                         "val")
-    test_split: str = doc("split name of the test set (detection; image-folder: the directory under data.root), "
-                          "evaluated only by `visiontrain validate --split test`, never during training", "test")
 
 
 @dataclass
@@ -37,22 +31,11 @@ class FashionMnistDataConfig(DigitsDataConfig):
 
 
 @dataclass
-class ImageFolderDataConfig(DigitsDataConfig):
+class ImageFolderDataConfig(ImageFileKeys, DigitsDataConfig):
     """image-folder: ROOT/<split>/<class>/*.jpg, each image decoded when it is loaded."""
 
     name: str = doc("dataset: image-folder (ROOT/<split>/<class>/*)", "image-folder")
     root: str | None = doc("dataset directory (image-folder: ROOT/train, ROOT/val)", None)
-    normalize_on_device: bool = doc(
-        "train images leave the loader as uint8 and are scaled and normalised on the device (detection, "
-        "image-folder): no float pass on the CPU, a quarter of the bytes to collate, pin and copy", False)
-    on_bad_image: Literal["error", "skip"] | None = doc(
-        "every dataset read from files: an image file that is missing, not an image, or truncated (all are "
-        "opened before the first step) is an error naming the files and their count, or is skipped and counted; "
-        "null: as data.on_bad_annotation (error unless that is set)", None)
-    max_skipped_share: float = doc(
-        "under skip, the largest share of a split's images (or of its boxes) that may be dropped: above it the "
-        "run stops with the count and the likely cause, since a split that loses that much is more often read "
-        "wrongly than dirty (COCO boxes written as x1,y1,x2,y2); 1 accepts any share", 0.1, minimum=0)
 
     def image_policy(self) -> str:
         """What an image file that cannot be read does."""

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from visiontrain.config import register_kind
-from visiontrain.data.section import DataConfig
+from visiontrain.data.section import DataConfig, ImageFileKeys, SplitKeys
 from visiontrain.typed_config import did_you_mean, doc
 
 DETECTION_SOURCES = ("coco", "voc", "yolo", "fashion-mosaic", "neon-trees")
 
 
 @dataclass
-class DetectionDataConfig(DataConfig):
+class DetectionDataConfig(ImageFileKeys, SplitKeys, DataConfig):
     """A detection source: which one is data.name."""
 
     name: str = doc("dataset: coco | voc | yolo (read from data.root) | fashion-mosaic | neon-trees (built in)",
@@ -23,26 +23,9 @@ class DetectionDataConfig(DataConfig):
     root: str | None = doc("dataset directory (coco: ROOT/annotations, ROOT/<split>; voc: ROOT/ImageSets, "
                            "ROOT/Annotations, ROOT/JPEGImages; yolo: ROOT/images, ROOT/labels; fashion-mosaic, "
                            "neon-trees: where they are built, default the data cache directory)", None)
-    train_split: str = doc("split name of the training set (detection: coco train2017, voc trainval; image-folder: "
-                           "the directory under data.root)", "train")
-    val_split: str = doc("split name of the validation set (detection; image-folder: the directory under data.root)",
-                         "val")
-    test_split: str = doc("split name of the test set (detection; image-folder: the directory under data.root), "
-                          "evaluated only by `visiontrain validate --split test`, never during training", "test")
-    normalize_on_device: bool = doc(
-        "train images leave the loader as uint8 and are scaled and normalised on the device (detection, "
-        "image-folder): no float pass on the CPU, a quarter of the bytes to collate, pin and copy", False)
     on_bad_annotation: Literal["error", "skip"] = doc(
         "detection: a bad box or category (or image file, unless data.on_bad_image says otherwise) is an error "
         "naming it, or is skipped and counted", "error")
-    on_bad_image: Literal["error", "skip"] | None = doc(
-        "every dataset read from files: an image file that is missing, not an image, or truncated (all are "
-        "opened before the first step) is an error naming the files and their count, or is skipped and counted; "
-        "null: as data.on_bad_annotation (error unless that is set)", None)
-    max_skipped_share: float = doc(
-        "under skip, the largest share of a split's images (or of its boxes) that may be dropped: above it the "
-        "run stops with the count and the likely cause, since a split that loses that much is more often read "
-        "wrongly than dirty (COCO boxes written as x1,y1,x2,y2); 1 accepts any share", 0.1, minimum=0)
     cache: Literal["none", "ram"] = doc(
         "detection: ram keeps each image's decoded pixels after its first decode, in one file per split that "
         "every DataLoader worker reads, so later epochs and evaluations decode nothing (3 x H x W bytes an image, "
