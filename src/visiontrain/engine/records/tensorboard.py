@@ -38,10 +38,13 @@ class TensorBoardTracker:
 
     def rewind(self, step: int) -> None:
         """A resumed run continues after ``step``: what was written after it is hidden from now on."""
-        self.end("")
+        self._close()
         self._purge = step + 1
 
     def end(self, status: str) -> None:
+        self._close()
+
+    def _close(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None

@@ -6,7 +6,7 @@ of a run (with the resolved config, the run's provenance and the step it starts 
 log point and the evaluator already read on the host (it adds no host sync), and is ended once with
 the run's status. Only rank 0 has trackers.
 
-Who makes the trackers ends them: a ``Trainer`` given none makes them from ``cfg.logging`` and ends
+Who makes the trackers ends them: a ``Trainer`` given none makes them (``make_trackers``) and ends
 them when ``fit`` returns; the CLI makes its own, so that it ends them after it wrote report.html
 and the report reaches the tracker with the final status. A failure inside ``fit`` ends them at
 once, FAILED, or KILLED when the run was stopped (a stop signal, Ctrl-C); ``end`` is idempotent.
