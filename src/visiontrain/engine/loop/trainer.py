@@ -47,9 +47,10 @@ class Trainer:
                  launch: Any = None) -> None:
         """``hooks``: added to ``trainer.hooks``'s. ``fetch`` and ``step_type`` are the seams a benchmark
         times or replaces (the batch wait, the step); a run leaves them as they are. ``trackers``:
-        rank 0's (engine.records.tracking), ended by the caller when ``fit`` succeeds; None makes the
-        registered backends the config asks for and ``fit`` ends them. ``launch``: what provenance.json records of this launch.
-        Hooks and trackers are checked before anything is built (``engine.loop.assembly.prepare``)."""
+        rank 0's (engine.records.tracking), ended by the caller when ``fit`` succeeds; None makes
+        the registered backends the config asks for, and ``fit`` ends them. ``launch``: what
+        provenance.json records of this launch. Hooks and trackers are checked before anything is
+        built (``engine.loop.assembly.prepare``)."""
         self.cfg, self.task, self.fetch, t = cfg, task, fetch, cfg.trainer
         self.prepared, self.resumed_from = assembly.prepare(cfg, run_dir, hooks=hooks, trackers=trackers,
                                                             launch=launch), resume
