@@ -1,4 +1,4 @@
-"""Waiting on a CLI subprocess in a test without losing a hang's evidence.
+"""Waiting on a CLI subprocess in a test without losing a hang's evidence; the processes a run left.
 
 Processes are started with ``PYTHONFAULTHANDLER=1`` in their own process group; when one outlives
 its timeout, SIGABRT goes to the whole group (torchrun, every rank, DataLoader workers), whose
@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,47 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
                             stderr=subprocess.PIPE, text=True, cwd=cwd, env=env, start_new_session=True)
     out, err = finish(proc, timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _stat(pid: int) -> tuple[int, str, int] | None:
+    """(parent pid, state letter, process group) of a process; None once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return int(fields[1]), fields[0], int(fields[2])
+
+
+def group(pgid: int) -> set[int]:
+    """The live members of a process group (started after the tree was taken, they would escape it)."""
+    return alive({int(e) for e in os.listdir("/proc") if e.isdigit() and (_stat(int(e)) or (0, "", 0))[2] == pgid})
+
+
+def descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
+            children.setdefault(stat[0], []).append(int(entry))
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    """Those still running (a zombie has ended: it waits only to be reaped)."""
+    return {p for p in pids if (stat := _stat(p)) is not None and stat[1] != "Z"}
+
+
+def wait_for(condition, what: str, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended (exit {proc.returncode}) before {what}: {proc.stderr.read()[-3000:]}")
+        if time.monotonic() > end:
+            pytest.fail(f"no {what} after {timeout:.0f} s")
+        time.sleep(0.2)

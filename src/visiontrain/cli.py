@@ -28,7 +28,7 @@ from visiontrain import config as C
 from visiontrain.commands import (cmd_benchmark, cmd_compare, cmd_consolidate, cmd_export, cmd_fit, cmd_predict,
                                   cmd_preview, cmd_recipes, cmd_report, cmd_show_config, cmd_validate)
 from visiontrain.engine.state.write_failure import WriteError
-from visiontrain.exit_codes import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_USAGE
+from visiontrain.exit_codes import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_PEER_LOST, EXIT_USAGE
 from visiontrain.launch import command_line, import_user_module
 from visiontrain.stop_signals import Preempted
 
@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides += extra  # key=value after an option: `validate RUN --split test data.root=...`
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    from visiontrain.engine.parallel.distributed import PeerLost
     from visiontrain.engine.state.checkpoint import CheckpointError
     from visiontrain.engine.step.guards import NonFiniteLossError, OutOfMemory
     from visiontrain.models import PretrainedUnavailable
@@ -199,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     except OutOfMemory as err:
         print(f"visiontrain: error: {err}", file=sys.stderr)
         return EXIT_OUT_OF_MEMORY
+    except PeerLost as err:
+        print(f"visiontrain: error: {err}", file=sys.stderr)
+        return EXIT_PEER_LOST
     except (C.ConfigError, CheckpointError, WriteError, FileNotFoundError, ValueError, yaml.YAMLError,
             PretrainedUnavailable) as err:
         print(f"visiontrain: error: {_one_line(err)}", file=sys.stderr)

@@ -21,7 +21,7 @@ from visiontrain.engine.records.tracking import FINISHED, end_trackers, make_tra
 from visiontrain.engine.state.checkpoint_format import model_weights, sharded_record
 from visiontrain.engine.state.run_files import REPORT_FILE, SUMMARY_FILE
 from visiontrain.exit_codes import EXIT_USAGE
-from visiontrain.launch import exec_torchrun
+from visiontrain.launch import end_with_launcher, exec_torchrun
 from visiontrain.report import write_report
 from visiontrain.stop_signals import Preempted
 
@@ -69,25 +69,53 @@ def _default_run_dir(recipe: str) -> Path:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from visiontrain.engine.loop.trainer import Trainer
-    from visiontrain.engine.parallel.distributed import shutdown
-    from visiontrain.engine.state.checkpoint import removed_if_set_up_fails
-    from visiontrain.engine.state.run_dir import checkpoint_in, resolve_resume
-    from visiontrain.tasks import build_task
+    from visiontrain.engine.state.run_dir import checkpoint_in
+    from visiontrain.engine.state.run_lock import check_free, held
 
     cfg = C.load_config(args.recipe, args.overrides)  # errors surface here, before any process starts
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(args.recipe)
     torchrun = args.nproc is not None and args.nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1
     rank0 = os.environ.get("RANK", "0") == "0"
+    end_with_launcher()  # a rank of torchrun: end with its agent, however that one dies
     # rank 0's trackers (MLflow): a missing package or a bad URI is an error now, before any process starts
     trackers = make_trackers(cfg, run_dir, args.recipe)
     load_hooks(cfg.trainer.hooks)  # a trainer.hooks entry that is no hook, too
-    resume, notes = resolve_resume(run_dir, args.resume, is_main=rank0 and not torchrun)
     init = str(checkpoint_in(args.init)) if args.init else None
     if torchrun:
+        check_free(run_dir)  # a run dir in use is refused before torchrun starts; rank 0 then locks it
+        _resume_of(run_dir, args.resume, is_main=False)
         exec_torchrun(args)
-    for note in notes if rank0 else ():
+    with held(run_dir, enabled=rank0) as lock:  # one writer per run dir, until the report is written
+        for note in lock.notes:
+            print(f"visiontrain: {note}", file=sys.stderr)
+        resume = _resume_of(run_dir, args.resume, is_main=rank0)
+        summary, done = _train(cfg, run_dir, args, resume, init, trackers)
+        if summary:  # rank 0 of a run with a run dir
+            report = (str(run_dir / REPORT_FILE) if (run_dir / REPORT_FILE).is_file() else None) if done \
+                else _final_report(run_dir)
+            print_json({"run_dir": str(run_dir), "report": report, **summary})
+        end_trackers(trackers, FINISHED)  # after the report: it reaches the tracker with the final status
+    return 0
+
+
+def _resume_of(run_dir: Path, resume: str | None, *, is_main: bool) -> str | None:
+    """The checkpoint this fit continues from (engine.state.run_dir); rank 0 prints what it did."""
+    from visiontrain.engine.state.run_dir import resolve_resume
+
+    checkpoint, notes = resolve_resume(run_dir, resume, is_main=is_main)
+    for note in notes if is_main else ():
         print(f"visiontrain: {note}", file=sys.stderr)
+    return checkpoint
+
+
+def _train(cfg: C.Config, run_dir: Path, args: argparse.Namespace, resume: str | None, init: str | None,
+           trackers: list[Any]) -> tuple[dict[str, Any], bool]:
+    """Build the trainer and fit (or find the run already finished); leave the process group."""
+    from visiontrain.engine.loop.trainer import Trainer
+    from visiontrain.engine.parallel.distributed import PeerLost, lost_peer, shutdown
+    from visiontrain.engine.state.checkpoint import removed_if_set_up_fails
+    from visiontrain.tasks import build_task
+
     try:
         with removed_if_set_up_fails(run_dir):
             trainer = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=init, trackers=trackers,
@@ -101,15 +129,31 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise err
     except BaseException as err:
         end_trackers(trackers, status_of(err))  # fit ended them already if it raised: this does nothing then
+        lost = lost_peer(err)
         shutdown(barrier=False)  # other ranks may be gone: leave without waiting for them
+        if lost:
+            raise PeerLost(_peer_lost(err, run_dir)) from None
         raise
     shutdown()
-    if summary:  # rank 0 of a run with a run dir
-        report = (str(run_dir / REPORT_FILE) if (run_dir / REPORT_FILE).is_file() else None) if done \
-            else _final_report(run_dir)
-        print_json({"run_dir": str(run_dir), "report": report, **summary})
-    end_trackers(trackers, FINISHED)  # after the report: it reaches the tracker with the final status
-    return 0
+    return summary, done
+
+
+def _peer_lost(err: BaseException, run_dir: Path) -> str:
+    """What a rank says when another rank or node is gone: what failed, what is safe, what to do."""
+    from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
+    from visiontrain.engine.state.checkpoint_format import step_of
+    from visiontrain.engine.state.run_files import CHECKPOINTS_DIR, LAST_CHECKPOINT
+
+    reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    reason = reason.split("] ", 1)[-1].split(". This is typically", 1)[0][:200]  # gloo's source path and advice go
+    last = run_dir / CHECKPOINTS_DIR / LAST_CHECKPOINT
+    try:
+        kept = f"{last} at step {step_of(load_checkpoint(last, resolve_sharded=False, mmap=True))} is intact"
+    except CheckpointError:
+        kept = f"no checkpoint on this node yet ({last})"
+    rank = os.environ.get("RANK", "?")
+    return (f"rank {rank} lost another rank of the run ({reason}): a rank or node was killed, crashed or became "
+            f"unreachable; {kept}; restart every node with --resume auto")
 
 
 def _finished(trainer: Any, resume: str, run_dir: Path) -> dict[str, Any]:

@@ -16,5 +16,8 @@ EXIT_NONFINITE = 3
 EXIT_PREEMPTED = 4
 #: Out of memory on the device: the last checkpoint is intact; the message says what to lower.
 EXIT_OUT_OF_MEMORY = 5
+#: Under torchrun, another rank or node was lost (killed, crashed, unreachable) and this rank stopped:
+#: last.pt is intact; restart every node with ``--resume auto``.
+EXIT_PEER_LOST = 6
 #: Stopped by Ctrl-C (the shell's 128 + SIGINT): last.pt is written, as for a preemption.
 EXIT_INTERRUPTED = 130

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from visiontrain.config import ConfigError
+from visiontrain.process_tree import LAUNCHER_PID_ENV, end_with_parent, expected_pid
 
 #: The user's command line, passed to the ranks a ``--nproc`` launch starts (their own differs).
 COMMAND_ENV = "VISIONTRAIN_COMMAND"
@@ -36,7 +37,16 @@ def exec_torchrun(args: argparse.Namespace) -> None:
            "-m", "visiontrain", *argv]
     sys.stdout.flush()
     os.environ[COMMAND_ENV] = args.command_line
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # torchrun's agent keeps this pid: the ranks' parent
     os.execv(sys.executable, cmd)
+
+
+def end_with_launcher() -> None:
+    """In a rank that torchrun's agent started: end when the agent dies. The agent starts each rank in
+    a session of its own, so a ``kill -9`` of the launcher's process group does not reach the ranks,
+    which would go on training and writing the run dir beside the next attempt."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        end_with_parent(expected_pid(LAUNCHER_PID_ENV))
 
 
 def import_user_module(spec: str) -> None:

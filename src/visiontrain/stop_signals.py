@@ -15,8 +15,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 def ignore_stop_signals(_worker_id: int = 0) -> None:
     """DataLoader ``worker_init_fn``: leave stopping to the main process. A scheduler signals every
     process of the job, and a worker killed by it would take the run down before the checkpoint is
-    written. (A worker still exits when its loader shuts it down, or within seconds of its parent's
-    death: torch's worker watchdog.)"""
+    written. (A worker still exits when its loader shuts it down, and with its parent, however that
+    one dies: ``visiontrain.process_tree.start_worker``, which calls this.)"""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 

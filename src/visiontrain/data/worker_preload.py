@@ -7,8 +7,9 @@ step that must precede it), the datasets, readers and transforms. Models are lef
 never builds one.
 
 The server also ignores the stop signals, as the workers do: a scheduler signals the whole job,
-and stopping is the training process's decision (it finishes the step, writes last.pt and exits;
-the server exits when that process is gone).
+and stopping is the training process's decision (it finishes the step, writes last.pt and exits).
+The server ends with the training process however that one ends, SIGKILL included
+(``visiontrain.process_tree``), and its workers with it.
 """
 import multiprocessing.context
 import os
@@ -26,6 +27,16 @@ def _in_forkserver() -> bool:
     return False
 
 
+from visiontrain.process_tree import WORKER_PARENT_ENV, end_with_parent, expected_pid  # noqa: E402
+
+# The forkserver, or a spawned worker (multiprocessing marks a spawned child ``_inheriting`` while it
+# unpickles its process object, which imports this module): end with the parent from now on, before
+# the imports below, which take seconds. (The training process imports this module too.)
+if _in_forkserver() or getattr(multiprocessing.current_process(), "_inheriting", False):
+    end_with_parent(expected_pid(WORKER_PARENT_ENV))
+    if _in_forkserver():
+        os.environ[WORKER_PARENT_ENV] = str(os.getpid())  # the parent its forked workers check
+
 from visiontrain._tv_compat import ensure_torchvision  # noqa: E402
 
 ensure_torchvision()
@@ -36,7 +47,7 @@ import torchvision.transforms.v2  # noqa: E402,F401
 import visiontrain.data.datasets  # noqa: E402,F401
 import visiontrain.data.detection  # noqa: E402,F401
 import visiontrain.data.samplers  # noqa: E402,F401
-from visiontrain.stop_signals import ignore_stop_signals  # noqa: E402  (the workers' init function)
+from visiontrain.stop_signals import ignore_stop_signals  # noqa: E402
 
 if _in_forkserver():
     ignore_stop_signals()

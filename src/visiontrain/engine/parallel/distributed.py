@@ -135,6 +135,23 @@ def real_samples(loader: Any) -> int | None:
     return len(range(sampler.rank, len(sampler.dataset), sampler.num_replicas))  # type: ignore[arg-type]
 
 
+#: How a collective or the rendezvous store fails when another rank is gone: gloo's and NCCL's words
+#: (a plain RuntimeError from DDP's reducer, or torch's DistError subclasses) and the TCP store's.
+PEER_LOST_WORDS = ("gloo/", "NCCL", "TCPStore", "Connection closed by peer", "Connection reset by peer",
+                   "Broken pipe")
+
+
+class PeerLost(RuntimeError):
+    """This rank stopped because another rank of the run is gone; the message says what to do."""
+
+
+def lost_peer(err: BaseException) -> bool:
+    """Whether ``err`` is a collective (or the store) failing because another rank is gone."""
+    if not dist.is_available() or not dist.is_initialized() or not isinstance(err, RuntimeError):
+        return False
+    return isinstance(err, dist.DistError) or any(words in str(err) for words in PEER_LOST_WORDS)
+
+
 def shutdown(*, barrier: bool = True) -> None:
     """Leave the process group (torchrun runs): every rank, after its last collective.
 

@@ -12,7 +12,7 @@ SIGINT) after a Ctrl-C, and ``--resume auto`` continues exactly. A second Ctrl-C
 (KeyboardInterrupt), without a checkpoint of its own: every checkpoint already written is complete
 (atomic writes).
 
-DataLoader workers ignore these signals (``ignore_stop_signals`` is their ``worker_init_fn``): a
+DataLoader workers ignore these signals (``process_tree.start_worker``, their ``worker_init_fn``): a
 scheduler signals every process of the job, and a worker killed by it would take the run down
 before the checkpoint is written. The main process shuts the workers down itself.
 """

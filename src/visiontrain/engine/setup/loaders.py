@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 from typing import Any, Callable
 
 import torch
@@ -15,7 +16,7 @@ from visiontrain.data.sources import DataConfig
 from visiontrain.engine.parallel.distributed import DistInfo
 from visiontrain.engine.setup.worker_check import check_sendable_to_workers
 from visiontrain.engine.step.source import LoaderSource, TrainSource
-from visiontrain.stop_signals import ignore_stop_signals
+from visiontrain.process_tree import WORKER_PARENT_ENV, start_worker
 
 log = logging.getLogger("visiontrain")
 
@@ -83,6 +84,7 @@ def worker_context(start: str) -> Any:
     (gloo/NCCL work, the pin-memory thread, TensorBoard's writer); a worker that then needs one
     waits forever, and the run hangs at an evaluation. The forkserver is a separate process with a
     single thread, started once per training process, so its forks are clean."""
+    os.environ[WORKER_PARENT_ENV] = str(os.getpid())  # each worker (and forkserver) checks it still has this parent
     if start == "spawn":
         from visiontrain.data.worker_preload import SpawnContext
 
@@ -104,7 +106,7 @@ def train_loader(ds: Dataset, sampler: ResumableBatchSampler, *, random_transfor
     sampler.seeded = random_transforms
     return DataLoader(SeededDataset(ds) if random_transforms else ds, batch_sampler=sampler,
                       num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
-                      worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
+                      worker_init_fn=start_worker if num_workers > 0 else None,
                       persistent_workers=persistent_workers and num_workers > 0,
                       multiprocessing_context=context, generator=torch.Generator().manual_seed(0))
 
@@ -118,5 +120,5 @@ def eval_loader(ds: Dataset, batch_size: int, *, collate: Callable | None, num_w
         sampler = DistributedSampler(ds, dist_info.world_size, dist_info.rank, shuffle=False)
     return DataLoader(ds, batch_size=batch_size, shuffle=False, sampler=sampler,
                       num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
-                      worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
+                      worker_init_fn=start_worker if num_workers > 0 else None,
                       multiprocessing_context=context, generator=torch.Generator().manual_seed(0))

@@ -12,12 +12,14 @@ writes them; ``compare``, ``report`` and the CLI find them through these names. 
       plots/                PLOTS_DIR: curves, previews and the task's figures
       tb/, profile/         TENSORBOARD_DIR, PROFILE_DIR
       model.safetensors, model_ema.safetensors   FINAL_WEIGHTS: the weights at the end
+      .lock                 LOCK_FILE: held by the training that writes the run dir (engine.state.run_lock)
       checkpoints/          CHECKPOINTS_DIR: LAST_CHECKPOINT, BEST_CHECKPOINT, BEST_EMA_CHECKPOINT, best-stepS.pt
       mlflow.db, mlflow.json, mlflow-artifacts/   MLFLOW_FILES: a local MLflow store (engine.records.mlflow_tracker)
 """
 from __future__ import annotations
 
 CONFIG_FILE = "config.yaml"
+LOCK_FILE = ".lock"
 METRICS_FILE = "metrics.jsonl"
 PROVENANCE_FILE = "provenance.json"
 SUMMARY_FILE = "summary.json"
@@ -35,6 +37,6 @@ MLFLOW_DB_FILE, MLFLOW_RUN_FILE, MLFLOW_ARTIFACT_DIR = "mlflow.db", "mlflow.json
 MLFLOW_FILES = (MLFLOW_DB_FILE, MLFLOW_RUN_FILE, MLFLOW_ARTIFACT_DIR)
 
 __all__ = ["BEST_CHECKPOINT", "BEST_EMA_CHECKPOINT", "CHECKPOINTS_DIR", "CONFIG_FILE", "FINAL_WEIGHTS",
-           "LAST_CHECKPOINT", "METRICS_FILE", "MLFLOW_ARTIFACT_DIR", "MLFLOW_DB_FILE", "MLFLOW_FILES",
+           "LAST_CHECKPOINT", "LOCK_FILE", "METRICS_FILE", "MLFLOW_ARTIFACT_DIR", "MLFLOW_DB_FILE", "MLFLOW_FILES",
            "MLFLOW_RUN_FILE", "MODEL_SUMMARY_FILE", "PLOTS_DIR", "PROFILE_DIR", "PROVENANCE_FILE", "REPORT_FILE",
            "SUMMARY_FILE", "TENSORBOARD_DIR"]

@@ -1,0 +1,149 @@
+"""A kill chain under `fit --nproc 2`: SIGKILL of the launcher's process group at random moments,
+each followed by `--resume auto`, until the run finishes; then the same run straight through.
+
+Checked after every kill: every process of the run (torchrun's agent, both ranks, their forkservers,
+resource trackers and DataLoader workers) is gone within 5 s, and no second training could start
+beside it. Checked at the end: the final weights and EMA are bit-identical to the straight run's,
+and so is every metrics.jsonl row (all values but the timings).
+
+    python benchmarks/kill_chain.py --strategy ddp --kills 4 --seed 0
+    python benchmarks/kill_chain.py --strategy fsdp --kills 4 --seed 1
+
+The run: classify-fashion on the embedded digits, 2 ranks x 2 workers each (forkserver), EMA,
+gradient accumulation over 2 micro-batches, mixup, a checkpoint every 10 steps and an evaluation
+after each epoch. Prints one JSON line per kill and a summary line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from procs import alive, descendants, group  # noqa: E402
+
+RUN = ["classify-fashion", "data.name=digits", "data.batch_size=16", "trainer.epochs=4", "data.num_workers=2",
+       "ema.enabled=true", "ema.decay=0.9", "trainer.accum_steps=2", "task.mixup_alpha=0.2",
+       "checkpoint.every=10", "checkpoint.unit=steps", "trainer.log_every=5", "trainer.progress=plain"]
+#: Row keys that measure time, not training: they differ between any two runs.
+TIMINGS = {"time", "samples_per_s", "data_s", "compute_s", "eta_s", "wall_s"}
+
+
+def launch(run_dir: Path, strategy: str, resume: bool) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "visiontrain", "fit", *RUN, f"distributed.strategy={strategy}",
+           "--nproc", "2", "--run-dir", str(run_dir), *(["--resume", "auto"] if resume else [])]
+    with open(run_dir.parent / f"{run_dir.name}.stderr", "w") as err:  # a pipe nobody reads could fill up
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True)
+
+
+def stderr_of(run_dir: Path) -> str:
+    return (run_dir.parent / f"{run_dir.name}.stderr").read_text()[-3000:]
+
+
+def kill_group_and_check(proc: subprocess.Popen) -> float:
+    """SIGKILL the launcher's process group; the seconds until every process of the run was gone."""
+    tree = descendants(proc.pid) | {proc.pid}
+    os.killpg(proc.pid, signal.SIGKILL)
+    start = time.monotonic()
+    while alive(tree) and time.monotonic() - start < 5.0:
+        time.sleep(0.02)
+    took, survivors = time.monotonic() - start, alive(tree) | group(proc.pid)
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    if survivors:
+        raise SystemExit(f"alive 5 s after the kill: {sorted(survivors)}")
+    return took
+
+
+def rows(run_dir: Path) -> list[dict]:
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        out.append({k: v for k, v in row.items() if k not in TIMINGS})
+    return out
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    left, right = load_file(a), load_file(b)
+    return left.keys() == right.keys() and all(torch.equal(left[k], right[k]) for k in left)
+
+
+def last_logged_step(run_dir: Path) -> int:
+    metrics = run_dir / "metrics.jsonl"
+    return max((r["step"] for r in rows(run_dir)), default=0) if metrics.is_file() else 0
+
+
+def wait_then_kill(proc: subprocess.Popen, run_dir: Path, rng: random.Random) -> dict | None:
+    """Kill at a random moment: one time in four during start-up, else once the run logged a step
+    beyond where it started, plus up to 8 s. None: the run finished first."""
+    start, before = time.monotonic(), last_logged_step(run_dir)
+    during_start = rng.random() < 0.25
+    delay = rng.uniform(1.0, 10.0) if during_start else rng.uniform(0.0, 8.0)
+    while not during_start and last_logged_step(run_dir) <= before and proc.poll() is None:
+        time.sleep(0.2)
+    try:
+        proc.wait(delay)
+        return None
+    except subprocess.TimeoutExpired:
+        pass
+    step = last_logged_step(run_dir)
+    took = kill_group_and_check(proc)
+    return {"after_s": round(time.monotonic() - start, 1), "during_start_up": during_start, "logged_step": step,
+            "all_gone_s": round(took, 3)}
+
+
+def chain(run_dir: Path, strategy: str, kills: int, rng: random.Random) -> list[dict]:
+    done: list[dict] = []
+    while len(done) < kills:
+        proc = launch(run_dir, strategy, resume=True)
+        kill = wait_then_kill(proc, run_dir, rng)
+        if kill is not None:
+            done.append({"kill": len(done) + 1, **kill})
+            print(json.dumps(done[-1]), flush=True)
+            continue
+        if proc.returncode != 0:
+            raise SystemExit(f"a resumed run failed (exit {proc.returncode}): {stderr_of(run_dir)}")
+        return done  # it finished before the next kill
+    if launch(run_dir, strategy, resume=True).wait() != 0:
+        raise SystemExit(f"the last resume failed: {stderr_of(run_dir)}")
+    return done
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp")
+    parser.add_argument("--kills", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        killed, straight = Path(tmp) / "killed", Path(tmp) / "straight"
+        kills = chain(killed, args.strategy, args.kills, random.Random(args.seed))
+        if launch(straight, args.strategy, resume=False).wait() != 0:
+            raise SystemExit(f"the straight run failed: {stderr_of(straight)}")
+        a, b = rows(killed), rows(straight)
+        summary = {"strategy": args.strategy, "kills": len(kills), "rows": len(b), "rows_equal": a == b,
+                   "weights_equal": same_weights(killed / "model.safetensors", straight / "model.safetensors"),
+                   "ema_equal": same_weights(killed / "model_ema.safetensors", straight / "model_ema.safetensors"),
+                   "max_all_gone_s": max((k["all_gone_s"] for k in kills), default=None)}
+        if not summary["rows_equal"]:
+            diff = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y) if len(a) == len(b) else None
+            summary["first_row_differing"] = diff if diff is None else {"killed": a[diff], "straight": b[diff]}
+        print(json.dumps(summary), flush=True)
+        if not (summary["rows_equal"] and summary["weights_equal"] and summary["ema_equal"]):
+            raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
