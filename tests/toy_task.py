@@ -1,4 +1,4 @@
-"""A tiny task for engine tests: an MLP (no batch norm) regressing random data.
+"""A tiny task for engine tests: an MLP (without batch norm unless asked) regressing random data.
 
 It exercises the engine exactly like a real task does, and can poison a chosen step's loss with
 NaN (``poison_step``) to test the non-finite policy.
@@ -28,6 +28,7 @@ class ToyConfig(TaskConfig):
     hidden: int = doc("hidden width", 32)
     noise: bool = doc("add random noise to each sample (a random transform)", False)
     dropout: float = doc("dropout in the MLP", 0.0)
+    batchnorm: bool = doc("a BatchNorm1d after the hidden layer: a forward that depends on the whole batch", False)
     poison_step: int = doc("step index whose loss becomes NaN (-1 = never)", -1)
     poison_sample: int = doc("training sample whose input is NaN: a poisoned batch (-1 = none)", -1)
     scripted: list[float] = doc("evaluation: also report these values as `scripted`, one per evaluation "
@@ -71,7 +72,8 @@ class ToyTask(Task):
 
     def build_model(self, info: dict[str, Any]) -> nn.Module:
         t = self.cfg.task
-        return nn.Sequential(nn.Linear(info["dim"], t.hidden), nn.ReLU(), nn.Dropout(t.dropout),
+        norm = [nn.BatchNorm1d(t.hidden)] if t.batchnorm else []
+        return nn.Sequential(nn.Linear(info["dim"], t.hidden), *norm, nn.ReLU(), nn.Dropout(t.dropout),
                              nn.Linear(t.hidden, 1))
 
     def losses(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:

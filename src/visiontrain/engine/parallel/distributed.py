@@ -98,6 +98,23 @@ def broadcast_object(obj: Any, info: DistInfo) -> Any:
     return box[0]
 
 
+def sync_buffers(modules: list[nn.Module | None], info: DistInfo) -> None:
+    """Rank 0's buffers (BatchNorm running statistics) on every rank: a collective that every rank
+    runs before an evaluation and before a checkpoint, never between steps.
+
+    The parameters are the same on every rank (DDP averages the gradients, FSDP shards them); the
+    buffers are not: each rank's forward updates them from its own batch, and each rank's EMA
+    averages its own. DDP broadcasts rank 0's model buffers as each forward starts; nothing
+    broadcasts the EMA's. Left so, a sharded evaluation measures another model on each rank, and a
+    resumed run's ranks, which all read rank 0's checkpoint, go on from other buffers than an
+    uninterrupted run's did. Rank 0's are what the checkpoint holds."""
+    if not info.enabled:
+        return
+    for module in modules:
+        for buffer in module.buffers() if module is not None else ():
+            dist.broadcast(buffer, src=0)
+
+
 def convert_sync_bn(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
     """BatchNorm -> SyncBatchNorm under DDP (``trainer.sync_bn``); a model without BN is unchanged.
     torch's SyncBatchNorm has no CPU kernel, so a CPU run with BN layers is refused at start-up

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -67,15 +66,6 @@ def shard_model(model: nn.Module, info: DistInfo, device: torch.device, cfg: Dis
             fully_shard(m.get_submodule(name), mesh=mesh, reshard_after_forward=cfg.fsdp_reshard_after_forward)
         fully_shard(m, mesh=mesh, reshard_after_forward=False)  # backward starts with the root: keep it
     return units
-
-
-def sync_buffers(modules: list[nn.Module]) -> None:
-    """Rank 0's buffers (BatchNorm running statistics) on every rank, before an evaluation or a save.
-    FSDP leaves buffers per rank. Rank 0's are what DDP's per-forward broadcast also leaves on
-    rank 0 (statistics of rank 0's batches), so evaluation and checkpoints match a DDP run's."""
-    for m in modules:
-        for b in m.buffers():
-            dist.broadcast(b, src=0)
 
 
 def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:

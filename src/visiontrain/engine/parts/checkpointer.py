@@ -5,7 +5,9 @@ the weights, the loop's position, the data source, every part and hook with stat
 checkpointer knows none of them by name: it writes what they compose and hands each its entry back
 on resume, so a part added to the run is checkpointed without a change here. Writes are atomic
 (``engine.state.checkpoint.atomic_save``); every write first reads the recorded rows (no checkpoint
-holds weights after a bad step) and checks the weights are finite: both host syncs.
+holds weights after a bad step) and checks the weights are finite: both host syncs. Under torchrun
+every rank first takes rank 0's buffers (``sync_buffers``), the model's and the EMA's: the ranks
+then go on from what the checkpoint holds, as a resumed run's ranks do.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from visiontrain.config import config_to_dict, register_section
-from visiontrain.engine.parallel.distributed import broadcast_object
+from visiontrain.engine.parallel.distributed import broadcast_object, sync_buffers
 from visiontrain.engine.parallel.fsdp import full_state_dict
 from visiontrain.engine.parts.evaluator import checkpoint_metric
 from visiontrain.engine.protocols.cadence import Cadence
@@ -124,6 +126,7 @@ class Checkpointer(Part):
     def save_last(self) -> None:
         self.check_finite()  # host sync: a checkpoint never holds weights after a bad step
         r = self.built
+        sync_buffers([r.raw_model, r.ema_model], r.dist)  # every rank, also those that write nothing
         if self.dir is None or not (r.dist.is_main or r.sharded is not None):
             return
         state = self.compose()

@@ -4,8 +4,10 @@ Its cadence is ``eval.every`` in ``eval.unit`` (steps or epochs), the run's last
 optionally step 0 (``eval.at_start``); the end of fit measures once more if the last step has not
 been. An evaluation is a sync point by nature: it reads the recorded rows first (nothing is
 measured after a bad step under ``nonfinite=raise``), the task reads its metrics on the host, and
-under FSDP the ranks' buffers are made equal first. Choosing which checkpoints to keep from the
-metrics is the checkpointer's business: the evaluator hands them to every hook (``after_eval``).
+under torchrun (DDP or FSDP) every rank first takes rank 0's buffers (``sync_buffers``), so that the
+shards are measured with one model: the one the checkpoint holds. Choosing which checkpoints to
+keep from the metrics is the checkpointer's business: the evaluator hands them to every hook
+(``after_eval``).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any, Callable, Literal
 import torch
 
 from visiontrain.config import register_section
-from visiontrain.engine.parallel.fsdp import sync_buffers
+from visiontrain.engine.parallel.distributed import sync_buffers
 from visiontrain.engine.protocols.cadence import Cadence
 from visiontrain.engine.protocols.part import Part, Progress
 from visiontrain.engine.records.metrics_file import EMA_PREFIX
@@ -77,9 +79,9 @@ class Evaluator(Part):
     name = "evaluator"
 
     def __init__(self, settings: EvalConfig, run: EvalRun, progress: Progress, log: RunLogger, *,
-                 check_finite: Callable[[], None], sharded: bool) -> None:
+                 check_finite: Callable[[], None]) -> None:
         self.settings, self.built, self.progress, self.log = settings, run, progress, log
-        self.check_finite, self.sharded = check_finite, sharded
+        self.check_finite = check_finite
         self.cadence = Cadence(settings.every, settings.unit, at_end=settings.unit == "epochs")  # and the last epoch
         self.last: dict[str, Any] = {}
         self.last_step = -1
@@ -87,7 +89,7 @@ class Evaluator(Part):
     @classmethod
     def for_run(cls, trainer: Any) -> "Evaluator":
         return cls(trainer.cfg.eval, trainer.run, trainer.progress, trainer.log,
-                   check_finite=trainer.parts["log_point"].check_finite, sharded=trainer.run.sharded is not None)
+                   check_finite=trainer.parts["log_point"].check_finite)
 
     def due(self, step: int, epoch_end: bool) -> bool:
         """``eval.every`` in ``eval.unit`` and the last epoch; under ``eval.unit=steps`` the end of fit
@@ -108,8 +110,7 @@ class Evaluator(Part):
     def run(self, epoch_end: bool = False) -> dict[str, Any]:
         self.check_finite()  # host sync: never evaluate or save after a bad step under `raise`
         r = self.built
-        if self.sharded:
-            sync_buffers([r.raw_model] + ([r.ema_model] if r.ema_model is not None else []))
+        sync_buffers([r.raw_model, r.ema_model], r.dist)  # every rank: the model the checkpoint holds
         self.progress.evaluating = True
         metrics = evaluate_models(r, self.settings.models)  # host sync (the task's metrics)
         self.progress.evaluating = False

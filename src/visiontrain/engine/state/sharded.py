@@ -23,7 +23,6 @@ import torch.distributed as dist
 from torch import nn
 
 from visiontrain.engine.parallel.distributed import DistInfo, broadcast_object
-from visiontrain.engine.parallel.fsdp import sync_buffers
 from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.engine.state.files import CheckpointError, read_checkpoint_file
 
@@ -51,8 +50,7 @@ class ShardedCheckpoints:
         from torch.distributed import checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
-        ema = ema_.module if ema_ is not None else None
-        sync_buffers([model] if ema is None else [model, ema])
+        ema = ema_.module if ema_ is not None else None  # the buffers are rank 0's: the checkpointer synced them
         # An optimizer without state (no step taken yet) is saved as such: asking torch for its
         # state dict would first initialise it with a zero-lr step, which changes Adam's step count.
         has_state = bool(optimizer.state)
