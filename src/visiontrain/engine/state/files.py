@@ -58,6 +58,9 @@ class _RecordingWriter:
             self.error = self.error or err
             raise
 
+    def fileno(self) -> int:
+        return self.file.fileno()
+
 
 def _write_failure(path: Path, err: BaseException) -> CheckpointError:
     """Which file, why in plain words (torch.save reports a full disk as its zip writer's
