@@ -56,8 +56,9 @@ def test_a_full_disk_during_a_save_is_a_clear_error_and_keeps_the_previous_check
 
     monkeypatch.setattr(files_module.torch, "save", save_until_the_disk_fills)
     with pytest.raises(CheckpointError, match=r"^could not write checkpoint \S+/checkpoints/last\.pt: the disk is "
-                                              r"full \(\d+ MiB free on that file system\); the previous last\.pt is "
-                                              r"intact, and nothing of this write was left behind$"):
+                                              r"full \(No space left on device; \d+ MiB free on that file system\); "
+                                              r"the previous last\.pt is intact, and nothing of this write was left "
+                                              r"behind$"):
         train(toy_config(**EVERY_5), run_dir)
     # last.pt at step 5 and best.pt at 8 (the epoch's evaluation) are whole; last.pt at 10 failed
     assert finite_checkpoints(run_dir) == {"last.pt": 5, "best.pt": 8}
@@ -83,8 +84,9 @@ def test_a_real_write_failure_names_the_file_not_the_zip_writer(tmp_path):
                           preexec_fn=small_files_only)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert re.search(r"could not write checkpoint \S+(last|best)\.pt: the file would exceed the file-size limit "
-                     r"\(ulimit -f\) \(\d+ MiB free on that file system\); (the previous last\.pt is intact|the "
-                     r"checkpoints already there \(last\.pt\) are intact), and nothing of this write was left behind",
+                     r"\(ulimit -f\) \(File too large; \d+ MiB free on that file system\); (the previous last\.pt is "
+                     r"intact|the checkpoints already there \(last\.pt\) are intact), and nothing of this write was "
+                     r"left behind",
                      proc.stderr), proc.stderr[-2000:]
     assert finite_checkpoints(run) == {"last.pt": 5} and not list(run.rglob(".*.tmp"))
 

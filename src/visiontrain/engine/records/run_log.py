@@ -24,6 +24,7 @@ Every JSON a user reads (metrics.jsonl, summary.json, the CLI's result lines) go
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -229,6 +230,10 @@ class RunLogger:
             self._jsonl.write(line)
         except OSError as err:
             path = self._jsonl_path
+            if self._jsonl is not None:  # its buffer holds the line cut short: closing would write it again
+                with contextlib.suppress(OSError):
+                    self._jsonl.close()
+                self._jsonl = None
             raise WriteError(f"could not write {path}: {why_not_written(err, path.parent)}; the checkpoints "
                              f"written before are intact (a line cut short is dropped when the run resumes): "
                              f"continue with --resume auto once it can be written") from err

@@ -5,7 +5,10 @@ the target with os.replace (atomic on POSIX) and the directory is fsync'ed: a cr
 leaves either the old or the new file, both complete. Reads use ``torch.load(weights_only=True)``:
 a checkpoint holds only tensors and plain containers, so nothing in it can run code. A file that is
 no torch file at all (text, an HTML page, a git-LFS pointer) is named for what it is from its
-first bytes, before torch reads it (torch's own error for it is a ``KeyError`` of its pickle).
+first bytes, before torch reads it (torch's own error for it is a ``KeyError`` of its pickle). A
+``torch.save`` file is a zip archive whose every entry carries a CRC32: torch.load does not check
+them, so when it fails, the archive is checked entry by entry (:func:`damage_in`) to tell damaged
+bytes from an intact file that holds an object a weights_only load refuses.
 The lowest layer of checkpointing: ``engine.fsdp`` (shards) and ``engine.state.checkpoint`` (a run's)
 build on it.
 """
@@ -15,8 +18,10 @@ import contextlib
 import os
 import pickle
 import tempfile
+import warnings
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -29,6 +34,32 @@ def give_usual_mode(path: str | os.PathLike) -> None:
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(path, 0o666 & ~umask)
+
+
+class _RecordingWriter:
+    """The file torch.save writes into, keeping the OSError of a failed write: torch's zip writer
+    reports it as its own RuntimeError ("unexpected pos 563520 vs 563412"), which need not carry
+    the OSError (a full disk) that caused it."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.file.flush()
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def fileno(self) -> int:
+        return self.file.fileno()
 
 
 def _write_failure(path: Path, err: BaseException) -> CheckpointError:
@@ -53,18 +84,20 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as err:
         raise _write_failure(path, err) from err
+    sink: _RecordingWriter | None = None
     try:
         give_usual_mode(tmp)  # mkstemp makes 0600
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
+            sink = _RecordingWriter(f)
+            torch.save(obj, sink)
+            sink.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         if isinstance(err, (OSError, RuntimeError)):
-            raise _write_failure(path, err) from err
+            raise _write_failure(path, sink.error if sink is not None and sink.error else err) from err
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
@@ -103,7 +136,7 @@ def not_weights(path: Path) -> str | None:
     with open(path, "rb") as f:
         head = f.read(HEAD_BYTES)
     if not head:
-        return "it is empty (0 bytes)"
+        return "it is empty (0 bytes), truncated or never written"
     if head.startswith(b"version https://git-lfs.github.com/spec/"):
         return ("it is a git-LFS pointer, a small text file that stands for the real one: fetch the file itself "
                 "with `git lfs pull` in the repository it came from")
@@ -120,11 +153,44 @@ def not_weights(path: Path) -> str | None:
 def not_a_torch_file(path: Path) -> str | None:
     """``not_weights``, and a binary file that does not begin as ``torch.save`` files do."""
     with open(path, "rb") as f:
-        head = f.read(8)
+        head = f.read(HEAD_BYTES)
     if head.startswith(TORCH_FILE_STARTS):
         return None  # torch.load tells a whole file from a truncated or corrupt one
+    if head and not head.strip(b"\0"):
+        return (f"it is corrupt: its first {len(head)} bytes are zero where torch.save writes a zip header (what "
+                f"a crash or a full disk can leave of a file)")
     what = not_weights(path)
-    return what or f"it is neither the zip archive nor the pickle that torch.save writes (it begins {head!r})"
+    return what or (f"it is corrupt, or in another format: it begins neither as the zip archive nor as the "
+                    f"pickle that torch.save writes ({head[:8]!r})")
+
+
+#: How much of an archive's entry is read at a time to check its CRC32.
+CHUNK_BYTES = 1 << 22
+
+
+def damage_in(path: Path) -> str | None:
+    """What is damaged in a ``torch.save`` zip archive: each entry is read and checked against the
+    CRC32 the writer recorded, and the archive's directory against its entries. None when all is
+    whole, or for a file in the legacy format (a bare pickle, no checksums). Reads the whole file,
+    so it runs when a load failed, and before a resume (``engine.state.run_dir``)."""
+    with open(path, "rb") as f:
+        if not f.read(4).startswith(TORCH_FILE_STARTS[0]):
+            return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                with archive.open(info) as entry:
+                    while entry.read(CHUNK_BYTES):
+                        pass
+    except OSError as err:
+        return f"it cannot be read: {err.strerror or err}"
+    except zipfile.BadZipFile as err:
+        if str(err) == "File is not a zip file":  # no end-of-archive record
+            return "the end of its zip archive is missing (the file is cut short, or its end overwritten)"
+        return f"its zip archive is damaged ({' '.join(str(err).split())[:200]})"
+    except Exception as err:  # noqa: BLE001  (damaged headers: EOFError, ValueError, NotImplementedError...)
+        return f"its zip archive is damaged ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
+    return None
 
 
 def _torch_reason(err: BaseException) -> str:
@@ -135,10 +201,35 @@ def _torch_reason(err: BaseException) -> str:
     return text.split(". This is an internal", 1)[0][:300]
 
 
-def read_checkpoint_file(path: str | os.PathLike, *, mmap: bool = False) -> dict[str, Any]:
+def _unpickling_reason(err: pickle.UnpicklingError) -> str:
+    """The weights_only loader's own reason, without torch's advice to load with weights_only=False,
+    which is not for a file one does not trust."""
+    text = " ".join(str(err).split("WeightsUnpickler error:", 1)[-1].split("Please use", 1)[0].split())
+    return text.split(" Check the documentation", 1)[0] or "unreadable pickle"
+
+
+def _load_failure(path: Path, err: Exception) -> CheckpointError:
+    """Why ``torch.load`` failed, in one line: damaged bytes (the archive's checksums say so; torch's
+    words for them vary: "Unsupported operand 118", "pop from empty list", an unknown GLOBAL) or an
+    intact file holding an object a weights_only load refuses."""
+    damage = damage_in(path)
+    if damage is not None:
+        return CheckpointError(f"checkpoint {path} is truncated or corrupt: {damage}")
+    if not isinstance(err, pickle.UnpicklingError):
+        return CheckpointError(f"checkpoint {path} is truncated or corrupt: {_torch_reason(err)}")
+    reason = _unpickling_reason(err)
+    if not any(words in reason for words in OBJECT_REFUSALS):  # "Unsupported operand 118": damaged bytes
+        return CheckpointError(f"checkpoint {path} is truncated or corrupt: {reason}")
+    return CheckpointError(f"checkpoint {path} holds objects other than tensors and plain containers and was "
+                           f"refused (weights_only load; nothing in it was run): {reason}")
+
+
+def read_checkpoint_file(path: str | os.PathLike, *, mmap: bool = False, verify: bool = False) -> dict[str, Any]:
     """The file as written, loaded with weights_only=True onto the CPU; every failure names the file
-    and the reason. ``mmap`` maps tensors instead of reading them. (An FSDP run's file names its
-    directory of shards: ``engine.state.checkpoint.load_checkpoint`` resolves that.)"""
+    and the reason. ``mmap`` maps tensors instead of reading them (a zip archive's; a legacy file is
+    read). ``verify`` also checks every entry's CRC32 when the load succeeds: torch.load does not, so
+    bytes damaged inside a tensor load without complaint. (An FSDP run's file names its directory of
+    shards: ``engine.state.checkpoint.load_checkpoint`` resolves that.)"""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -148,21 +239,19 @@ def read_checkpoint_file(path: str | os.PathLike, *, mmap: bool = False) -> dict
         raise CheckpointError(f"checkpoint {path} cannot be read: {err.strerror or err}") from None
     if what is not None:
         raise CheckpointError(f"{path} is not a checkpoint: {what}")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as err:
-        # torch's text advises weights_only=False, which is not for a file one does not trust: keep the reason
-        reason = " ".join(str(err).split("WeightsUnpickler error:", 1)[-1].split("Please use", 1)[0].split()
-                          ).split(" Check the documentation", 1)[0]
-        if not any(words in reason for words in OBJECT_REFUSALS):  # "Unsupported operand 118": damaged bytes
-            raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {reason or 'unreadable pickle'}") \
-                from None
-        raise CheckpointError(f"checkpoint {path} holds objects other than tensors and plain containers and "
-                              f"was refused (weights_only load; nothing in it was run): {reason}") from None
-    except MemoryError:
-        raise
-    except Exception as err:  # noqa: BLE001  (a damaged pickle raises KeyError, ValueError, EOFError...)
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {_torch_reason(err)}") from None
+    with warnings.catch_warnings(record=True) as said:  # damaged bytes make torch warn ("pickle protocol 56")
+        warnings.simplefilter("always")
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
+        except MemoryError:
+            raise
+        except Exception as err:  # noqa: BLE001  (a damaged pickle raises KeyError, IndexError, EOFError...)
+            raise _load_failure(path, err) from None
+    for warning in said:  # the file loaded: what torch had to say about it is worth seeing
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    damage = damage_in(path) if verify else None
+    if damage is not None:
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {damage}")
     if not isinstance(obj, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(obj).__name__}, expected a dict")
     return obj

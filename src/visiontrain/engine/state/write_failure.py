@@ -48,8 +48,9 @@ def free_space(directory: Path) -> str:
 
 
 def why_not_written(err: BaseException, directory: Path) -> str:
-    """Why a file in ``directory`` could not be written, in plain words ("the disk is full (0 MiB
-    free on that file system)"); the system's own text where it has no plainer one."""
+    """Why a file in ``directory`` could not be written, in plain words; about space, with the system's
+    own words, which a user searches for, and the free space ("the disk is full (No space left on
+    device; 0 MiB free on that file system)"); the system's own text where it has no plainer one."""
     cause = os_error_in(err)
     if cause is not None and cause.errno in PLAIN_REASONS:
         reason = PLAIN_REASONS[cause.errno]
@@ -58,6 +59,7 @@ def why_not_written(err: BaseException, directory: Path) -> str:
     else:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
     if cause is None or cause.errno in SPACE:
-        free = free_space(directory)
-        reason += f" ({free})" if free else ""
+        words = [cause.strerror] if cause is not None and cause.strerror else []
+        words += [free_space(directory)]
+        reason += f" ({'; '.join(filter(None, words))})" if any(words) else ""
     return reason
