@@ -18,8 +18,9 @@ from visiontrain.engine.records.metrics_file import per_class_tables
 from visiontrain.engine.records.provenance import Launch
 from visiontrain.engine.records.run_log import class_table_text, dumps_json
 from visiontrain.engine.records.tracking import FINISHED, end_trackers, make_trackers, status_of
-from visiontrain.engine.state.checkpoint_format import model_weights, sharded_record
-from visiontrain.engine.state.run_files import REPORT_FILE, SUMMARY_FILE
+from visiontrain.engine.state.checkpoint_format import model_weights, sharded_record, step_of
+from visiontrain.engine.state.run_files import CHECKPOINTS_DIR, LAST_CHECKPOINT, REPORT_FILE, SUMMARY_FILE
+from visiontrain.engine.state.run_lock import check_free, held
 from visiontrain.exit_codes import EXIT_USAGE
 from visiontrain.launch import end_with_launcher, exec_torchrun
 from visiontrain.report import write_report
@@ -70,7 +71,6 @@ def _default_run_dir(recipe: str) -> Path:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from visiontrain.engine.state.run_dir import checkpoint_in
-    from visiontrain.engine.state.run_lock import check_free, held
 
     cfg = C.load_config(args.recipe, args.overrides)  # errors surface here, before any process starts
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(args.recipe)
@@ -141,8 +141,6 @@ def _train(cfg: C.Config, run_dir: Path, args: argparse.Namespace, resume: str |
 def _peer_lost(err: BaseException, run_dir: Path) -> str:
     """What a rank says when another rank or node is gone: what failed, what is safe, what to do."""
     from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
-    from visiontrain.engine.state.checkpoint_format import step_of
-    from visiontrain.engine.state.run_files import CHECKPOINTS_DIR, LAST_CHECKPOINT
 
     reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
     reason = reason.split("] ", 1)[-1].split(". This is typically", 1)[0][:200]  # gloo's source path and advice go
