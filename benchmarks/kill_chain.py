@@ -1,13 +1,15 @@
-"""A kill chain under `fit --nproc 2`: SIGKILL of the launcher's process group at random moments,
-each followed by `--resume auto`, until the run finishes; then the same run straight through.
+"""A kill chain under `fit --nproc 2`: the run straight through, then the same run killed with
+SIGKILL of the launcher's process group at random moments (one in four during start-up, the others
+at random steps spread over the run, up to 1.5 s after the step was logged), each kill followed by
+`--resume auto`, until it finishes.
 
 Checked after every kill: every process of the run (torchrun's agent, both ranks, their forkservers,
-resource trackers and DataLoader workers) is gone within 5 s, and no second training could start
-beside it. Checked at the end: the final weights and EMA are bit-identical to the straight run's,
-and so is every metrics.jsonl row (all values but the timings).
+resource trackers and DataLoader workers) is gone within 5 s. Checked at the end: the final weights
+and EMA are bit-identical to the straight run's, and so is every metrics.jsonl row (all values but
+the timings).
 
-    python benchmarks/kill_chain.py --strategy ddp --kills 4 --seed 0
-    python benchmarks/kill_chain.py --strategy fsdp --kills 4 --seed 1
+    python benchmarks/kill_chain.py --strategy ddp --kills 6 --seed 0
+    python benchmarks/kill_chain.py --strategy fsdp --kills 6 --seed 1
 
 The run: classify-fashion on the embedded digits, 2 ranks x 2 workers each (forkserver), EMA,
 gradient accumulation over 2 micro-batches, mixup, a checkpoint every 10 steps and an evaluation
@@ -32,7 +34,7 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from procs import alive, descendants, group  # noqa: E402
 
-RUN = ["classify-fashion", "data.name=digits", "data.batch_size=16", "trainer.epochs=4", "data.num_workers=2",
+RUN = ["classify-fashion", "data.name=digits", "data.batch_size=16", "trainer.epochs=30", "data.num_workers=2",
        "ema.enabled=true", "ema.decay=0.9", "trainer.accum_steps=2", "task.mixup_alpha=0.2",
        "checkpoint.every=10", "checkpoint.unit=steps", "trainer.log_every=5", "trainer.progress=plain"]
 #: Row keys that measure time, not training: they differ between any two runs.
@@ -85,40 +87,45 @@ def last_logged_step(run_dir: Path) -> int:
     return max((r["step"] for r in rows(run_dir)), default=0) if metrics.is_file() else 0
 
 
-def wait_then_kill(proc: subprocess.Popen, run_dir: Path, rng: random.Random) -> dict | None:
-    """Kill at a random moment: one time in four during start-up, else once the run logged a step
-    beyond where it started, plus up to 8 s. None: the run finished first."""
-    start, before = time.monotonic(), last_logged_step(run_dir)
-    during_start = rng.random() < 0.25
-    delay = rng.uniform(1.0, 10.0) if during_start else rng.uniform(0.0, 8.0)
-    while not during_start and last_logged_step(run_dir) <= before and proc.poll() is None:
-        time.sleep(0.2)
+def wait_then_kill(proc: subprocess.Popen, run_dir: Path, target: int | None, rng: random.Random) -> dict | None:
+    """Kill once the run has logged step ``target`` (None: during start-up, 1-10 s after the launch),
+    plus up to 1.5 s, so that the moment falls anywhere in a step, an evaluation or a checkpoint
+    write. None: the run finished first."""
+    start = time.monotonic()
+    while target is not None and last_logged_step(run_dir) < target and proc.poll() is None:
+        time.sleep(0.05)
     try:
-        proc.wait(delay)
+        proc.wait(rng.uniform(1.0, 10.0) if target is None else rng.uniform(0.0, 1.5))
         return None
     except subprocess.TimeoutExpired:
         pass
     step = last_logged_step(run_dir)
     took = kill_group_and_check(proc)
-    return {"after_s": round(time.monotonic() - start, 1), "during_start_up": during_start, "logged_step": step,
+    return {"after_s": round(time.monotonic() - start, 1), "target_step": target, "logged_step": step,
             "all_gone_s": round(took, 3)}
 
 
-def chain(run_dir: Path, strategy: str, kills: int, rng: random.Random) -> list[dict]:
+def chain(run_dir: Path, strategy: str, targets: list[int | None], rng: random.Random) -> list[dict]:
+    """Launch with --resume auto and kill at each target in turn; then let the run finish."""
     done: list[dict] = []
-    while len(done) < kills:
+    for target in targets:
         proc = launch(run_dir, strategy, resume=True)
-        kill = wait_then_kill(proc, run_dir, rng)
-        if kill is not None:
-            done.append({"kill": len(done) + 1, **kill})
-            print(json.dumps(done[-1]), flush=True)
-            continue
-        if proc.returncode != 0:
-            raise SystemExit(f"a resumed run failed (exit {proc.returncode}): {stderr_of(run_dir)}")
-        return done  # it finished before the next kill
+        kill = wait_then_kill(proc, run_dir, target, rng)
+        if kill is None:
+            if proc.returncode != 0:
+                raise SystemExit(f"a resumed run failed (exit {proc.returncode}): {stderr_of(run_dir)}")
+            return done  # it finished before this kill
+        done.append({"kill": len(done) + 1, **kill})
+        print(json.dumps(done[-1]), flush=True)
     if launch(run_dir, strategy, resume=True).wait() != 0:
         raise SystemExit(f"the last resume failed: {stderr_of(run_dir)}")
     return done
+
+
+def kill_targets(total_steps: int, kills: int, rng: random.Random) -> list[int | None]:
+    """Where each kill falls: one in four during start-up, the others at steps spread over the run."""
+    steps = iter(sorted(rng.sample(range(1, total_steps - 5), kills)))
+    return [None if rng.random() < 0.25 else next(steps) for _ in range(kills)]
 
 
 def main() -> None:
@@ -129,9 +136,10 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         killed, straight = Path(tmp) / "killed", Path(tmp) / "straight"
-        kills = chain(killed, args.strategy, args.kills, random.Random(args.seed))
         if launch(straight, args.strategy, resume=False).wait() != 0:
             raise SystemExit(f"the straight run failed: {stderr_of(straight)}")
+        rng = random.Random(args.seed)
+        kills = chain(killed, args.strategy, kill_targets(last_logged_step(straight), args.kills, rng), rng)
         a, b = rows(killed), rows(straight)
         summary = {"strategy": args.strategy, "kills": len(kills), "rows": len(b), "rows_equal": a == b,
                    "weights_equal": same_weights(killed / "model.safetensors", straight / "model.safetensors"),
