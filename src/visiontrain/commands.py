@@ -24,7 +24,7 @@ from visiontrain.engine.state.run_lock import check_free, held
 from visiontrain.exit_codes import EXIT_USAGE
 from visiontrain.launch import end_with_launcher, exec_torchrun
 from visiontrain.report import write_report
-from visiontrain.stop_signals import Preempted
+from visiontrain.stop_signals import Preempted, ignore_stop_signals
 
 
 def print_json(value: Any) -> None:
@@ -128,8 +128,10 @@ def _train(cfg: C.Config, run_dir: Path, args: argparse.Namespace, resume: str |
         shutdown()  # every rank stopped at the same, agreed step
         raise err
     except BaseException as err:
-        end_trackers(trackers, status_of(err))  # fit ended them already if it raised: this does nothing then
         lost = lost_peer(err)
+        if lost:  # torchrun's agent SIGTERMs the ranks left when one dies: this one says why first
+            ignore_stop_signals()
+        end_trackers(trackers, status_of(err))  # fit ended them already if it raised: this does nothing then
         shutdown(barrier=False)  # other ranks may be gone: leave without waiting for them
         if lost:
             raise PeerLost(_peer_lost(err, run_dir)) from None
