@@ -313,6 +313,23 @@ def test_best_tracker_keep_two(tmp_path: Path, mode: str, values: list[float]) -
     assert [n for _, n in bt.kept] == ["best-step5.pt", "best-step4.pt"]
 
 
+def test_a_kept_record_is_written_once_and_best_pt_links_to_it(tmp_path: Path) -> None:
+    """With checkpoint.keep_best, a new record was written twice (best.pt and best-stepS.pt: two
+    full checkpoints, seconds each for a large model); now best.pt is a hard link to the kept file.
+    A later write or pruning of one name leaves the other whole."""
+    bt = BestTracker(tmp_path, "max", keep=1)
+    bt.update("model", 0.5, {"v": 0.5}, step=1)
+    assert os.stat(tmp_path / "best.pt").st_ino == os.stat(tmp_path / "best-step1.pt").st_ino
+    bt.update("model", 0.9, {"v": 0.9}, step=2)  # a new record: best-step1.pt is pruned, best.pt moves on
+    assert files(tmp_path) == {"best.pt", "best-step2.pt"}
+    assert os.stat(tmp_path / "best.pt").st_ino == os.stat(tmp_path / "best-step2.pt").st_ino
+    assert load_checkpoint(tmp_path / "best.pt")["v"] == 0.9
+    bt.update("model", 0.95, {"v": 0.95}, step=3)
+    assert load_checkpoint(tmp_path / "best.pt")["v"] == 0.95 and files(tmp_path) == {"best.pt", "best-step3.pt"}
+    atomic_save({"v": 0.0}, tmp_path / "best-step3.pt")  # a write of one name replaces only that name
+    assert load_checkpoint(tmp_path / "best.pt")["v"] == 0.95
+
+
 def test_best_tracker_keep_two_includes_non_record_runner_up(tmp_path: Path) -> None:
     bt = BestTracker(tmp_path, "max", keep=2)
     for step, v in enumerate([0.5, 0.9, 0.7], start=1):

@@ -148,6 +148,22 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def link_over(source: Path, target: Path) -> bool:
+    """Make ``target`` a hard link to ``source``, replacing it atomically (a link under a temporary
+    name, then renamed over it). False where the file system has no hard links: write it then. A
+    later write of either name replaces only that name's file (atomic_save renames a new file in),
+    so the two never change together."""
+    tmp = target.with_name(f".{target.name}.link.tmp")
+    try:
+        tmp.unlink(missing_ok=True)
+        os.link(source, tmp)
+        os.replace(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return False
+    return True
+
+
 class BestTracker:
     """best.pt / best_ema.pt and, optionally, the k best as best-stepS.pt files."""
 
@@ -169,15 +185,20 @@ class BestTracker:
             len(self.kept) < self.keep or self.better(value, self.kept[-1][0]))
 
     def update(self, which: str, value: float, state: dict[str, Any], step: int) -> bool:
-        """Write best.pt (best_ema.pt) on a new record and keep best-stepS.pt for the k best."""
+        """Write best.pt (best_ema.pt) on a new record and keep best-stepS.pt for the k best. A record
+        that is also kept is written once: best.pt is then a hard link to its best-stepS.pt."""
         record = self.better(value, self.best.get(which))
+        kept = None
+        if which == "model" and self.keep and self.wants("model", value):
+            kept = self.dir / f"best-step{step}.pt"
+            atomic_save(state, kept)
+            self.kept.append((value, kept.name))
         if record:
             self.best[which] = value
-            atomic_save(state, self.dir / (BEST_CHECKPOINT if which == "model" else BEST_EMA_CHECKPOINT))
-        if which == "model" and self.keep and self.wants("model", value):
-            name = f"best-step{step}.pt"
-            atomic_save(state, self.dir / name)
-            self.kept.append((value, name))
+            best = self.dir / (BEST_CHECKPOINT if which == "model" else BEST_EMA_CHECKPOINT)
+            if kept is None or not link_over(kept, best):
+                atomic_save(state, best)
+        if kept is not None:
             self.kept.sort(key=lambda t: -t[0] if self.mode == "max" else t[0])
             for _, stale in self.kept[self.keep:]:
                 (self.dir / stale).unlink(missing_ok=True)
