@@ -1,0 +1,129 @@
+"""Per-step costs that grow with the model, against its size: the EMA update, the gradient norm and
+clipping, the weights' non-finite check (paid at checkpoints), and building the parameter groups
+(paid once). Models from 1.3M to 304M parameters (timm: mobilevit_xxs, ViT-Ti/S/B/L), CPU, one
+thread, each in a process of its own; the median of several calls of the project's own code
+(``ModelEma.update``, ``TrainStep._unscale_and_clip``, ``check_weights``, ``build_param_groups``
+with ``check_coverage``).
+
+    python benchmarks/scale/step_costs.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MODELS = {"mobilevit_xxs": "mobilevit_xxs", "vit_tiny": "vit_tiny_patch16_224", "vit_small": "vit_small_patch16_224",
+          "vit_base": "vit_base_patch16_224", "vit_large": "vit_large_patch16_224"}
+QUICK = ("mobilevit_xxs", "vit_tiny", "vit_small")
+REPEATS = 7
+
+
+def _median_s(fn, repeats: int = REPEATS) -> float:
+    fn()  # warm-up: first-call allocations and caches
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(name: str) -> dict:
+    import torch
+
+    from visiontrain._tv_compat import ensure_torchvision
+
+    ensure_torchvision()
+    import timm
+
+    from visiontrain.engine.step.ema import ModelEma
+    from visiontrain.engine.step.guards import check_weights
+    from visiontrain.engine.step.param_groups import build_param_groups, check_coverage
+    from visiontrain.engine.step.pipeline import TrainStep
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    groups = build_param_groups(model, 0.05)
+    optimizer = torch.optim.AdamW(groups, lr=1e-4)
+    step = TrainStep(model, lambda m, b: {}, optimizer, device=torch.device("cpu"), precision="fp32", scaler=None,
+                     clip_grad=1.0, clip_mode="norm", channels_last=False, after_backward=[], recorder=None)
+    ema = ModelEma(model, 0.999)
+    ema.update(model, 1)  # builds its pairs once, as in a run
+
+    def groups_once() -> None:
+        check_coverage(model, build_param_groups(model, 0.05))
+
+    return {"params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
+            "ema_update_s": _median_s(lambda: ema.update(model, 1)),
+            "grad_norm_clip_s": _median_s(step._unscale_and_clip),
+            "nonfinite_check_s": _median_s(lambda: check_weights([model, ema.module], 1, 0)),
+            "param_groups_s": _median_s(groups_once, 3)}
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    """The log-log slope of a least-squares line: 1 is linear in the size."""
+    import numpy as np
+
+    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [r["params_m"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key in ("ema_update_s", "grad_norm_clip_s", "nonfinite_check_s", "param_groups_s"):
+        ys = [r[key] for r in rows]
+        ax.loglog(xs, ys, "o-", label=f"{key[:-2]} (slope {slope(xs, ys):.2f})")
+    ax.set_xlabel("parameters (M)")
+    ax.set_ylabel("seconds per call (CPU, 1 thread)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def run(quick: bool = False) -> list[dict]:
+    """One row per model, each measured in a process of its own; the figure for a full run."""
+    rows = []
+    for name, spec in MODELS.items():
+        if quick and name not in QUICK:
+            continue
+        out = subprocess.run([sys.executable, __file__, "--one", spec], capture_output=True, text=True, check=True)
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append({"model": name, **{k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()}})
+    if not quick:
+        plot(rows, Path(__file__).resolve().parents[1] / "results" / "scale-step-costs.png")
+        xs = [r["params_m"] for r in rows]
+        rows.append({"model": "log-log slope", **{k: round(slope(xs, [r[k] for r in rows]), 2)
+                                                  for k in rows[0] if k.endswith("_s")}})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the three smallest models only")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(args.one)))
+        return
+    for row in run(args.quick):
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
