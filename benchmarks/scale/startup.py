@@ -1,0 +1,174 @@
+"""Start-up against the size of the data: reading COCO- and LVIS-sized annotations (with the
+up-front check of every image file) and listing and checking ImageNet-sized image folders; the
+main process's peak memory above its start; and the pickle each forkserver or spawned DataLoader
+worker receives (the dataset, sent once per worker).
+
+The data is synthetic with the real shapes: one tiny JPEG (64 x 48) written under every file name,
+COCO's 7.27 boxes per image over 80 classes (LVIS: 1,203 classes, 12.7 per image), 1,000 class
+folders for the image folder. Each measurement runs in a process of its own, after its imports.
+
+    python benchmarks/scale/startup.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import pickle
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+COCO_SIZES = (1_000, 10_000, 40_000, 118_287)
+FOLDER_SIZES = (10_000, 40_000, 100_000, 300_000)
+QUICK_COCO, QUICK_FOLDER = (1_000, 5_000), (10_000,)
+
+
+def _tiny_jpeg() -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), (120, 90, 60)).save(out, "JPEG", quality=80)
+    return out.getvalue()
+
+
+def make_coco(root: Path, images: int, classes: int, boxes_per_image: float) -> Path:
+    """ROOT/train/*.jpg and ROOT/annotations/instances_train.json; the annotation file's path."""
+    rng, jpeg = random.Random(0), _tiny_jpeg()
+    (root / "train").mkdir(parents=True)
+    (root / "annotations").mkdir()
+    entries, anns = [], []
+    for i in range(1, images + 1):
+        name = f"{i:012d}.jpg"
+        (root / "train" / name).write_bytes(jpeg)
+        entries.append({"id": i, "file_name": name, "width": 64, "height": 48})
+        for _ in range(int(boxes_per_image) + (rng.random() < boxes_per_image % 1)):
+            x, y = rng.uniform(0, 50), rng.uniform(0, 35)
+            anns.append({"id": len(anns) + 1, "image_id": i, "category_id": rng.randint(1, classes),
+                         "bbox": [x, y, rng.uniform(2, 64 - x), rng.uniform(2, 48 - y)], "area": 10.0, "iscrowd": 0})
+    data = {"images": entries, "annotations": anns,
+            "categories": [{"id": c, "name": f"class{c}"} for c in range(1, classes + 1)]}
+    path = root / "annotations" / "instances_train.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def make_folder(root: Path, images: int, classes: int = 1000) -> None:
+    """ROOT/train/<class>/*.jpg and a small ROOT/val (one image a class)."""
+    jpeg = _tiny_jpeg()
+    for split, count in (("train", images), ("val", classes)):
+        for c in range(classes):
+            (root / split / f"n{c:08d}").mkdir(parents=True)
+        for i in range(count):
+            (root / split / f"n{i % classes:08d}" / f"{i:08d}.JPEG").write_bytes(jpeg)
+
+
+def _rss_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+def measure(kind: str, path: str) -> dict:
+    """In this process: read the data as `fit` does, timed, with the memory it took."""
+    from visiontrain._tv_compat import ensure_torchvision
+
+    ensure_torchvision()
+    from visiontrain.data.datasets.image_folder import build_image_folder
+    from visiontrain.data.detection.coco import read_coco
+
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _rss_kib("VmRSS")
+    start = time.perf_counter()
+    if kind == "coco":
+        dataset = read_coco(path, str(Path(path).parents[1] / "train"))
+    else:
+        dataset, _, _, _ = build_image_folder(path, image_size=32, augment="none", limit_train=None,
+                                              limit_val=None)
+        dataset.check_files("error", 0.0)
+    seconds = time.perf_counter() - start
+    return {"seconds": round(seconds, 2), "peak_extra_mib": round((_rss_kib("VmHWM") - before) / 1024, 1),
+            "worker_pickle_mib": round(len(pickle.dumps(dataset)) / 2**20, 1)}
+
+
+def _one(kind: str, path: Path) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--one", kind, str(path)], capture_output=True, text=True,
+                         check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    """The log-log slope of a least-squares line: 1 is linear in the size."""
+    import numpy as np
+
+    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for data in ("coco", "image-folder"):
+        mine = [r for r in rows if r["data"] == data]
+        xs = [r["images"] for r in mine]
+        for ax, key, unit in ((axes[0], "seconds", "s"), (axes[1], "peak_extra_mib", "MiB")):
+            ys = [r[key] for r in mine]
+            ax.loglog(xs, ys, "o-", label=f"{data} (slope {slope(xs, ys):.2f})")
+            ax.set_xlabel("images")
+            ax.set_ylabel(f"{key} ({unit})")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+    axes[0].set_title("start-up: read and check", fontsize=9)
+    axes[1].set_title("main process: peak memory above its start", fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def run(quick: bool = False) -> list[dict]:
+    """One row per data set and size."""
+    rows = []
+    cases = [("coco", n, 80, 7.27) for n in (QUICK_COCO if quick else COCO_SIZES)]
+    cases += [("lvis", QUICK_COCO[-1] if quick else 100_170, 1203, 12.7)]
+    cases += [("image-folder", n, 1000, 0) for n in (QUICK_FOLDER if quick else FOLDER_SIZES)]
+    for name, images, classes, boxes in cases:
+        tmp = Path(tempfile.mkdtemp(prefix="scale-startup-"))
+        try:
+            if name == "image-folder":
+                make_folder(tmp, images, classes)
+                row = _one("folder", tmp)
+            else:
+                row = _one("coco", make_coco(tmp, images, classes, boxes))
+        finally:
+            shutil.rmtree(tmp)
+        rows.append({"data": name, "images": images, "classes": classes, **row})
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    if not quick:
+        plot(rows, Path(__file__).resolve().parents[1] / "results" / "scale-startup.png")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes only")
+    parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(*args.one)))
+        return
+    for row in run(args.quick):
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
