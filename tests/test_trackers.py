@@ -77,3 +77,28 @@ def test_tensorboard_rewound_shows_each_step_once(tmp_path):
     events = EventAccumulator(str(Path(tmp_path) / TENSORBOARD_DIR)).Reload()
     assert [(e.step, e.value) for e in events.Scalars("train/total")] == [(1, 1.0), (2, 1.0), (3, 0.5)]
     assert events.Tags()["scalars"] == ["train/total"]
+
+
+def test_tensorboard_writes_a_rows_scalars_as_one_event_with_the_same_values(tmp_path):
+    """One event a row (the writer's queue is the cost of a long run), and TensorBoard reads every
+    scalar under the same tag, step and value as when each had its own event."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    rows = [(step, {"total": 1.0 / step, "lr": 0.1 * step, "skipped_steps": step, "note": "text"})
+            for step in (1, 2, 3)]
+    tb = TensorBoardTracker(tmp_path)
+    for step, values in rows:
+        tb.log("train", step, 0, values)
+    tb.log("eval", 3, 0, {"top1": 91.5, "flag": True})
+    tb.end(tracking.FINISHED)
+    logdir = Path(tmp_path) / TENSORBOARD_DIR
+    (events_file,) = logdir.glob("events.out.tfevents.*")
+    with_values = [e for e in EventFileLoader(str(events_file)).Load() if e.HasField("summary")]
+    assert [(e.step, len(e.summary.value)) for e in with_values] == [(1, 3), (2, 3), (3, 3), (3, 1)]
+    events = EventAccumulator(str(logdir)).Reload()
+    assert sorted(events.Tags()["scalars"]) == ["eval/top1", "train/lr", "train/skipped_steps", "train/total"]
+    for key in ("total", "lr", "skipped_steps"):
+        expected = [(step, pytest.approx(values[key])) for step, values in rows]
+        assert [(e.step, e.value) for e in events.Scalars(f"train/{key}")] == expected
+    assert [(e.step, e.value) for e in events.Scalars("eval/top1")] == [(3, 91.5)]

@@ -86,17 +86,15 @@ class GroupedBatchSampler(ResumableBatchSampler):
 
     def __init__(self, group_ids: list[int], batch_size: int, *, seed: int, shuffle: bool = True,
                  rank: int = 0, world_size: int = 1, seeded: bool = True) -> None:
-        self.group_ids = list(group_ids)
+        self.group_ids = torch.as_tensor(list(group_ids), dtype=torch.int64)  # one tensor: batches() indexes it
         self.num_samples, self.batch_size = len(self.group_ids), batch_size
         self.seed, self.shuffle, self.drop_last = seed, shuffle, True
         self.rank, self.world_size, self.seeded = rank, world_size, seeded
         self.epoch, self.start_batch = 0, 0
         if self.num_samples == 0:
             raise ValueError("the dataset is empty: no samples to train on")
-        counts: dict[int, int] = {}
-        for g in self.group_ids:
-            counts[g] = counts.get(g, 0) + 1
-        self.group_counts = dict(sorted(counts.items()))
+        groups, sizes = torch.unique(self.group_ids, return_counts=True)  # sorted by group id
+        self.group_counts = counts = dict(zip(groups.tolist(), sizes.tolist()))
         self.batches_per_epoch = sum(n // batch_size for n in counts.values()) // world_size
         if self.batches_per_epoch == 0:
             full = sum(n // batch_size for n in counts.values())
@@ -130,21 +128,27 @@ class GroupedBatchSampler(ResumableBatchSampler):
                 f"mixes orientations in a batch instead")
 
     def batches(self, epoch: int) -> list[list[int]]:
-        """This rank's batches of an epoch, in order (a pure function of seed and epoch)."""
+        """This rank's batches of an epoch, in order (a pure function of seed and epoch).
+
+        The walk of the module docstring, done with tensors (a resumed run positions itself in one
+        epoch's permutation, not in a Python loop over a million samples): the k-th sample of a group
+        in the epoch's order joins that group's batch k // batch_size, and a batch is emitted where
+        its last sample comes, so sorting the full batches by that position gives the walk's order."""
         if self.shuffle:
             order = torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(
-                self.seed * 1_000_003 + epoch)).tolist()
+                self.seed * 1_000_003 + epoch))
         else:
-            order = list(range(self.num_samples))
-        open_batches: dict[int, list[int]] = {}
-        full: list[list[int]] = []
-        for i in order:
-            batch = open_batches.setdefault(self.group_ids[i], [])
-            batch.append(i)
-            if len(batch) == self.batch_size:
-                full.append(batch)
-                open_batches[self.group_ids[i]] = []
-        return full[self.rank::self.world_size][: self.batches_per_epoch]
+            order = torch.arange(self.num_samples)
+        groups, size = self.group_ids.index_select(0, order), self.batch_size
+        members, emitted_at = [], []
+        for group in self.group_counts:
+            positions = (groups == group).nonzero().flatten()
+            full = len(positions) // size * size  # a group's leftovers never fill a batch
+            members.append(order.index_select(0, positions[:full]).view(-1, size))
+            emitted_at.append(positions[size - 1:full:size])
+        walk_order = torch.cat(emitted_at).argsort()
+        mine = walk_order[self.rank::self.world_size][: self.batches_per_epoch]
+        return torch.cat(members).index_select(0, mine).tolist()
 
     def __iter__(self) -> Iterator[list]:
         for b, batch in enumerate(self.batches(self.epoch)[self.start_batch:], start=self.start_batch):
