@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scale/ package beside this file
 
 #: The axes, in the order they run (each a module of benchmarks/scale/).
-AXES = ("startup", "coco_eval", "records", "resume_position", "checkpoints", "step_costs")
+AXES = ("startup", "coco_eval", "per_class", "records", "resume_position", "checkpoints", "step_costs")
 
 
 def main() -> None:
