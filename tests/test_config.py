@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import yaml
@@ -256,3 +257,47 @@ def test_override_reaches_a_dotted_schedule_name() -> None:
     assert cfg.schedules["task.student_temp"].end == 0.2
     assert cfg.schedules["task.teacher_temp"].warmup == 3 and cfg.schedules["task.teacher_temp"].warmup_start == 0.04
     assert cfg.schedules["loss.dino"].shape == "cosine"
+
+
+@dataclasses.dataclass
+class _OwnerKeys:
+    every: int = C.doc("the owner's key", 1, minimum=0)
+
+
+@dataclasses.dataclass
+class _AddedKeys:
+    backend: Literal["fast", "slow"] = C.doc("a key another module adds", "fast")
+
+
+def test_extend_section_adds_typed_documented_keys_from_another_module(monkeypatch):
+    """``extend_section`` (how ``eval.coco_backend`` reaches the engine's ``eval`` section): the added key
+    is set, checked and documented like the owner's, the owner's dataclass still types the value, two
+    loads compare equal, a value pickles; registering the owner after the extension keeps the key."""
+    import pickle
+
+    monkeypatch.setattr(C, "SECTIONS", dict(C.SECTIONS))
+    monkeypatch.setattr(C, "EXTRA_KEYS", dict(C.EXTRA_KEYS))
+    C.extend_section("probe", _AddedKeys)  # before its owner registers it
+    C.register_section("probe", _OwnerKeys, "a section of the test")
+    cfg = C.config_from_dict({"probe": {"backend": "slow", "every": 3}})
+    assert isinstance(cfg.probe, _OwnerKeys) and (cfg.probe.every, cfg.probe.backend) == (3, "slow")
+    assert C.config_from_dict({}).probe.backend == "fast" and C.config_from_dict({}) == C.config_from_dict({})
+    assert pickle.loads(pickle.dumps(cfg.probe)) == cfg.probe
+    assert C.dump_config(cfg).splitlines()[-3:] == ["probe:", "  every: 3", "  backend: slow"]  # owner first
+    assert ("probe.backend", "'fast' | 'slow'", "a key another module adds") in C.describe_keys(cfg)
+    with pytest.raises(ConfigError, match=r"^config: probe.backend: expected one of 'fast' \| 'slow', got 'quick'$"):
+        C.config_from_dict({"probe": {"backend": "quick"}})
+    with pytest.raises(ValueError, match="probe already has every"):
+        C.extend_section("probe", _OwnerKeys)
+    with pytest.raises(ValueError, match="typed by its name"):
+        C.extend_section("task", _AddedKeys)
+
+
+def test_eval_coco_backend_is_an_eval_key_the_engine_does_not_name():
+    from visiontrain.engine.parts.evaluator import EvalConfig
+
+    cfg = load_config("detect-faster-rcnn", ["eval.coco_backend=pycocotools"])
+    assert isinstance(cfg.eval, EvalConfig) and cfg.eval.coco_backend == "pycocotools"
+    assert "coco_backend" not in {f.name for f in dataclasses.fields(EvalConfig)}
+    assert load_config(FASHION).eval.coco_backend == "faster-coco-eval"
+    assert "eval.coco_backend" in err("detect-faster-rcnn", ["eval.coco_backend=fast"])

@@ -531,7 +531,7 @@ def key_exists(key: str) -> bool:
         return not rest or (len(rest) == 1 and rest[0] in _field_types(ScheduleConfig))
     if head not in C.SECTIONS:
         return False
-    cls: typing.Any = C.SECTIONS[head].annotation
+    cls: typing.Any = C.SECTIONS[head].kind_class({})  # with the keys other modules added (extend_section)
     for n, part in enumerate(rest, 1):
         fields = _field_types(cls)
         if part not in fields:

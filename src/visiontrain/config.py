@@ -4,7 +4,9 @@ This module loads, merges and validates; it defines no section. Each section's d
 beside the part or task that reads it, which registers it here (:func:`register_section`): the
 engine's parts their ``trainer``, ``eval``, ``checkpoint``... sections, each data source its kind of
 ``data`` section and each task its ``task`` section (:func:`register_kind`, typed by the section's
-``name`` key). Every key is a dataclass field with a type and a one-line doc (``doc``). Unknown keys
+``name`` key). A module above a section's owner may add keys to it (:func:`extend_section`:
+``eval.coco_backend`` is read by detection, while the engine's ``eval`` dataclass names no box).
+Every key is a dataclass field with a type and a one-line doc (``doc``). Unknown keys
 are errors that suggest the closest valid keys; wrong types name the key and the expected type.
 ``import visiontrain.tasks`` registers every built-in section, kind and task.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +27,8 @@ from visiontrain.typed_config import (ConfigError, all_keys, build_typed, check_
                                       unknown_key)
 
 __all__ = ["Config", "ConfigError", "SECTIONS", "Section", "config_from_dict", "config_to_dict", "describe_keys",
-           "doc", "dump_config", "flatten", "list_recipes", "load_config", "parse_overrides", "register_kind",
-           "register_section"]
+           "doc", "dump_config", "extend_section", "flatten", "list_recipes", "load_config", "parse_overrides",
+           "register_kind", "register_section"]
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 #: The order a dumped config and `show-config --docs` list the built-in sections in (a recipe's
@@ -50,7 +53,8 @@ class Section:
     def kind_class(self, tree: Any) -> Any:
         """The annotation this section's value ``tree`` is checked against."""
         if self.default_kind is None:
-            return self.annotation
+            extra = EXTRA_KEYS.get(self.name)
+            return _with_keys(self.annotation, extra) if extra else self.annotation
         name = tree.get("name", self.default_kind) if isinstance(tree, dict) else self.default_kind
         found = self.kinds.get(name) if isinstance(name, str) else None
         if found is None:
@@ -67,6 +71,8 @@ class Section:
 
 #: Every section, by its top-level key. Filled by register_section where each section is defined.
 SECTIONS: dict[str, Section] = {}
+#: Keys added to a section by modules other than its owner, by section (filled by extend_section).
+EXTRA_KEYS: dict[str, tuple[type, ...]] = {}
 
 
 def register_section(name: str, annotation: Any, doc_text: str, *, typed_by_name: str | None = None,
@@ -82,6 +88,47 @@ def register_section(name: str, annotation: Any, doc_text: str, *, typed_by_name
     else:
         SECTIONS[name] = Section(name, annotation, doc_text, typed_by_name, noun=noun)
     return annotation
+
+
+def extend_section(name: str, keys: type) -> type:
+    """Add the fields of the dataclass ``keys`` to the section ``name`` (a dataclass section, not
+    one typed by name): the key sits where a user looks for it (``eval.coco_backend``) while the
+    module that reads it stays above the section's owner, which never names it. The section's values
+    are then of a dataclass subclassing both, so its owner reads them as before. Every field of
+    ``keys`` needs a default. Either module may be imported first. Returns ``keys``."""
+    section = SECTIONS.get(name)
+    if section is not None and section.default_kind is not None:
+        raise ValueError(f"extend_section({name!r}): a section typed by its name gets keys through register_kind")
+    if not dataclasses.is_dataclass(keys):
+        raise ValueError(f"extend_section({name!r}): expected a dataclass of keys, got {keys!r}")
+    ours = {f.name for f in dataclasses.fields(keys)}
+    others = [k for k in EXTRA_KEYS.get(name, ()) if (k.__module__, k.__qualname__) != (keys.__module__,
+                                                                                       keys.__qualname__)]
+    owner = [section.annotation] if section is not None and dataclasses.is_dataclass(section.annotation) else []
+    taken = ours & {f.name for other in owner + others for f in dataclasses.fields(other)}
+    if taken:
+        raise ValueError(f"extend_section({name!r}, {keys.__name__}): {name} already has {', '.join(sorted(taken))}")
+    EXTRA_KEYS[name] = (*others, keys)
+    return keys
+
+
+@functools.lru_cache(maxsize=None)
+def _with_keys(base: type, extra: tuple[type, ...]) -> type:
+    """The dataclass of a section with keys added (``extend_section``), the owner's keys listed first:
+    one class per combination, so two configs built from the same sections compare equal. It is
+    built at run time, so a value pickles as its parts (a DataLoader worker, a spawned process)."""
+    def reduce(value: Any) -> tuple:
+        return _section_value, (base, extra, {f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+
+    bases = (*extra[::-1], base)  # fields are collected from the last base on: the owner's come first
+    combined = dataclasses.make_dataclass(base.__name__, [], bases=bases, namespace={"__reduce__": reduce})
+    combined.__doc__ = base.__doc__
+    return combined
+
+
+def _section_value(base: type, extra: tuple[type, ...], values: dict[str, Any]) -> Any:
+    """A value of ``_with_keys(base, extra)`` from its fields (unpickling)."""
+    return _with_keys(base, extra)(**values)
 
 
 def register_kind(section: str, name: str, config_class: type) -> type:

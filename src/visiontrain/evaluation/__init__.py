@@ -1,9 +1,9 @@
-"""Detection evaluation: COCO box AP (pycocotools) and Pascal VOC mAP (VOC07 11-point / area), per
-class too, and the confusion matrices (detection's, with a background class) with the per-class
-precision / recall / F1 read from them.
+"""Detection evaluation: COCO box AP (faster-coco-eval or pycocotools: ``eval.coco_backend``) and
+Pascal VOC mAP (VOC07 11-point / area), per class too, and the confusion matrices (detection's, with
+a background class) with the per-class precision / recall / F1 read from them.
 
 Kept apart from the tasks so a metric can be checked against its reference implementation on its
-own, and so the COCO path (which needs pycocotools) is imported only when it is used.
+own, and so the COCO path (which needs faster-coco-eval or pycocotools) is imported only when it is used.
 
 The names below are loaded on first use: the submodules need torch, and the engine's plots import
 ``evaluation.panels`` from commands (``visiontrain report``, ``compare``) that must start without it.

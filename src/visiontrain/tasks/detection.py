@@ -20,7 +20,7 @@ from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD, NormalizeOnD
 from visiontrain.engine.protocols.task import Prediction, Task, TaskConfig, TaskData
 from visiontrain.engine.records.metrics_file import PER_CLASS
 from visiontrain.engine.step.eval_loop import EvalData
-from visiontrain.evaluation.coco import coco_evaluation, to_coco_results
+from visiontrain.evaluation.coco import coco_api, coco_evaluation, to_coco_results
 from visiontrain.evaluation.confusion import BACKGROUND, CONFUSION_IOU, CONFUSION_SCORE, detection_confusion
 from visiontrain.evaluation.figures import ShownImage, confusion_figure, detections_figure, pr_curves_figure
 from visiontrain.evaluation.previews import Tile, boxes_caption, display_pixels, grid, labels_figure, tiles_image
@@ -99,6 +99,7 @@ class DetectionTask(Task):
         from visiontrain.data.detection.splits import build_detection_splits
         from visiontrain.data.detection.transforms import collate_detection
 
+        coco_api(self.cfg.eval.coco_backend)  # its package importable, before any training
         d = self.cfg.data
         train, val = build_detection_splits(d.name, **detection_source(d).reader_args())
         for split, ds in (("train", train), ("val", val)):
@@ -152,10 +153,10 @@ class DetectionTask(Task):
         return {**metrics, PER_CLASS: per_class}
 
     def score(self, detections: list[dict]) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-        """COCO AP (pycocotools) and per class AP, AP50, recall and n_gt (``CocoEvaluation.per_class``);
+        """COCO AP (``eval.coco_backend``) and per class AP, AP50, recall and n_gt (``CocoEvaluation.per_class``);
         keeps the PR curves at IoU 0.5 and the confusion matrix of the same detections for
         ``eval_figures`` (a few kilobytes: the detections themselves are not kept)."""
-        result = coco_evaluation(self.val_set.coco_ground_truth(), detections)
+        result = coco_evaluation(self.val_set.coco_ground_truth(), detections, backend=self.cfg.eval.coco_backend)
         per_class = result.per_class()
         preds, gts = predictions_and_truths(self.val_set.records, detections, self.info["category_ids"])
         self.kept = KeptEvaluation(result.recall_thresholds, result.pr_curves(0.5),

@@ -173,7 +173,7 @@ class YoloTask(DetectionTask):
                            max_detections=t.max_detections)
 
     def evaluate(self, model: nn.Module, data: EvalData) -> dict[str, Any]:
-        """COCO AP (pycocotools) and the VOC07 11-point mAP at IoU 0.5 (``voc07_mAP``, GluonCV's
+        """COCO AP (``eval.coco_backend``) and the VOC07 11-point mAP at IoU 0.5 (``voc07_mAP``, GluonCV's
         validation metric, difficult boxes ignored) from one pass over the validation set; the
         per-class table holds both (``voc07_AP`` beside COCO's columns)."""
         detections = self.collect_detections(model, data)
