@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from loglog import RESULTS, draw, rss_kib
+
 #: name -> how to build it (in the measuring process)
 MODELS = {
     "vit_tiny (5.7M)": "timm:vit_tiny_patch16_224",
@@ -30,13 +32,6 @@ MODELS = {
     "vit_base (86M)": "timm:vit_base_patch16_224",
 }
 QUICK = ("vit_tiny (5.7M)", "vit_small (22M)")
-
-
-def _rss_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def _build(spec: str):
@@ -72,11 +67,11 @@ def measure(spec: str, workdir: Path) -> dict:
     state = {"weights": ReplicatedWeights().save(1, model, optimizer, ema), "progress": {"step": 1}}
     path = workdir / "last.pt"
     Path("/proc/self/clear_refs").write_text("5")  # the high-water mark starts again from here
-    before = _rss_kib("VmRSS")
+    before = rss_kib("VmRSS")
     start = time.perf_counter()
     atomic_save(state, path)
     save_s = time.perf_counter() - start
-    peak_extra = _rss_kib("VmHWM") - before
+    peak_extra = rss_kib("VmHWM") - before
     start = time.perf_counter()
     loaded = load_checkpoint(path)
     load_s = time.perf_counter() - start
@@ -110,37 +105,12 @@ def run(quick: bool = False) -> list[dict]:
                                  text=True, check=True)
         rows.append({"model": name, **json.loads(out.stdout.strip().splitlines()[-1])})
     if not quick:  # the figure shows every size
-        plot(rows, Path(__file__).resolve().parents[1] / "results" / "scale-checkpoints.png")
+        xs = [r["params_m"] for r in rows]
+        curves = {label: (xs, [r[key] for r in rows]) for key, label in (
+            ("save_s", "save"), ("load_s", "load"), ("kept_record_s", "kept best record"),
+            ("kept_record_before_s", "kept best record, before"))}
+        draw([("parameters (M); checkpoint with AdamW and EMA", "seconds", curves)], RESULTS / "scale-checkpoints.png")
     return rows
-
-
-def slope(xs: list[float], ys: list[float]) -> float:
-    """The log-log slope of a least-squares line: 1 is linear in the size."""
-    import numpy as np
-
-    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
-
-
-def plot(rows: list[dict], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    xs = [r["params_m"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("save_s", "save"), ("load_s", "load"), ("kept_record_s", "kept best record"),
-                       ("kept_record_before_s", "kept best record, before")):
-        ys = [r[key] for r in rows]
-        ax.loglog(xs, ys, "o-", label=f"{label} (slope {slope(xs, ys):.2f})")
-    ax.set_xlabel("parameters (M); checkpoint with AdamW and EMA")
-    ax.set_ylabel("seconds")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
 
 
 def main() -> None:

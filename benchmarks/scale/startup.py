@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from loglog import RESULTS, draw, rss_kib
+
 COCO_SIZES = (1_000, 10_000, 40_000, 118_287)
 FOLDER_SIZES = (10_000, 40_000, 100_000, 300_000)
 QUICK_COCO, QUICK_FOLDER = (1_000, 5_000), (10_000,)
@@ -68,13 +70,6 @@ def make_folder(root: Path, images: int, classes: int = 1000) -> None:
             (root / split / f"n{i % classes:08d}" / f"{i:08d}.JPEG").write_bytes(jpeg)
 
 
-def _rss_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(field)
-
-
 def measure(kind: str, path: str) -> dict:
     """In this process: read the data as `fit` does, timed, with the memory it took."""
     from visiontrain._tv_compat import ensure_torchvision
@@ -84,7 +79,7 @@ def measure(kind: str, path: str) -> dict:
     from visiontrain.data.detection.coco import read_coco
 
     Path("/proc/self/clear_refs").write_text("5")
-    before = _rss_kib("VmRSS")
+    before = rss_kib("VmRSS")
     start = time.perf_counter()
     if kind == "coco":
         dataset = read_coco(path, str(Path(path).parents[1] / "train"))
@@ -93,7 +88,7 @@ def measure(kind: str, path: str) -> dict:
                                               limit_val=None)
         dataset.check_files("error", 0.0)
     seconds = time.perf_counter() - start
-    return {"seconds": round(seconds, 2), "peak_extra_mib": round((_rss_kib("VmHWM") - before) / 1024, 1),
+    return {"seconds": round(seconds, 2), "peak_extra_mib": round((rss_kib("VmHWM") - before) / 1024, 1),
             "worker_pickle_mib": round(len(pickle.dumps(dataset)) / 2**20, 1)}
 
 
@@ -101,38 +96,6 @@ def _one(kind: str, path: Path) -> dict:
     out = subprocess.run([sys.executable, __file__, "--one", kind, str(path)], capture_output=True, text=True,
                          check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def slope(xs: list[float], ys: list[float]) -> float:
-    """The log-log slope of a least-squares line: 1 is linear in the size."""
-    import numpy as np
-
-    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
-
-
-def plot(rows: list[dict], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for data in ("coco", "image-folder"):
-        mine = [r for r in rows if r["data"] == data]
-        xs = [r["images"] for r in mine]
-        for ax, key, unit in ((axes[0], "seconds", "s"), (axes[1], "peak_extra_mib", "MiB")):
-            ys = [r[key] for r in mine]
-            ax.loglog(xs, ys, "o-", label=f"{data} (slope {slope(xs, ys):.2f})")
-            ax.set_xlabel("images")
-            ax.set_ylabel(f"{key} ({unit})")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=8)
-    axes[0].set_title("start-up: read and check", fontsize=9)
-    axes[1].set_title("main process: peak memory above its start", fontsize=9)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
 
 
 def run(quick: bool = False) -> list[dict]:
@@ -154,7 +117,13 @@ def run(quick: bool = False) -> list[dict]:
         rows.append({"data": name, "images": images, "classes": classes, **row})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     if not quick:
-        plot(rows, Path(__file__).resolve().parents[1] / "results" / "scale-startup.png")
+        panels = []
+        for key, label in (("seconds", "read and check (s)"),
+                           ("peak_extra_mib", "main process: peak above start (MiB)")):
+            curves = {d: ([r["images"] for r in rows if r["data"] == d], [r[key] for r in rows if r["data"] == d])
+                      for d in ("coco", "image-folder")}
+            panels.append(("images", label, curves))
+        draw(panels, RESULTS / "scale-startup.png", "start-up against the size of the data")
     return rows
 
 

@@ -15,7 +15,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from loglog import RESULTS, draw, slope
 
 MODELS = {"mobilevit_xxs": "mobilevit_xxs", "vit_tiny": "vit_tiny_patch16_224", "vit_small": "vit_small_patch16_224",
           "vit_base": "vit_base_patch16_224", "vit_large": "vit_large_patch16_224"}
@@ -68,34 +69,6 @@ def measure(name: str) -> dict:
             "param_groups_s": _median_s(groups_once, 3)}
 
 
-def slope(xs: list[float], ys: list[float]) -> float:
-    """The log-log slope of a least-squares line: 1 is linear in the size."""
-    import numpy as np
-
-    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
-
-
-def plot(rows: list[dict], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    xs = [r["params_m"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key in ("ema_update_s", "grad_norm_clip_s", "nonfinite_check_s", "param_groups_s"):
-        ys = [r[key] for r in rows]
-        ax.loglog(xs, ys, "o-", label=f"{key[:-2]} (slope {slope(xs, ys):.2f})")
-    ax.set_xlabel("parameters (M)")
-    ax.set_ylabel("seconds per call (CPU, 1 thread)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-
-
 def run(quick: bool = False) -> list[dict]:
     """One row per model, each measured in a process of its own; the figure for a full run."""
     rows = []
@@ -106,8 +79,10 @@ def run(quick: bool = False) -> list[dict]:
         row = json.loads(out.stdout.strip().splitlines()[-1])
         rows.append({"model": name, **{k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()}})
     if not quick:
-        plot(rows, Path(__file__).resolve().parents[1] / "results" / "scale-step-costs.png")
         xs = [r["params_m"] for r in rows]
+        keys = ("ema_update_s", "grad_norm_clip_s", "nonfinite_check_s", "param_groups_s")
+        curves = {k[:-2]: (xs, [r[k] for r in rows]) for k in keys}
+        draw([("parameters (M)", "seconds per call (CPU, 1 thread)", curves)], RESULTS / "scale-step-costs.png")
         rows.append({"model": "log-log slope", **{k: round(slope(xs, [r[k] for r in rows]), 2)
                                                   for k in rows[0] if k.endswith("_s")}})
     return rows
