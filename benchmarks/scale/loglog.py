@@ -2,7 +2,12 @@
 figure that draws it, and the process's resident memory (Linux ``/proc/self/status``)."""
 from __future__ import annotations
 
+import argparse
+import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -44,6 +49,27 @@ def rss_kib(field: str = "VmRSS") -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def in_child(script: str, *args: str) -> dict[str, Any]:
+    """``python SCRIPT --one ARGS``: one measurement in a fresh process (its memory and caches its
+    own); the JSON line it prints last."""
+    out = subprocess.run([sys.executable, script, "--one", *args], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(doc: str, run: Callable[[bool], list[dict]], measure: Callable[[str], dict], quick_help: str) -> None:
+    """An axis's command line: every row as a JSON line (``--quick``: the small sizes), or, with
+    ``--one ARG`` (what ``in_child`` runs), one measurement."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(args.one)))
+        return
+    for row in run(args.quick):
+        print(json.dumps(row))
 
 
 #: Where the figures go.

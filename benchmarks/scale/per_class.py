@@ -9,9 +9,7 @@ EMA's beside the model's), with random values; the PR curves are 101-point preci
 """
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import random
 import subprocess
 import sys
@@ -20,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from loglog import in_child, main
 
 CLASSES = (10, 80, 300, 1203)
 QUICK = (10, 80)
@@ -52,7 +51,8 @@ def write_run(run_dir: Path, classes: int) -> int:
     return eval_bytes
 
 
-def measure(classes: int) -> dict:
+def measure(classes: int | str) -> dict:
+    classes = int(classes)
     from visiontrain.engine.records.run_log import class_table_text
     from visiontrain.evaluation.figures import pr_curves_figure
 
@@ -85,23 +85,9 @@ def run(quick: bool = False) -> list[dict]:
     """One row per number of classes, each in a process of its own."""
     rows = []
     for classes in QUICK if quick else CLASSES:
-        out = subprocess.run([sys.executable, __file__, "--one", str(classes)], capture_output=True, text=True,
-                             check=True)
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        rows.append(in_child(__file__, str(classes)))
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="10 and 80 classes only")
-    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.one:
-        print(json.dumps(measure(args.one)))
-        return
-    for row in run(args.quick):
-        print(json.dumps(row))
-
-
 if __name__ == "__main__":
-    main()
+    main(__doc__, run, measure, "10 and 80 classes only")

@@ -9,14 +9,10 @@ with ``check_coverage``).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import subprocess
-import sys
 import time
 
-from loglog import RESULTS, draw, slope
+from loglog import RESULTS, draw, in_child, main, slope
 
 MODELS = {"mobilevit_xxs": "mobilevit_xxs", "vit_tiny": "vit_tiny_patch16_224", "vit_small": "vit_small_patch16_224",
           "vit_base": "vit_base_patch16_224", "vit_large": "vit_large_patch16_224"}
@@ -75,8 +71,7 @@ def run(quick: bool = False) -> list[dict]:
     for name, spec in MODELS.items():
         if quick and name not in QUICK:
             continue
-        out = subprocess.run([sys.executable, __file__, "--one", spec], capture_output=True, text=True, check=True)
-        row = json.loads(out.stdout.strip().splitlines()[-1])
+        row = in_child(__file__, spec)
         rows.append({"model": name, **{k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()}})
     if not quick:
         xs = [r["params_m"] for r in rows]
@@ -88,17 +83,5 @@ def run(quick: bool = False) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the three smallest models only")
-    parser.add_argument("--one", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.one:
-        print(json.dumps(measure(args.one)))
-        return
-    for row in run(args.quick):
-        print(json.dumps(row))
-
-
 if __name__ == "__main__":
-    main()
+    main(__doc__, run, measure, "the three smallest models only")
