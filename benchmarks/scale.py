@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scale/ package b
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scale"))  # its modules import loglog as a script does
 
 #: The axes, in the order they run (each a module of benchmarks/scale/).
-AXES = ("startup", "coco_eval", "per_class", "records", "resume_position", "checkpoints", "step_costs")
+AXES = ("startup", "worker_memory", "coco_eval", "per_class", "records", "resume_position", "checkpoints", "step_costs")
 
 
 def main() -> None:
