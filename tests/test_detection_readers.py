@@ -70,7 +70,7 @@ def test_coco_reads_boxes_labels_and_names(tmp_path: Path) -> None:
     a, neg = ds.records
     np.testing.assert_array_equal(a.boxes, [[10, 20, 40, 40], [0, 0, 5.5, 4]])  # xywh -> XYXY
     assert a.boxes.dtype == np.float32 and a.labels.dtype == np.int64
-    assert a.labels.tolist() == [1, 0] and a.ann_ids == [11, 12]    # crowd annotation 13 left out
+    assert a.labels.tolist() == [1, 0] and a.ann_ids.tolist() == [11, 12]    # crowd annotation 13 left out
     assert (a.height, a.width) == (H, W) and (neg.height, neg.width) == (16, 32)
     assert neg.boxes.shape == (0, 4) and neg.labels.shape == (0,)   # negative kept
     assert sum(ds.policy.skipped.values()) == 0 and ds.source == ann_file
@@ -98,7 +98,7 @@ def test_coco_exact_example_box(tmp_path: Path) -> None:
                         {"id": 2, "image_id": 1, "category_id": 1, "bbox": [-0.5, 90, 10.5, 10.5]}]})
     ds = read_coco(ann, str(tmp_path))
     np.testing.assert_array_equal(ds.records[0].boxes, [[10, 20, 40, 60], [0, 90, 10, 100]])
-    assert ds.records[0].ann_ids == [1, 2] and sum(ds.policy.skipped.values()) == 0
+    assert ds.records[0].ann_ids.tolist() == [1, 2] and sum(ds.policy.skipped.values()) == 0
 
 
 def test_coco_ground_truth_round_trip(tmp_path: Path) -> None:
@@ -219,7 +219,7 @@ def test_voc_reads_boxes_difficult_and_names(tmp_path: Path) -> None:
     assert [r.image_id for r in ds.records] == [1, 2, 3]
     a, neg, c = ds.records
     np.testing.assert_array_equal(a.boxes, [[10, 20, 50, 40], [0, 0, W, H]])   # xmin-1, ymin-1
-    assert a.labels.tolist() == [1, 0] and a.difficult.tolist() == [True, False] and a.ann_ids == [1, 2]
+    assert a.labels.tolist() == [1, 0] and a.difficult.tolist() == [True, False] and a.ann_ids.tolist() == [1, 2]
     assert neg.path.endswith("000002.jpg") and neg.boxes.shape == (0, 4) and (neg.height, neg.width) == (16, 32)
     assert c.labels.tolist() == [2] and c.path.endswith("c.png")
     image, target = ds[0]
@@ -270,7 +270,7 @@ def test_yolo_reads_boxes_names_and_negatives(tmp_path: Path) -> None:
     assert [r.image_id for r in ds.records] == [1, 2, 3]
     a, b, c = ds.records
     np.testing.assert_array_equal(a.boxes, [[75, 25, 125, 75], [0, 0, 100, 100]])
-    assert a.labels.tolist() == [0, 1] and a.ann_ids == [1, 3]      # line numbers
+    assert a.labels.tolist() == [0, 1] and a.ann_ids.tolist() == [1, 3]      # line numbers
     assert b.boxes.shape == (0, 4) and c.boxes.shape == (0, 4)
     image, target = ds[0]
     assert tuple(image.shape) == (3, 100, 200) and tuple(target["boxes"].canvas_size) == (100, 200)
@@ -410,7 +410,7 @@ def test_bad_data_skip_drops_and_counts(tmp_path: Path, reader: str, case: str) 
         bad = by_name["bad"]
         np.testing.assert_allclose(bad.boxes, [GOOD], atol=1e-4)
         assert bad.labels.tolist() == [1] and len(bad.ann_ids) == 1
-        assert tuple(ds[ds.records.index(bad)][0].shape) == (3, H, W)
+        assert tuple(ds[list(ds.records.paths).index(bad.path)][0].shape) == (3, H, W)
 
 
 def test_unknown_policy_is_rejected(tmp_path: Path) -> None:

@@ -21,6 +21,8 @@ from typing import IO, Sequence
 
 from PIL import Image, UnidentifiedImageError
 
+from visiontrain.data.images import upright_size
+
 #: The bytes a whole file of the format ends with.
 END_MARKERS = {"JPEG": b"\xff\xd9", "MPO": b"\xff\xd9", "PNG": b"\x00\x00\x00\x00IEND\xaeB`\x82"}
 NOT_AN_IMAGE = "is not an image: "
@@ -55,23 +57,31 @@ def what_it_is(head: bytes) -> str:
 def image_problem(path: str) -> str | None:
     """None for a file that can be read whole; else what is wrong with it, as the end of a sentence
     that starts with the file's path ("does not exist", "is not an image: a text file", ...)."""
+    return inspect_image(path)[0]
+
+
+def inspect_image(path: str, size: bool = False) -> tuple[str | None, tuple[int, int] | None]:
+    """``(image_problem(path), None)``, or for a file that can be read whole ``(None, its upright
+    (width, height))`` when ``size`` is asked for (else None): the check and the header's size from
+    one opening of the file, which is what a detection reader needs of each of COCO's 118k images."""
+    upright = None
     try:
         with open(path, "rb") as f:
             try:
                 with Image.open(f) as im:
+                    upright = upright_size(im) if size else None  # before draft(), which shrinks im.size
                     marker = END_MARKERS.get(im.format or "")
-                    if marker is not None and _ends_with(f, marker):
-                        return None
-                    im.draft(im.mode, (1, 1))  # a JPEG decodes at 1/8 scale; other formats ignore it
-                    im.load()  # seeks to the pixel data itself
+                    if marker is None or not _ends_with(f, marker):
+                        im.draft(im.mode, (1, 1))  # a JPEG decodes at 1/8 scale; other formats ignore it
+                        im.load()  # seeks to the pixel data itself
             except UnidentifiedImageError:
                 f.seek(0)
-                return NOT_AN_IMAGE + what_it_is(f.read(512))
+                return NOT_AN_IMAGE + what_it_is(f.read(512)), None
     except FileNotFoundError:
-        return "does not exist"
+        return "does not exist", None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-        return CORRUPT + str(err)
-    return None
+        return CORRUPT + str(err), None
+    return None, upright
 
 
 def problem_kind(problem: str) -> str:

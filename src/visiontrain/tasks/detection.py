@@ -174,10 +174,8 @@ class DetectionTask(Task):
         names = self.info["class_names"]
         title = f"first training batch as the model receives it ({n} of {len(images)} images, padded to " \
                 f"{images.shape[-1]} x {images.shape[-2]} px)"
-        records = self.train_set.records
-        boxes = np.concatenate([r.boxes.reshape(-1, 4) for r in records]) if records else np.zeros((0, 4))
-        labels = np.concatenate([r.labels.reshape(-1) for r in records]) if records else np.zeros(0, np.int64)
-        sizes = np.array([(r.height, r.width) for r in records for _ in range(len(r.labels))]).reshape(-1, 2)
+        records = self.train_set.records  # a RecordIndex: every box of the split in one array
+        boxes, labels, sizes = records.boxes, records.labels, records.box_sizes
         return {"train_batch": tiles_image(grid(tiles, 4), title=title, class_names=names, cell=240),
                 "labels": labels_figure(boxes, labels, sizes, names,
                                         title=f"training labels: {len(records)} images, {len(labels)} boxes")}

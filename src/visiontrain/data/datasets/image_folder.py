@@ -12,8 +12,9 @@ opened before training (``ImageFolderClassification.check_files``, ``data.image_
 count; under ``skip`` they are dropped and counted. A file that fails only when it is decoded in
 full is still caught when it is loaded: an error naming it, or under ``skip`` the next image in its
 place. An empty split or class directory is an error naming the directory. The dataset object keeps
-only the sample list and a transform spec (the v2 objects are rebuilt after unpickling), so spawned
-DataLoader workers do not import torchvision before the compatibility shim.
+only the samples, packed (``visiontrain.data.packed``: a worker's copy is the size of the paths), and
+a transform spec (the v2 objects are rebuilt after unpickling), so spawned DataLoader workers do not
+import torchvision before the compatibility shim.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import logging
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -34,6 +35,7 @@ from visiontrain.data.datasets.in_memory import IMAGENET_MEAN, IMAGENET_STD, VAL
 from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.data.image_check import problem_kind, unreadable_images
 from visiontrain.data.images import UnreadableImageError, open_rgb
+from visiontrain.data.packed import PackedSamples
 
 DEFAULT_IMAGE_SIZE = 224
 LIMIT_SEED = 0  # the fixed seed of the class-balanced data.limit_* subsets (balanced_subset)
@@ -46,9 +48,9 @@ class ImageFolderClassification(Dataset):
 
     mean, std = IMAGENET_MEAN, IMAGENET_STD  # the normalisation, also for transforms built elsewhere
 
-    def __init__(self, samples: list[tuple[str, int]], classes: list[str], *, image_size: int, mode: str,
+    def __init__(self, samples: Sequence[tuple[str, int]], classes: list[str], *, image_size: int, mode: str,
                  uint8: bool = False, source: str = "") -> None:
-        self.samples = list(samples)
+        self.samples = samples if isinstance(samples, PackedSamples) else PackedSamples(samples)
         self.source = source  # the split directory, for messages
         self.on_bad_image = "error"  # a file that fails when loaded: data.on_bad_image, set by check_files
         self.uint8 = uint8  # True: no ToDtype/Normalize here; the device does them (NormalizeOnDevice)
@@ -95,7 +97,7 @@ class ImageFolderClassification(Dataset):
 
     @property
     def targets(self) -> list[int]:
-        return [t for _, t in self.samples]
+        return self.samples.labels.tolist()
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -123,7 +125,7 @@ class ImageFolderClassification(Dataset):
         where = f"image-folder split {self.source}"
         if len(self.samples) >= 50_000:  # ImageNet's 1.28 M files take minutes: say why nothing moves
             log.info("%s: checking that its %d image files can be read (data.on_bad_image)", where, len(self.samples))
-        bad = unreadable_images([path for path, _ in self.samples])
+        bad = unreadable_images(list(self.samples.paths))
         if not bad:
             return
         total, named = len(self.samples), [f"{self.samples[i][0]} {problem}" for i, problem in bad]
@@ -137,7 +139,7 @@ class ImageFolderClassification(Dataset):
             raise ValueError(f"{where}: none of its {total:,} image files can be read: {listed(named, sep='; ')}")
         log.warning("%s: skipped %d of %d image files that cannot be read (data.on_bad_image=skip): %s", where,
                     len(bad), total, listed([self.samples[i][0] for i, _ in bad]))
-        self.samples = [s for i, s in enumerate(self.samples) if i not in dropped]
+        self.samples = self.samples.take(i for i in range(total) if i not in dropped)
 
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
         img, label = self.raw_item(index)

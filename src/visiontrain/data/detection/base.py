@@ -1,7 +1,9 @@
 """What every detection reader produces, and the dataset every detector trains on.
 
-A reader (COCO JSON, Pascal VOC XML, YOLO txt) turns annotation files into ``ImageRecord``s held in
-memory; images are decoded only when a sample is loaded. A sample is
+A reader (COCO JSON, Pascal VOC XML, YOLO txt) turns annotation files into ``ImageRecord``s, which
+the dataset keeps packed as a ``RecordIndex`` (``visiontrain.data.detection.record_index``: a few
+numpy buffers, so each DataLoader worker's copy is small and a forked one stays shared); images
+are decoded only when a sample is loaded. A sample is
 
     image:  tv_tensors.Image, uint8 [3, H, W]
     target: {"boxes": tv_tensors.BoundingBoxes (XYXY, absolute pixels, canvas_size=(H, W)),
@@ -25,8 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -35,27 +36,16 @@ from torch.utils.data import Dataset
 from visiontrain._tv_compat import ensure_torchvision
 from visiontrain.data.bad_data import listed
 from visiontrain.data.detection.images import BadAnnotationError, read_rgb
+from visiontrain.data.detection.record_index import ImageRecord, RecordIndex
 from visiontrain.data.image_cache import ImageCache
 from visiontrain.data.image_check import problem_kind
 
-__all__ = ["BAD_POLICIES", "BadAnnotationError", "DetectionDataset", "ImageRecord"]
+__all__ = ["BAD_POLICIES", "BadAnnotationError", "DetectionDataset", "ImageRecord", "RecordIndex"]
 
 BAD_POLICIES = ("error", "skip")
 IMAGE_FILE_REASONS = ("missing image", "unreadable image")  # data.on_bad_image's
 #: What loses a whole image (the rest lose one box): the two shares data.max_skipped_share bounds.
 IMAGE_REASONS = (*IMAGE_FILE_REASONS, "image size mismatch", "missing annotation", "unreadable annotation")
-
-
-@dataclass
-class ImageRecord:
-    path: str                                  # image file
-    image_id: int
-    height: int
-    width: int
-    boxes: np.ndarray                          # float32 [N, 4], XYXY absolute pixels
-    labels: np.ndarray                         # int64 [N], contiguous 0..C-1
-    ann_ids: list[Any] = field(default_factory=list)   # source annotation ids (for messages)
-    difficult: np.ndarray | None = None        # bool [N] (VOC's flag; None = none difficult)
 
 
 class BadDataPolicy:
@@ -117,14 +107,15 @@ def check_box(policy: BadDataPolicy, box: np.ndarray, width: int, height: int, w
 
 
 class DetectionDataset(Dataset):
-    """Records in memory, images decoded per sample (or read from ``cache``, where one is kept), an
-    optional v2 transform on (image, target)."""
+    """Records packed in memory, images decoded per sample (or read from ``cache``, where one is
+    kept), an optional v2 transform on (image, target)."""
 
-    def __init__(self, records: list[ImageRecord], class_names: list[str], category_ids: list[int], *,
+    def __init__(self, records: Sequence[ImageRecord], class_names: list[str], category_ids: list[int], *,
                  source: str, policy: BadDataPolicy,
                  transform: Callable[[Any, dict], tuple[Any, dict]] | None = None,
                  cache: ImageCache | None = None) -> None:
-        self.records, self.class_names, self.category_ids = records, class_names, category_ids
+        self.records = records if isinstance(records, RecordIndex) else RecordIndex(records)
+        self.class_names, self.category_ids = class_names, category_ids
         self.source, self.policy, self.transform, self.cache = source, policy, transform, cache
 
     @property
@@ -136,11 +127,11 @@ class DetectionDataset(Dataset):
 
     def aspect_ratios(self) -> list[float]:
         """width / height of every image, from the annotations (no decoding)."""
-        return [r.width / r.height for r in self.records]
+        return (self.records.widths / self.records.heights).tolist()
 
     def image_shapes(self) -> np.ndarray:
         """(3, height, width) of every image, from the annotations (no decoding): what a cache holds."""
-        return np.array([(3, r.height, r.width) for r in self.records], dtype=np.int64).reshape(-1, 3)
+        return np.stack([np.full(len(self.records), 3), self.records.heights, self.records.widths], 1)
 
     def with_transform(self, transform: Callable | None) -> "DetectionDataset":
         return DetectionDataset(self.records, self.class_names, self.category_ids, source=self.source,

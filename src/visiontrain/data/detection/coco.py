@@ -23,7 +23,8 @@ from visiontrain.data import image_check
 from visiontrain.data.bad_data import warn_spelled_alike
 from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
                                              ImageRecord, check_box)
-from visiontrain.data.detection.images import image_size, size_text
+from visiontrain.data.detection.images import size_text
+from visiontrain.data.detection.record_index import annotation_ids
 
 Probe = tuple[tuple[int, int] | None, str, str]  # ((height, width) or None, reason, message)
 
@@ -33,16 +34,14 @@ XYXY_CAUSE = "boxes look like x1,y1,x2,y2: COCO's bbox is x,y,w,h"
 
 def probe_image(path: str) -> Probe:
     """(size, "", "") for an image that can be read whole; (None, reason, message) for a missing or
-    unreadable one (a truncated file included: its header alone reads)."""
+    unreadable one (a truncated file included: its header alone reads). One opening of the file."""
     if not os.path.isfile(path):
         return None, "missing image", f"image file {path} does not exist"
-    problem = image_check.image_problem(path)  # the whole file: a truncated one has a readable header
-    if problem is not None:
+    problem, size = image_check.inspect_image(path, size=True)  # the whole file: a truncated one has a header
+    if problem is not None or size is None:
         return None, "unreadable image", f"image file {path} {problem}"
-    try:
-        return image_size(path), "", ""
-    except BadAnnotationError as err:
-        return None, "unreadable image", str(err)
+    width, height = size
+    return (height, width), "", ""
 
 
 def probe_images(paths: Sequence[str], chunk: int = 256, workers: int = 8) -> Iterator[Probe]:
@@ -151,6 +150,48 @@ def _group(data: dict[str, Any], ann_file: str, images: dict[int, Any],
     return by_image
 
 
+def _boxes_of(anns: list[dict[str, Any]], path: str, label_of: dict[int, int], category_ids: list[int],
+              policy: BadDataPolicy) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+    """An image's annotations as XYXY float32 boxes, int64 labels and their ids. The common case (every
+    category id a known integer, every bbox four numbers) is converted in one numpy call; an image
+    with anything else goes annotation by annotation, naming each bad one (``_boxes_one_by_one``)."""
+    cids = [a["category_id"] for a in anns]
+    if all(type(c) is int and c in label_of for c in cids):
+        try:
+            xywh = np.array([a["bbox"] for a in anns], dtype=np.float64)
+        except (TypeError, ValueError):
+            xywh = None
+        if xywh is not None and xywh.shape == (len(anns), 4):  # (0,) for an image without annotations
+            boxes = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], 1).astype(np.float32)
+            return boxes, np.array([label_of[c] for c in cids], np.int64), [a.get("id") for a in anns]
+        if not anns:
+            return np.zeros((0, 4), np.float32), np.zeros(0, np.int64), []
+    return _boxes_one_by_one(anns, path, label_of, category_ids, policy)
+
+
+def _boxes_one_by_one(anns: list[dict[str, Any]], path: str, label_of: dict[int, int], category_ids: list[int],
+                      policy: BadDataPolicy) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+    """``_boxes_of`` for an image with an unknown category or a malformed bbox: each one is bad data."""
+    xyxy, labels, ann_ids = [], [], []
+    for ann in anns:
+        cid = ann["category_id"]
+        label = label_of.get(cid) if isinstance(cid, int) else None
+        if label is None:
+            policy.bad("unknown category", f"{path} annotation id {ann.get('id')}: unknown category "
+                                           f"id {cid!r} (valid ids: {ids_text(category_ids)})")
+            continue
+        try:
+            x, y, w, h = (float(v) for v in ann["bbox"])
+        except (TypeError, ValueError):
+            policy.bad("malformed annotation", f"{path} annotation id {ann.get('id')}: bbox "
+                                               f"{ann['bbox']!r} is not [x, y, w, h]")
+            continue
+        xyxy.append((x, y, x + w, y + h))
+        labels.append(label)
+        ann_ids.append(ann.get("id"))
+    return np.array(xyxy, dtype=np.float32).reshape(-1, 4), np.array(labels, dtype=np.int64), ann_ids
+
+
 def read_coco(ann_file: str, image_dir: str, *, on_bad_annotation: str = "error", on_bad_image: str | None = None,
               limit: int | None = None) -> DetectionDataset:
     """Read a COCO detection file. Images are taken in id order (as torchvision's CocoDetection);
@@ -178,29 +219,11 @@ def read_coco(ann_file: str, image_dir: str, *, on_bad_annotation: str = "error"
                                               f"{img.get('width')}x{img.get('height')} (WxH), the file "
                                               f"is {size_text(path, width, height)}")
             continue
-        xyxy, labels, ann_ids = [], [], []
-        for ann in by_image.get(image_id, ()):
-            cid = ann["category_id"]
-            label = label_of.get(cid) if isinstance(cid, int) else None
-            if label is None:
-                policy.bad("unknown category", f"{path} annotation id {ann.get('id')}: unknown category "
-                                               f"id {cid!r} (valid ids: {ids_text(category_ids)})")
-                continue
-            try:
-                x, y, w, h = (float(v) for v in ann["bbox"])
-            except (TypeError, ValueError):
-                policy.bad("malformed annotation", f"{path} annotation id {ann.get('id')}: bbox "
-                                                   f"{ann['bbox']!r} is not [x, y, w, h]")
-                continue
-            xyxy.append((x, y, x + w, y + h))
-            labels.append(label)
-            ann_ids.append(ann.get("id"))
-        boxes = np.array(xyxy, dtype=np.float32).reshape(-1, 4)
+        boxes, labels, ann_ids = _boxes_of(by_image.get(image_id, []), path, label_of, category_ids, policy)
         keep = keep_boxes(policy, boxes, width, height, lambda i: f"{path} annotation id {ann_ids[i]}")
         if not keep.all():
             policy.note("boxes", XYXY_CAUSE, count_xyxy(boxes[~keep], width, height))
         records.append(ImageRecord(path=path, image_id=image_id, height=height, width=width, boxes=boxes[keep],
-                                   labels=np.array(labels, dtype=np.int64)[keep],
-                                   ann_ids=[a for a, k in zip(ann_ids, keep) if k]))
+                                   labels=labels[keep], ann_ids=annotation_ids(ann_ids)[keep]))
     policy.raise_unreadable()
     return DetectionDataset(records, class_names, category_ids, source=ann_file, policy=policy)

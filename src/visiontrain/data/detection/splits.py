@@ -46,7 +46,7 @@ def check_skipped(name: str, split: str, ds: DetectionDataset, max_share: float)
     where, skipped = f"{name} {split} ({ds.source})", ds.policy.skipped
     lost_images = sum(n for reason, n in skipped.items() if reason in IMAGE_REASONS)
     lost_boxes = sum(skipped.values()) - lost_images
-    kept_boxes = sum(len(r.boxes) for r in ds.records)
+    kept_boxes = ds.records.num_boxes
     for unit, lost, total in (("images", lost_images, len(ds) + lost_images),
                               ("boxes", lost_boxes, kept_boxes + lost_boxes)):
         reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items())

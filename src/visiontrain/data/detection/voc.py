@@ -150,6 +150,7 @@ def read_voc(root: str, split: str, *, on_bad_annotation: str = "error", on_bad_
             path=image.path, image_id=image.image_id, height=image.height, width=image.width,
             boxes=np.array([o.box for o in kept], dtype=np.float32).reshape(-1, 4),
             labels=np.array([label_of[o.name] for o in kept], dtype=np.int64),
-            ann_ids=[o.index for o in kept], difficult=np.array([o.difficult for o in kept], dtype=bool)))
+            ann_ids=np.array([o.index for o in kept], np.int64),
+            difficult=np.array([o.difficult for o in kept], dtype=bool)))
     return DetectionDataset(records, list(class_names), list(range(1, len(class_names) + 1)),
                             source=split_file, policy=policy)

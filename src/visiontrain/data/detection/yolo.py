@@ -155,6 +155,6 @@ def read_yolo(root: str, split: str, *, on_bad_annotation: str = "error", on_bad
             continue
         boxes, labels, line_numbers = read
         records.append(ImageRecord(path=path, image_id=image_id, height=height, width=width,
-                                   boxes=boxes, labels=labels, ann_ids=line_numbers))
+                                   boxes=boxes, labels=labels, ann_ids=np.array(line_numbers, np.int64)))
     policy.raise_unreadable()
     return DetectionDataset(records, class_names, category_ids, source=label_dir, policy=policy)
