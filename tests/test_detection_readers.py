@@ -15,8 +15,8 @@ from PIL import Image
 from torchvision import tv_tensors
 
 from dataset_trees import broken_inside_jpeg, truncated_jpeg
-from visiontrain.data.detection.base import IMAGE_FILE_REASONS, BadAnnotationError, DetectionDataset
-from visiontrain.data.detection.coco import read_coco
+from visiontrain.data.detection.base import IMAGE_FILE_REASONS, BadAnnotationError, BadDataPolicy, DetectionDataset
+from visiontrain.data.detection.coco import _boxes_of, _boxes_one_by_one, read_coco
 from visiontrain.data.detection.voc import read_voc
 from visiontrain.data.detection.yolo import read_yolo
 
@@ -417,3 +417,20 @@ def test_unknown_policy_is_rejected(tmp_path: Path) -> None:
     ann_file, _ = _coco_basic(tmp_path)
     with pytest.raises(ValueError, match="on_bad_annotation"):
         read_coco(ann_file, str(tmp_path / "img"), on_bad_annotation="ignore")
+
+
+def test_an_images_boxes_in_one_call_equal_them_one_by_one() -> None:
+    # read_coco converts an image's annotations in one numpy call when all are plain; the rule is the
+    # one-by-one path, which names each bad annotation: both must give the same boxes, labels and ids
+    rng = np.random.default_rng(0)
+    label_of, ids = {1: 0, 5: 1, 90: 2}, [1, 5, 90]
+    for _ in range(200):
+        anns = [{"id": int(rng.integers(1, 10**6)), "category_id": int(rng.choice(ids)),
+                 "bbox": [float(v) if rng.random() < 0.7 else int(v) for v in rng.uniform(0, 500, 4)]}
+                for _ in range(int(rng.integers(0, 9)))]
+        if anns and rng.random() < 0.2:
+            anns[0]["category_id"] = True  # a bool is an int to the one-by-one path (category 1)
+        fast = _boxes_of(anns, "x.jpg", label_of, ids, BadDataPolicy("error", "fixture"))
+        slow = _boxes_one_by_one(anns, "x.jpg", label_of, ids, BadDataPolicy("error", "fixture"))
+        assert fast[0].dtype == slow[0].dtype == np.float32 and fast[0].tobytes() == slow[0].tobytes()
+        assert fast[1].tolist() == slow[1].tolist() and fast[2] == slow[2]
