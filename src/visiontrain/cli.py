@@ -12,6 +12,7 @@
     visiontrain benchmark RECIPE|FILE [k=v ...] [--steps N] [--warmup N] [--synthetic]
     visiontrain compare RUN_DIR RUN_DIR ... [--out FILE.png] [--metrics M ...]
     visiontrain report RUN_DIR [--out FILE.html]
+    visiontrain shard RECIPE|FILE [k=v ...] --out DIR [--shard-size 1GB]
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ import yaml
 
 from visiontrain import config as C
 from visiontrain.commands import (cmd_benchmark, cmd_compare, cmd_consolidate, cmd_export, cmd_fit, cmd_predict,
-                                  cmd_preview, cmd_recipes, cmd_report, cmd_show_config, cmd_validate)
+                                  cmd_preview, cmd_recipes, cmd_report, cmd_shard, cmd_show_config,
+                                  cmd_validate)
 from visiontrain.engine.state.write_failure import WriteError
 from visiontrain.exit_codes import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_PEER_LOST, EXIT_USAGE
 from visiontrain.launch import command_line, import_user_module
@@ -151,6 +153,16 @@ def _add_run_tools(sub: Any) -> None:
     rep.add_argument("run_dir", help="a run dir (the --run-dir of a `visiontrain fit`, finished or not)")
     rep.add_argument("--out", help="the HTML file to write (default RUN_DIR/report.html)")
     rep.set_defaults(fn=cmd_report)
+
+    shard = sub.add_parser("shard", help="write a recipe's data (or data.* overrides) as tar shards to train from "
+                                         "(data.name=shards): each image's bytes as they were, its labels, an index")
+    shard.add_argument("recipe", help="built-in recipe name or path to a YAML file (its data section is read)")
+    shard.add_argument("overrides", nargs="*", help="key=value overrides (data.name=..., data.root=...)")
+    shard.add_argument("--out", required=True, help="the directory of the shards and their index.json; a "
+                                                   "killed write into it continues where it stopped")
+    shard.add_argument("--shard-size", default="1GB", help="about how large each shard is: bytes, or with a unit "
+                                                          "(500MB, 1GB, 256MiB)")
+    shard.set_defaults(fn=cmd_shard)
 
     prev = sub.add_parser("preview", help="draw a recipe's first training batch (train_batch.png) and its "
                                           "training labels (labels.png, detection) without training")

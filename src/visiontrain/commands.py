@@ -5,14 +5,16 @@ command line and turning errors into exit codes is ``visiontrain.cli``'s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from visiontrain import config as C
 from visiontrain.compare import compare, config_diff
+from visiontrain.data.shards.layout import parse_size
 from visiontrain.engine.protocols.hooks import load_hooks
 from visiontrain.engine.records.metrics_file import per_class_tables
 from visiontrain.engine.records.provenance import Launch
@@ -189,6 +191,36 @@ def cmd_preview(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / f"{Path(args.recipe).stem}-preview"
     written = preview(cfg, build_task(cfg), out)
     print_json({"recipe": args.recipe, "out": str(out), "plots": [str(p) for p in written]})
+    return 0
+
+
+@contextlib.contextmanager
+def shard_progress(total: int) -> Iterator[Callable[[int], None]]:
+    """``advance(n)`` for a rich progress bar over the samples on a terminal; elsewhere nothing to
+    draw (each finished shard's log line says how far the write is)."""
+    if not sys.stderr.isatty():
+        yield lambda n: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("shard"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as bar:
+        task = bar.add_task("samples", total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def cmd_shard(args: argparse.Namespace) -> int:
+    from visiontrain.data.shards.raw import raw_data
+    from visiontrain.data.shards.writer import write_shards
+
+    shard_size = parse_size(args.shard_size)  # a bad size fails before the data is read
+    cfg = C.load_config(args.recipe, args.overrides)
+    raw = raw_data(cfg.data)
+    out = Path(args.out)
+    with shard_progress(sum(split.count for split in raw.splits)) as advance:
+        index = write_shards(raw, out, shard_size, C.config_to_dict(cfg)["data"], advance)
+    splits = {name: {"samples": e["samples"], "shards": len(e["shards"]), "bytes": sum(s["bytes"] for s in e["shards"])}
+              for name, e in index["splits"].items()}
+    print_json({"out": str(out), "kind": index["kind"], "classes": len(index["class_names"]), "splits": splits})
     return 0
 
 

@@ -1,0 +1,75 @@
+"""The shards' names, their index file and what a shard size is written as.
+
+``index.json``::
+
+    {"format": "visiontrain-shards", "version": 1,
+     "kind": "classification" | "detection", "class_names": [...], "category_ids": [...] (detection),
+     "pixel_max": 255 (the in-memory sets' white: digits' is 16),
+     "source": {"data": {the data section it was written from}, "fingerprint": {split: sha256 of its samples}},
+     "splits": {"train": {"samples": N, "complete": true,
+                          "shards": [{"name": "train-000000.tar", "samples": n, "bytes": b}, ...]}, ...}}
+
+It is rewritten (atomically) after every finished shard, so a killed ``shard`` knows which shards are
+whole: a split is done when ``complete`` is true, and the samples of its listed shards are the first
+ones of the split, in order.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+FORMAT, VERSION = "visiontrain-shards", 1
+INDEX_FILE = "index.json"
+PARTIAL = ".partial"  # a shard being written; never listed in the index
+KEY_DIGITS = 9  # sample keys: the sample's position in its split, zero-padded
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def shard_name(split: str, number: int) -> str:
+    return f"{split}-{number:06d}.tar"
+
+
+def sample_key(position: int) -> str:
+    return f"{position:0{KEY_DIGITS}d}"
+
+
+def parse_size(text: str) -> int:
+    """``--shard-size``: bytes, or a number with a unit (``500MB``, ``1GB``, ``256MiB``, ``64k``)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", str(text), re.IGNORECASE)
+    if not match:
+        raise ValueError(f"--shard-size: expected bytes or a size such as 500MB, 1GB or 256MiB, got {text!r}")
+    size = int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+    if size < 1:
+        raise ValueError(f"--shard-size: must be at least 1 byte, got {text!r}")
+    return size
+
+
+def read_index(directory: Path) -> dict[str, Any] | None:
+    """The index of a shard directory; None where there is none yet. A file that is not a shard
+    index is an error naming it."""
+    path = directory / INDEX_FILE
+    if not path.is_file():
+        return None
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: not a readable shard index ({err})") from None
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a visiontrain shard index (no \"format\": \"{FORMAT}\")")
+    if index.get("version") != VERSION:
+        raise ValueError(f"{path}: shard index version {index.get('version')!r}; this visiontrain reads {VERSION}")
+    return index
+
+
+def write_index(directory: Path, index: dict[str, Any]) -> None:
+    """Replace the index in one step: a kill leaves the old one or the new one, never half of one."""
+    path = directory / INDEX_FILE
+    tmp = path.with_name(path.name + PARTIAL)
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(index, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

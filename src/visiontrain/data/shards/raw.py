@@ -1,0 +1,131 @@
+"""The samples of any data the project reads, as ``visiontrain shard`` writes them: each image's
+encoded bytes as they were, its labels and where it came from.
+
+The splits are read by the readers training uses, with their checks, limits and bad-data policies
+(``data.on_bad_image``, ``data.on_bad_annotation``, ``data.limit_*``), so a shard holds what a run
+on the same ``data`` section would train on, in the reader's order. Detection labels are the
+reader's: XYXY boxes in absolute pixels of the upright image (its EXIF orientation applied, as
+the annotation tools drew them), contiguous labels, and the image's id, size and file. The
+in-memory sets (fashion-mnist, digits) have no files: their uint8 pixels are written as PNG.
+"""
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from visiontrain.data.datasets.classification import digits_split
+from visiontrain.data.datasets.fashion_mnist import CLASS_NAMES, load_fashion_mnist
+from visiontrain.data.datasets.sources import DigitsDataConfig, ImageFolderDataConfig, reader_args
+from visiontrain.data.detection.sources import DetectionDataConfig
+from visiontrain.data.section import DataConfig
+
+
+@dataclass
+class RawSplit:
+    """One split: ``count`` samples; ``source(i)`` names sample i (its file), ``load(i)`` gives
+    ``(extension, encoded image, labels)`` and raises ValueError naming the sample if it cannot."""
+
+    name: str
+    count: int
+    source: Callable[[int], str]
+    load: Callable[[int], tuple[str, bytes, dict[str, Any]]]
+
+
+@dataclass
+class RawData:
+    kind: str                                   # classification | detection
+    class_names: list[str]
+    splits: list[RawSplit]
+    category_ids: list[int] | None = None       # detection: the source's category id of each label
+    pixel_max: int = 255                        # the white of an in-memory set's pixels (digits: 16)
+
+
+def file_bytes(split: str, position: int, path: str) -> tuple[str, bytes]:
+    """(extension, bytes) of an image file, or a ValueError naming the sample and the file."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        raise ValueError(f"{split} sample {position}: image file {path} cannot be read: "
+                         f"{err.strerror or err}") from None
+    return os.path.splitext(path)[1].lstrip(".").lower() or "img", data
+
+
+def png_bytes(pixels: np.ndarray) -> bytes:
+    """uint8 [H, W] or [C, H, W] pixels as a PNG file, losslessly."""
+    from PIL import Image
+
+    array = np.asarray(pixels, dtype=np.uint8)
+    image = Image.fromarray(array[0] if array.ndim == 3 and array.shape[0] == 1 else
+                            array.transpose(1, 2, 0) if array.ndim == 3 else array)
+    out = io.BytesIO()
+    image.save(out, "PNG")
+    return out.getvalue()
+
+
+def raw_data(data: DataConfig) -> RawData:
+    """The train and val splits of ``data`` (its ``train_split`` and ``val_split``) as samples."""
+    if isinstance(data, DetectionDataConfig):
+        return _detection(data)
+    if isinstance(data, ImageFolderDataConfig):
+        return _image_folder(data)
+    if isinstance(data, DigitsDataConfig):
+        return _in_memory(data)
+    raise ValueError(f"data.name={data.name}: `visiontrain shard` reads the image folder, detection and "
+                     f"in-memory sources; this one it cannot read")
+
+
+def _detection(data: DetectionDataConfig) -> RawData:
+    from visiontrain.data.detection.splits import build_detection_splits
+
+    args = {**data.reader_args(), "cache": "none"}  # the bytes are read from the files, never decoded
+    train, val = build_detection_splits(data.name, **args)
+    splits = []
+    for name, ds in ((data.train_split, train), (data.val_split, val)):
+        def load(i: int, ds=ds, name=name) -> tuple[str, bytes, dict[str, Any]]:
+            r = ds.records[i]
+            ext, image = file_bytes(name, i, r.path)
+            return ext, image, {"image_id": r.image_id, "height": r.height, "width": r.width,
+                                "boxes": r.boxes.tolist(), "labels": r.labels.tolist(), "source": r.path}
+        splits.append(RawSplit(name, len(ds), ds.records.paths.__getitem__, load))
+    return RawData("detection", list(train.class_names), splits, category_ids=list(train.category_ids))
+
+
+def _image_folder(data: ImageFolderDataConfig) -> RawData:
+    from visiontrain.data.datasets.image_folder import build_image_folder
+
+    args = reader_args(data)
+    train, val, classes, _ = build_image_folder(args["root"], image_size=args["image_size"], augment="none",
+                                                limit_train=data.limit_train, limit_val=data.limit_val,
+                                                train_split=data.train_split, val_split=data.val_split)
+    splits = []
+    for name, ds in ((data.train_split, train), (data.val_split, val)):
+        ds.check_files(data.image_policy(), data.max_skipped_share)
+
+        def load(i: int, ds=ds, name=name) -> tuple[str, bytes, dict[str, Any]]:
+            path, label = ds.samples[i]
+            ext, image = file_bytes(name, i, path)
+            return ext, image, {"label": label, "source": path}
+        splits.append(RawSplit(name, len(ds), ds.samples.paths.__getitem__, load))
+    return RawData("classification", list(classes), splits)
+
+
+def _in_memory(data: DigitsDataConfig) -> RawData:
+    if data.name == "fashion-mnist":
+        (tx, ty), (vx, vy) = load_fashion_mnist(getattr(data, "root", None), getattr(data, "download", False))
+        arrays, classes, white = ((tx.numpy(), ty.numpy()), (vx.numpy(), vy.numpy())), list(CLASS_NAMES), 255
+    else:
+        a, b, c, d = digits_split()
+        arrays, classes, white = ((a, b), (c, d)), [str(i) for i in range(10)], 16
+    splits = []
+    for name, (images, labels), limit in zip(("train", "val"), arrays, (data.limit_train, data.limit_val)):
+        count = len(labels) if limit is None else min(limit, len(labels))  # the first N, as training takes
+
+        def load(i: int, images=images, labels=labels, name=name) -> tuple[str, bytes, dict[str, Any]]:
+            return "png", png_bytes(images[i]), {"label": int(labels[i]), "source": f"{data.name} {name} #{i}"}
+        splits.append(RawSplit(name, count, lambda i, name=name: f"{data.name} {name} #{i}", load))
+    return RawData("classification", classes, splits, pixel_max=white)

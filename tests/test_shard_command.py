@@ -1,0 +1,145 @@
+"""`visiontrain shard`: any data the project reads as tar shards (data/shards/), through the CLI.
+
+Each sample's image is the file's bytes as they were (an in-memory set's pixels as PNG), its labels
+are the reader's, every sample of a split is in exactly one shard, in the reader's order, no shard
+passes --shard-size, and a write killed with SIGKILL continues to the bytes a straight write gives."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from dataset_trees import build_coco, build_image_folder, truncated_jpeg
+from procs import FAULTHANDLER_ENV, finish, run_cli, wait_for
+from visiontrain.data.datasets.classification import digits_split
+from visiontrain.data.detection.coco import read_coco
+from visiontrain.data.shards.layout import parse_size
+
+
+def shard_samples(out: Path, split: str) -> list[dict[str, bytes]]:
+    """Every sample of a split, in shard order: {extension: bytes} by key, keys checked in order."""
+    index = json.loads((out / "index.json").read_text())
+    samples: dict[str, dict[str, bytes]] = {}
+    for shard in index["splits"][split]["shards"]:
+        with tarfile.open(out / shard["name"]) as tar:
+            for member in tar.getmembers():
+                key, ext = member.name.split(".", 1)
+                samples.setdefault(key, {})[ext] = tar.extractfile(member).read()
+    assert list(samples) == [f"{i:09d}" for i in range(len(samples))]  # each once, in the reader's order
+    assert len(samples) == index["splits"][split]["samples"] and index["splits"][split]["complete"]
+    return list(samples.values())
+
+
+def test_digits_pixels_and_labels_in_shards_of_the_size_asked(tmp_path: Path) -> None:
+    out = tmp_path / "digits"
+    result = run_cli("shard", "classify-fashion", "data.name=digits", "--out", str(out), "--shard-size", "64KB")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    train_x, train_y, val_x, val_y = digits_split()
+    assert summary["splits"]["train"]["samples"] == len(train_y) and summary["splits"]["val"]["samples"] == len(val_y)
+    index = json.loads((out / "index.json").read_text())
+    assert index["kind"] == "classification" and index["class_names"] == [str(i) for i in range(10)]
+    assert index["pixel_max"] == 16 and len(index["splits"]["train"]["shards"]) > 10
+    for shard in index["splits"]["train"]["shards"]:
+        assert (out / shard["name"]).stat().st_size == shard["bytes"] <= 64_000
+    for (images, labels), split in (((train_x, train_y), "train"), ((val_x, val_y), "val")):
+        for i, sample in enumerate(shard_samples(out, split)):
+            assert np.array_equal(np.asarray(Image.open(io.BytesIO(sample["png"]))), images[i])
+            assert int(sample["cls"]) == labels[i] == json.loads(sample["json"])["label"]
+    assert not list(out.glob("*.partial"))
+
+
+def test_image_files_go_in_as_they_were_and_a_bad_one_is_named(tmp_path: Path) -> None:
+    root = tmp_path / "folder"
+    build_image_folder(root)
+    out = tmp_path / "shards"
+    result = run_cli("shard", "classify-fashion", "data.name=image-folder", f"data.root={root}", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    classes = sorted(p.name for p in (root / "train").iterdir())
+    for split in ("train", "val"):
+        samples = shard_samples(out, split)
+        files = sorted((root / split).rglob("*.*"))
+        assert len(samples) == len(files)
+        for sample in samples:
+            source = Path(json.loads(sample["json"])["source"])
+            ext = source.suffix.lstrip(".").lower()
+            assert sample[ext] == source.read_bytes()  # the file's bytes, never re-encoded
+            assert int(sample["cls"]) == classes.index(source.parent.name)
+    bad = truncated_jpeg(root / "train" / classes[0] / "cut.jpg")
+    result = run_cli("shard", "classify-fashion", "data.name=image-folder", f"data.root={root}",
+                     "--out", str(tmp_path / "other"))
+    assert result.returncode == 2 and str(bad) in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_detection_labels_are_the_readers(tmp_path: Path) -> None:
+    root = tmp_path / "coco"
+    build_coco(root, orientations=(6, 1))  # the boxes of a turned phone photo are the upright image's
+    out = tmp_path / "shards"
+    result = run_cli("shard", "detect-faster-rcnn", "data.name=coco", f"data.root={root}", "data.train_split=train2017",
+                     "data.val_split=val2017", "--out", str(out), "--shard-size", "20KB")
+    assert result.returncode == 0, result.stderr
+    index = json.loads((out / "index.json").read_text())
+    assert index["kind"] == "detection" and index["category_ids"] == [1, 2]
+    for split in ("train2017", "val2017"):
+        records = read_coco(str(root / "annotations" / f"instances_{split}.json"), str(root / split)).records
+        samples = shard_samples(out, split)
+        assert len(samples) == len(records)
+        for record, sample in zip(records, samples):
+            labels = json.loads(sample["json"])
+            assert np.array_equal(np.array(labels["boxes"], np.float32).reshape(-1, 4), record.boxes)
+            assert labels["labels"] == record.labels.tolist() and labels["source"] == record.path
+            assert (labels["height"], labels["width"], labels["image_id"]) == (record.height, record.width,
+                                                                               record.image_id)
+            assert sample["jpg"] == Path(record.path).read_bytes()
+
+
+def digest(directory: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
+
+
+def test_a_killed_write_continues_to_the_same_shards(tmp_path: Path) -> None:
+    args = ["shard", "classify-fashion", "data.name=fashion-mnist", "data.limit_train=12000", "data.limit_val=100",
+            "--shard-size", "40KB"]
+    straight = run_cli(*args, "--out", str(tmp_path / "straight"))
+    assert straight.returncode == 0, straight.stderr
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "visiontrain", *args, "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **FAULTHANDLER_ENV})
+
+    def listed() -> int:
+        try:
+            return len(json.loads((out / "index.json").read_text())["splits"]["train"]["shards"])
+        except (OSError, ValueError):
+            return 0
+    wait_for(lambda: listed() >= 3, "three shards listed", proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    finish(proc, 60)
+    assert listed() < len(json.loads((tmp_path / "straight" / "index.json").read_text())["splits"]["train"]["shards"])
+    resumed = run_cli(*args, "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    assert digest(out) == digest(tmp_path / "straight")  # no partial shard left, every byte the same
+
+    other = run_cli("shard", "classify-fashion", "data.name=digits", "--out", str(out))
+    assert other.returncode == 2 and "holds shards of other data ('fashion-mnist'" in other.stderr
+
+
+@pytest.mark.parametrize("text, size", [("1GB", 10**9), ("256MiB", 256 * 2**20), ("64k", 64_000), ("1500", 1500),
+                                        ("0.5 GB", 5 * 10**8)])
+def test_shard_sizes(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+def test_a_bad_shard_size_is_named(tmp_path: Path) -> None:
+    result = run_cli("shard", "classify-fashion", "data.name=digits", "--out", str(tmp_path), "--shard-size", "big")
+    assert result.returncode == 2 and "--shard-size: expected bytes or a size such as 500MB" in result.stderr
