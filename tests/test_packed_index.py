@@ -74,8 +74,9 @@ def test_whole_split_statistics_equal_the_per_record_ones() -> None:
     assert ds.records.box_sizes.tolist() == [[r.height, r.width] for r in made for _ in r.labels]
     assert np.array_equal(ds.records.boxes, np.concatenate([r.boxes for r in made]))
     gt = ds.coco_ground_truth()
-    assert [a["bbox"] for a in gt["annotations"]] == [[float(x1), float(y1), float(x2) - float(x1), float(y2) - float(y1)]
-                                                      for r in made for x1, y1, x2, y2 in r.boxes]
+    xywh = [[float(x1), float(y1), float(x2) - float(x1), float(y2) - float(y1)]
+            for r in made for x1, y1, x2, y2 in r.boxes]
+    assert [a["bbox"] for a in gt["annotations"]] == xywh
 
 
 def unpickled_bytes(obj: object) -> int:
@@ -104,7 +105,8 @@ def test_packed_strings_and_samples_round_trip() -> None:
     assert list(PackedStrings(names)) == names and PackedStrings(names)[-2] == "ü/ß.png"
     assert list(PackedStrings([])) == []
     shared = ["/data/train/n01/a.jpg", "/data/train/n01", "/data/train/n02/b.jpg"]  # the prefix is kept once
-    assert list(PackedStrings(shared)) == shared and PackedStrings(shared).data.nbytes == len("1/a.jpg1") + len("2/b.jpg")
+    assert list(PackedStrings(shared)) == shared
+    assert PackedStrings(shared).data.nbytes == len("1/a.jpg1") + len("2/b.jpg")
     samples = [(f"/d/{i}.jpg", i % 7) for i in range(50)]
     packed = PackedSamples(samples)
     assert list(packed) == samples and packed[-1] == samples[-1] and isinstance(packed[3][1], int)
