@@ -5,7 +5,7 @@ them into a ``RecordIndex``: a handful of numpy buffers (per-image ids and sizes
 split in one array with each image's offsets, the paths in one byte buffer). It reads as the list of
 records it was made from, but a DataLoader worker's copy of it is the size of its numbers, not of
 a million Python objects, and a forked worker never writes to its pages (``visiontrain.data.packed``).
-At COCO's size (118,287 images, 860,001 boxes) that is about 40 MiB against the records' 630.
+At COCO's size (118,287 images, about 860,000 boxes) a worker's copy is 32 MiB, against 340 MiB of records.
 """
 from __future__ import annotations
 
