@@ -108,7 +108,7 @@ def digest(directory: Path) -> dict[str, str]:
 
 
 def test_a_killed_write_continues_to_the_same_shards(tmp_path: Path) -> None:
-    args = ["shard", "classify-fashion", "data.name=fashion-mnist", "data.limit_train=12000", "data.limit_val=100",
+    args = ["shard", "classify-fashion", "data.name=fashion-mnist", "data.limit_train=5000", "data.limit_val=100",
             "--shard-size", "40KB"]
     straight = run_cli(*args, "--out", str(tmp_path / "straight"))
     assert straight.returncode == 0, straight.stderr

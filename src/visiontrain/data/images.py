@@ -14,6 +14,7 @@ headers only uses :func:`upright_size`, which reads the tag without decoding the
 """
 from __future__ import annotations
 
+import io
 import os
 from typing import Any
 
@@ -60,15 +61,25 @@ def upright_size(im: Image.Image) -> tuple[int, int]:
 def open_rgb(path: str) -> Image.Image:
     """The decoded RGB image, upright (its EXIF orientation applied); a missing, corrupt or
     truncated file raises ``UnreadableImageError``."""
+    return _decoded(path, f"image file {path}")
+
+
+def decode_rgb(data: bytes, name: str) -> Image.Image:
+    """An encoded image held in memory (a shard member), decoded as :func:`open_rgb` decodes a file;
+    ``name`` says in an error where the bytes came from."""
+    return _decoded(io.BytesIO(data), name)
+
+
+def _decoded(source: str | io.BytesIO, name: str) -> Image.Image:
     try:
-        with Image.open(path) as im:
+        with Image.open(source) as im:
             im.load()  # decodes now: a truncated file fails here, not later inside a transform
             ImageOps.exif_transpose(im, in_place=True)  # a no-op without the tag
             return to_rgb(im)
     except FileNotFoundError:
-        raise UnreadableImageError(f"image file {path} does not exist") from None
+        raise UnreadableImageError(f"{name} does not exist") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        raise UnreadableImageError(f"image file {path} cannot be decoded (corrupt or truncated): {err}") from None
+        raise UnreadableImageError(f"{name} cannot be decoded (corrupt or truncated): {err}") from None
 
 
 # ------------------------------------------------------------------ images given in memory

@@ -46,6 +46,11 @@ class ResumableBatchSampler(Sampler[list]):
             raise ValueError(f"{num_samples} samples over {world_size} process(es) do not fill one "
                              f"batch of {batch_size} (lower data.batch_size)")
 
+    def order_state(self) -> dict[str, Any]:
+        """What the order of an epoch depends on besides the seed, the batch size and the number of
+        processes (which every checkpoint holds): a resume refuses a run where it differs."""
+        return {}
+
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Select the epoch's permutation; start at batch ``start_batch`` (mid-epoch resume)."""
         self.epoch, self.start_batch = epoch, start_batch

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from visiontrain.config import register_section
+from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler
 from visiontrain.typed_config import doc
 
 
@@ -32,6 +33,15 @@ class DataConfig:
         "dataset need not be picklable", "forkserver")
     limit_train: int | None = doc("use only the first N training samples (quick runs)", None, minimum=1)
     limit_val: int | None = doc("use only the first N validation samples", None, minimum=1)
+
+    def batch_sampler(self, num_samples: int, group_ids: list[int] | None, *, seed: int, rank: int,
+                      world_size: int) -> ResumableBatchSampler:
+        """This process's batches of the training set: in a shuffled order, grouped by aspect ratio
+        where the task gives groups. A source whose samples are best read in another order (shards,
+        read front to back) gives its own sampler here."""
+        if group_ids is not None:
+            return GroupedBatchSampler(group_ids, self.batch_size, seed=seed, rank=rank, world_size=world_size)
+        return ResumableBatchSampler(num_samples, self.batch_size, seed=seed, rank=rank, world_size=world_size)
 
     def eval_batch(self) -> int:
         """The evaluation batch per process: ``eval_batch_size``, else twice the training batch

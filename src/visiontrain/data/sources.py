@@ -6,7 +6,8 @@ from __future__ import annotations
 from visiontrain.data.datasets import sources as classification_sources
 from visiontrain.data.detection import sources as detection_sources
 from visiontrain.data.section import DataConfig
+from visiontrain.data.shards import source as shard_source
 
-BUILT_IN = (classification_sources, detection_sources)
+BUILT_IN = (classification_sources, detection_sources, shard_source)
 
 __all__ = ["BUILT_IN", "DataConfig"]

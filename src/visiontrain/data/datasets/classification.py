@@ -6,6 +6,7 @@ name           source
 fashion-mnist  idx files (Debian ``dataset-fashion-mnist`` or ``root``), 60k/10k, 28x28 grey
 digits         ``sklearn.datasets.load_digits``: 1,797 8x8 grey, fixed stratified 80/20 split
 image-folder   ``root/train/<class>/*`` and ``root/val/<class>/*``, RGB (``data.train_split`` / ``val_split``)
+shards         ``visiontrain shard``'s tar shards at ``data.shards``, read as an image folder (``data/shards``)
 =============  =========================================================================
 
 Only an image folder has split names to choose (and a test split, ``root/test``); the splits of
@@ -21,6 +22,7 @@ never flipped (a flipped digit is another glyph).  All randomness comes from tor
 from __future__ import annotations
 
 import functools
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +34,8 @@ from visiontrain.data.datasets.in_memory import check_augment, make_in_memory_pa
 from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.typed_config import did_you_mean
 
-DATASETS = ("fashion-mnist", "digits", "image-folder")
+DATASETS = ("fashion-mnist", "digits", "image-folder", "shards")
+FILE_SOURCES = ("image-folder", "shards")  # RGB image files, decoded when loaded
 FIXED_SPLITS = {"fashion-mnist": "val is Fashion-MNIST's official 10,000 test images",
                 "digits": "val is a fixed stratified 20 % of scikit-learn's 1,797 digits"}
 DIGITS_VAL_FRACTION = 0.2
@@ -87,24 +90,23 @@ def build_classification_data(
     uint8_train: bool = False,
     train_split: str = "train",
     val_split: str = "val",
+    shards: Any = None,
 ) -> ClassificationData:
     """Train/val datasets plus what a model needs to know about them (see the module doc).
-    ``uint8_train``: train images stay uint8, to be normalised on the device (image-folder only).
-    ``train_split``, ``val_split``: an image folder's split directories."""
+    ``uint8_train``: train images stay uint8, to be normalised on the device (image-folder, shards).
+    ``train_split``, ``val_split``: an image folder's split directories (or a shard directory's splits).
+    ``shards``: what ``data.name=shards`` reads (``ShardsDataConfig.shard_spec``)."""
     if name not in DATASETS:
         raise ValueError(f"data.name: unknown classification dataset {name!r}{did_you_mean(name, list(DATASETS))}; "
                          f"expected one of {', '.join(DATASETS)}")
     check_augment(augment)
-    if uint8_train and name != "image-folder":
-        raise ValueError(f"data.normalize_on_device=true applies to data.name=image-folder and the detection "
+    if uint8_train and name not in FILE_SOURCES:
+        raise ValueError(f"data.normalize_on_device=true applies to data.name=image-folder, shards and the detection "
                          f"datasets; {name!r} is held in memory as float tensors already (set it to false)")
-    if name == "image-folder":
-        from visiontrain.data.datasets.image_folder import build_image_folder
-
-        train, val, classes, size = build_image_folder(
-            root, image_size=image_size, augment=augment, limit_train=limit_train, limit_val=limit_val,
-            uint8_train=uint8_train, train_split=train_split, val_split=val_split)
-        return ClassificationData(train, val, len(classes), classes, 3, size, augment != "none", val.eval_transform)
+    if name in FILE_SOURCES:
+        return _decoded_from_files(name, root, shards, augment=augment, image_size=image_size, limit_train=limit_train,
+                                   limit_val=limit_val, uint8_train=uint8_train, train_split=train_split,
+                                   val_split=val_split)
     for key, split, fixed in (("train_split", train_split, "train"), ("val_split", val_split, "val")):
         if split != fixed:
             asked = ("`visiontrain validate --split test`, or data.val_split" if key == "val_split"
@@ -134,6 +136,22 @@ def build_classification_data(
         in_channels=int(tx.shape[1]), image_size=size, random_train_transforms=train.random_transforms,
         eval_transform=val.eval_transform,
     )
+
+
+def _decoded_from_files(name: str, root: str | None, shards: Any, *, augment: str,
+                        **reader: Any) -> ClassificationData:
+    """An image folder's datasets, or those of classification shards: image files decoded to RGB."""
+    if name == "shards":
+        from visiontrain.data.shards.datasets import build_shards_classification
+
+        if shards is None:
+            raise ValueError("data.name=shards needs data.shards=DIR or URL (the --out of `visiontrain shard`)")
+        train, val, classes, size = build_shards_classification(shards, augment=augment, **reader)
+    else:
+        from visiontrain.data.datasets.image_folder import build_image_folder
+
+        train, val, classes, size = build_image_folder(root, augment=augment, **reader)
+    return ClassificationData(train, val, len(classes), classes, 3, size, augment != "none", val.eval_transform)
 
 
 def check_image_files(data: ClassificationData, *, on_bad_image: str, max_skipped_share: float) -> None:

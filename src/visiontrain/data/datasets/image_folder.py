@@ -106,15 +106,19 @@ class ImageFolderClassification(Dataset):
         """The decoded RGB PIL image and its label, for transforms built elsewhere (DINO's multi-crop).
         A corrupt or truncated file raises ``UnreadableImageError`` naming it; under ``skip`` the next
         image stands in (the same one every time, so a resumed run loads what it would have)."""
-        for offset in range(len(self.samples)):
-            path, label = self.samples[(index + offset) % len(self.samples)]
+        for offset in range(len(self)):
             try:
-                return open_rgb(path), int(label)
+                return self.decoded_item((index + offset) % len(self))
             except UnreadableImageError as err:
                 if self.on_bad_image != "skip":
                     raise
                 log.warning("skipping %s (data.on_bad_image=skip: the next image stands in)", err)
         raise UnreadableImageError(f"image-folder split {self.source}: no image of the split can be decoded")
+
+    def decoded_item(self, index: int) -> tuple[Any, int]:
+        """Sample ``index`` decoded, or ``UnreadableImageError`` naming its file."""
+        path, label = self.samples[index]
+        return open_rgb(path), int(label)
 
     def check_files(self, on_bad_image: str, max_skipped_share: float) -> None:
         """Open every file now, before the first step (``visiontrain.data.image_check``). Under

@@ -53,4 +53,5 @@ def reader_args(data: DataConfig) -> dict[str, Any]:
             "augment": getattr(data, "augment", "none"), "limit_train": data.limit_train,
             "limit_val": data.limit_val, "download": getattr(data, "download", False),
             "uint8_train": getattr(data, "normalize_on_device", False),
-            "train_split": getattr(data, "train_split", "train"), "val_split": getattr(data, "val_split", "val")}
+            "train_split": getattr(data, "train_split", "train"), "val_split": getattr(data, "val_split", "val"),
+            "shards": data.shard_spec() if hasattr(data, "shard_spec") else None}

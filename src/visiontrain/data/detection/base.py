@@ -113,10 +113,13 @@ class DetectionDataset(Dataset):
     def __init__(self, records: Sequence[ImageRecord], class_names: list[str], category_ids: list[int], *,
                  source: str, policy: BadDataPolicy,
                  transform: Callable[[Any, dict], tuple[Any, dict]] | None = None,
-                 cache: ImageCache | None = None) -> None:
+                 cache: ImageCache | None = None, images: Callable[[int], torch.Tensor] | None = None) -> None:
         self.records = records if isinstance(records, RecordIndex) else RecordIndex(records)
         self.class_names, self.category_ids = class_names, category_ids
         self.source, self.policy, self.transform, self.cache = source, policy, transform, cache
+        # images(i): image i decoded, uint8 [3, H, W], for a source without image files (shards); a
+        # picklable callable, raising BadAnnotationError naming the image where it cannot be decoded
+        self.images = images
 
     @property
     def num_classes(self) -> int:
@@ -135,14 +138,14 @@ class DetectionDataset(Dataset):
 
     def with_transform(self, transform: Callable | None) -> "DetectionDataset":
         return DetectionDataset(self.records, self.class_names, self.category_ids, source=self.source,
-                                policy=self.policy, transform=transform, cache=self.cache)
+                                policy=self.policy, transform=transform, cache=self.cache, images=self.images)
 
     def with_cache(self, cache: ImageCache | None) -> "DetectionDataset":
         """The same images, kept in ``cache`` once decoded (its slots are this dataset's indices)."""
         if cache is not None and len(cache) != len(self.records):
             raise ValueError(f"{self.source}: a cache of {len(cache)} images for {len(self.records)} images")
         return DetectionDataset(self.records, self.class_names, self.category_ids, source=self.source,
-                                policy=self.policy, transform=self.transform, cache=cache)
+                                policy=self.policy, transform=self.transform, cache=cache, images=self.images)
 
     def load(self, index: int) -> tuple[Any, dict[str, Any]]:
         """The untransformed sample (see the module docstring)."""
@@ -152,7 +155,8 @@ class DetectionDataset(Dataset):
         r = self.records[index]
         image = self.cache.get(index) if self.cache is not None else None
         if image is None:
-            image = read_rgb(r.path)  # BadAnnotationError naming the file if it cannot be decoded
+            # BadAnnotationError naming the file if it cannot be decoded
+            image = read_rgb(r.path) if self.images is None else self.images(index)
             if self.cache is not None:
                 self.cache.put(index, image)
         h, w = image.shape[-2:]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from visiontrain.data.bad_data import check_skipped_share, class_difference
 from visiontrain.data.detection import embedded
@@ -11,6 +12,7 @@ from visiontrain.data.detection.coco import read_coco
 from visiontrain.data.detection.voc import read_voc
 from visiontrain.data.detection.yolo import read_yolo
 from visiontrain.data.image_cache import open_caches
+from visiontrain.data.shards.datasets import read_shards_detection
 from visiontrain.typed_config import did_you_mean
 
 FORMATS = ("coco", "voc", "yolo", "fashion-mosaic", "neon-trees")
@@ -59,10 +61,11 @@ def build_detection_splits(name: str, *, root: str | None, train_split: str, val
                            on_bad_annotation: str, on_bad_image: str | None = None, max_skipped_share: float = 1.0,
                            limit_train: int | None = None, limit_val: int | None = None, cache: str = "none",
                            cache_gb: float | None = None,
-                           cache_dir: str | None = None) -> tuple[DetectionDataset, DetectionDataset]:
+                           cache_dir: str | None = None,
+                           shards: Any = None) -> tuple[DetectionDataset, DetectionDataset]:
     """(train, val) of any format; ``cache=ram`` gives both a decoded-image cache (``data.cache``),
     refused before anything is written when they do not fit ``cache_gb``. ``max_skipped_share``: see
-    ``check_skipped``."""
+    ``check_skipped``. ``shards``: what ``data.name=shards`` reads (``ShardsDataConfig.shard_spec``)."""
     policy = dict(on_bad_annotation=on_bad_annotation, on_bad_image=on_bad_image)
     if name in ("coco", "fashion-mosaic", "neon-trees"):
         if name == "coco":
@@ -77,6 +80,9 @@ def build_detection_splits(name: str, *, root: str | None, train_split: str, val
                 raise FileNotFoundError(f"{name}: annotation file {ann(split)} does not exist")
         train = read_coco(str(ann(train_split)), str(base / train_split), limit=limit_train, **policy)
         val = read_coco(str(ann(val_split)), str(base / val_split), limit=limit_val, **policy)
+    elif name == "shards":
+        train, val = (read_shards_detection(shards, split, limit=limit, **policy)
+                      for split, limit in ((train_split, limit_train), (val_split, limit_val)))
     elif name == "voc":
         base = _need_root(name, root, "ROOT/ImageSets/Main/<split>.txt, ROOT/Annotations, ROOT/JPEGImages")
         train = read_voc(str(base), train_split, limit=limit_train, **policy)

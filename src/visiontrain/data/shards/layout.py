@@ -2,16 +2,18 @@
 
 ``index.json``::
 
-    {"format": "visiontrain-shards", "version": 1,
+    {"format": "visiontrain-shards", "version": 2,
      "kind": "classification" | "detection", "class_names": [...], "category_ids": [...] (detection),
      "pixel_max": 255 (the in-memory sets' white: digits' is 16),
      "source": {"data": {the data section it was written from}, "fingerprint": {split: sha256 of its samples}},
      "splits": {"train": {"samples": N, "complete": true,
-                          "shards": [{"name": "train-000000.tar", "samples": n, "bytes": b}, ...]}, ...}}
+                          "shards": [{"name": "train-000000.tar", "samples": n, "bytes": b}, ...],
+                          "samples_file": "train-samples.npz"}, ...}}
 
 It is rewritten (atomically) after every finished shard, so a killed ``shard`` knows which shards are
 whole: a split is done when ``complete`` is true, and the samples of its listed shards are the first
-ones of the split, in order.
+ones of the split, in order. A complete split also has its samples file (``samples``): where each
+sample lies in its shard and its labels, so a run reads any sample without reading the shards before it.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-FORMAT, VERSION = "visiontrain-shards", 1
+FORMAT, VERSION = "visiontrain-shards", 2
 INDEX_FILE = "index.json"
 PARTIAL = ".partial"  # a shard being written; never listed in the index
 KEY_DIGITS = 9  # sample keys: the sample's position in its split, zero-padded
@@ -32,8 +34,42 @@ def shard_name(split: str, number: int) -> str:
     return f"{split}-{number:06d}.tar"
 
 
+def samples_file(split: str) -> str:
+    return f"{split}-samples.npz"
+
+
 def sample_key(position: int) -> str:
     return f"{position:0{KEY_DIGITS}d}"
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """``train-{000000..000003}.tar`` (zero-padded as the first bound is) and ``{a,b}`` alternatives,
+    expanded in order, as the shell and WebDataset's brace patterns do."""
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    head, tail, body = pattern[:match.start()], pattern[match.end():], match.group(1)
+    numbers = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if numbers:
+        first, last = numbers.group(1), numbers.group(2)
+        if int(last) < int(first):
+            raise ValueError(f"{pattern}: the range {{{body}}} runs backwards")
+        choices = [str(n).zfill(len(first)) for n in range(int(first), int(last) + 1)]
+    else:
+        choices = body.split(",")
+    return [f"{head}{choice}{rest}" for choice in choices for rest in expand_braces(tail)]
+
+
+def split_pattern(shards: str) -> tuple[str, tuple[str, ...]]:
+    """``data.shards`` as (the directory holding index.json, the shard names a brace pattern picks:
+    none when it names the directory)."""
+    if "{" not in shards:
+        return shards.rstrip("/"), ()
+    directory, _, names = shards.rstrip("/").rpartition("/")
+    if "{" in directory or not directory:
+        raise ValueError(f"data.shards={shards}: a brace pattern may only name shards of one directory, "
+                         f"such as s3://bucket/prefix/train-{{000000..000099}}.tar")
+    return directory, tuple(expand_braces(names))
 
 
 def parse_size(text: str) -> int:
@@ -48,19 +84,28 @@ def parse_size(text: str) -> int:
 
 
 def read_index(directory: Path) -> dict[str, Any] | None:
-    """The index of a shard directory; None where there is none yet. A file that is not a shard
-    index is an error naming it."""
+    """The index of a local shard directory; None where there is none yet."""
     path = directory / INDEX_FILE
     if not path.is_file():
         return None
     try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
         raise ValueError(f"{path}: not a readable shard index ({err})") from None
+    return parse_index(text, str(path))
+
+
+def parse_index(text: str, where: str) -> dict[str, Any]:
+    """A shard index from its text; one that is not a shard index is an error naming ``where``."""
+    try:
+        index = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"{where}: not a readable shard index ({err})") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a visiontrain shard index (no \"format\": \"{FORMAT}\")")
+        raise ValueError(f"{where}: not a visiontrain shard index (no \"format\": \"{FORMAT}\")")
     if index.get("version") != VERSION:
-        raise ValueError(f"{path}: shard index version {index.get('version')!r}; this visiontrain reads {VERSION}")
+        raise ValueError(f"{where}: shard index version {index.get('version')!r}; this visiontrain reads version "
+                         f"{VERSION} (write the shards again with `visiontrain shard`)")
     return index
 
 

@@ -89,8 +89,11 @@ def _detection(data: DetectionDataConfig) -> RawData:
         def load(i: int, ds=ds, name=name) -> tuple[str, bytes, dict[str, Any]]:
             r = ds.records[i]
             ext, image = file_bytes(name, i, r.path)
-            return ext, image, {"image_id": r.image_id, "height": r.height, "width": r.width,
-                                "boxes": r.boxes.tolist(), "labels": r.labels.tolist(), "source": r.path}
+            labels = {"image_id": r.image_id, "height": r.height, "width": r.width, "boxes": r.boxes.tolist(),
+                      "labels": r.labels.tolist(), "ann_ids": r.ann_ids.tolist(), "source": r.path}
+            if r.difficult is not None:  # Pascal VOC's flags, which its evaluation reads
+                labels["difficult"] = r.difficult.tolist()
+            return ext, image, labels
         splits.append(RawSplit(name, len(ds), ds.records.paths.__getitem__, load))
     return RawData("detection", list(train.class_names), splits, category_ids=list(train.category_ids))
 

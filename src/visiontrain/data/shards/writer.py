@@ -1,13 +1,14 @@
 """Writing a split's samples into tar shards of about a given size, resumably.
 
 A shard is written as ``NAME.tar.partial``, flushed to the disk, then renamed into place, and only
-then listed in ``index.json`` (``layout.write_index`` replaces it in one step). A ``shard`` killed at
-any moment thus leaves whole shards, all listed, and at most one ``.partial`` file, which the next
-``shard`` into the same directory removes before it continues from the first sample not yet in a
-listed shard. The samples come in the reader's order, which is fixed by the data, so the shards of a
-resumed run are the bytes a straight run writes (the tar headers carry no time or owner). The
-directory's index also records a fingerprint of each split's samples: continuing into a directory
-written from other data is refused, naming it.
+then listed in ``index.json`` (``layout.write_index`` replaces it in one step). A ``shard`` killed
+at any moment thus leaves whole shards, all listed, and at most one ``.partial`` file, which the
+next ``shard`` into the same directory removes before it continues from the first sample not yet in
+a listed shard. A split's samples file (``samples``) is written from its shards once they are all
+there, before the index calls the split complete. The samples come in the reader's order, which is
+fixed by the data, so the shards of a resumed run are the bytes a straight run writes (the tar
+headers carry no time or owner). The directory's index also records a fingerprint of each split's
+samples: continuing into a directory written from other data is refused, naming it.
 """
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ import tarfile
 from pathlib import Path
 from typing import Any, Callable
 
-from visiontrain.data.shards.layout import (FORMAT, PARTIAL, VERSION, read_index, sample_key, shard_name,
-                                            write_index)
+from visiontrain.data.shards.layout import (FORMAT, PARTIAL, VERSION, read_index, sample_key, samples_file,
+                                            shard_name, write_index)
 from visiontrain.data.shards.raw import RawData, RawSplit
+from visiontrain.data.shards.samples import write_samples_file
 
 log = logging.getLogger("visiontrain")
 TAR_BLOCK = 512
@@ -108,6 +110,8 @@ def write_split(split: RawSplit, kind: str, out: Path, index: dict[str, Any], sh
         position += count
         log.info("%s: %s samples (%s of %s in split %s)", out / name, f"{count:,}", f"{position:,}",
                  f"{split.count:,}", split.name)
+    entry["samples_file"] = samples_file(split.name)
+    write_samples_file(out, entry["samples_file"], entry, kind)
     entry["complete"] = True
     write_index(out, index)
 

@@ -44,11 +44,10 @@ def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device) -
 
 
 def train_sampler(data: Any, cfg: Config, dist_info: DistInfo) -> ResumableBatchSampler:
-    """This rank's batches of the training set: grouped by aspect ratio when the task gives groups."""
-    shard = {"rank": dist_info.rank, "world_size": dist_info.world_size}
-    if data.group_ids is not None:
-        return GroupedBatchSampler(data.group_ids, cfg.data.batch_size, seed=cfg.seed, **shard)
-    return ResumableBatchSampler(len(data.train), cfg.data.batch_size, seed=cfg.seed, **shard)
+    """This rank's batches of the training set, in the order its data source reads them
+    (``DataConfig.batch_sampler``)."""
+    return cfg.data.batch_sampler(len(data.train), data.group_ids, seed=cfg.seed, rank=dist_info.rank,
+                                  world_size=dist_info.world_size)
 
 
 def val_loader(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device, *, context: Any = None

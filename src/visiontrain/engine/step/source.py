@@ -68,17 +68,22 @@ class LoaderSource:
 
     def state_dict(self) -> dict[str, Any]:
         s = self.sampler
-        return {"seed": s.seed, "batch_size": s.batch_size, "world_size": s.world_size}
+        return {"seed": s.seed, "batch_size": s.batch_size, "world_size": s.world_size, **s.order_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The seed of the data order; refused (ValueError) when the batch size or the number of
-        processes differs, as the position inside an epoch is counted in this process's batches."""
+        """The seed of the data order; refused (ValueError) when the batch size, the number of
+        processes or what else the sampler's order depends on (``order_state``) differs, as the
+        position inside an epoch is counted in this process's batches of that order."""
         s = self.sampler
         size, world = state.get("batch_size") or s.batch_size, state.get("world_size") or 1
         if int(size) != s.batch_size or int(world) != s.world_size:
             raise ValueError(f"it was written with data.batch_size={size} on {world} process(es); this run has "
                              f"data.batch_size={s.batch_size} on {s.world_size}. An exact resume needs both "
                              f"unchanged (the position inside the epoch is counted in batches)")
+        for key, value in s.order_state().items():  # what else the sampler's order depends on
+            if key in state and state[key] != value:
+                raise ValueError(f"it was written with its data read in an order of {key}={state[key]!r}; this "
+                                 f"run's is {value!r}. An exact resume needs it unchanged")
         s.seed = int(state["seed"])
 
     def close(self) -> None:

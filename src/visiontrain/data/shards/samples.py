@@ -1,0 +1,161 @@
+"""A split's samples file: where each sample lies in its shard, and its labels.
+
+A run reads a sample as one byte range of its shard (``start`` to ``end``: the sample's tar members,
+headers included), so it can begin anywhere: a resumed run, a worker's share of an epoch, a
+validation batch. It needs no pass over the shards first, which on object storage would mean
+downloading them, and the labels a run needs before its first step (the class of every sample for
+the k-NN bank, every box for COCO evaluation, every image's size) come from this one file.
+
+``visiontrain shard`` writes it once a split's shards are all written, by reading the tar headers
+and the ``KEY.json`` members back from those shards: the file says what the shards hold, not what
+the writer meant to put there.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from visiontrain.data.shards.layout import PARTIAL
+
+TAR_BLOCK = 512
+PER_BOX = ("boxes", "labels", "ann_ids", "difficult")  # detection arrays of one row a box
+DETECTION_ARRAYS = ("image_id", "height", "width", "box_start", "boxes", "labels", "ann_ids")
+
+
+@dataclass
+class SplitSamples:
+    """A split's samples: ``shard`` (int32 [N], the shard's number in the split), ``start`` and ``end``
+    (int64 [N], the byte range in it) and ``labels``: ``{"label": int64 [N]}`` for classification;
+    for detection ``image_id``, ``height``, ``width`` [N], ``box_start`` [N + 1], ``boxes`` float32
+    [M, 4] (XYXY pixels), ``labels`` and ``ann_ids`` int64 [M], and ``difficult`` bool [M] where the
+    source flags boxes (Pascal VOC)."""
+
+    shard: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    labels: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.shard)
+
+    def first(self, n: int | None) -> "SplitSamples":
+        """The first ``n`` samples (``data.limit_*``); all of them where ``n`` is None or larger."""
+        if n is None or n >= len(self):
+            return self
+        boxes = int(self.labels["box_start"][n]) if "box_start" in self.labels else 0
+
+        def cut(key: str, values: np.ndarray) -> np.ndarray:
+            if key == "box_start":
+                return values[:n + 1]
+            return values[:boxes] if key in PER_BOX else values[:n]
+        labels = {key: cut(key, values) for key, values in self.labels.items()}
+        return SplitSamples(self.shard[:n], self.start[:n], self.end[:n], labels)
+
+    def take(self, keep: np.ndarray) -> "SplitSamples":
+        """The samples where ``keep`` (bool [N]) is true, in their order."""
+        labels = dict(self.labels)
+        if "box_start" in labels:
+            starts = labels["box_start"]
+            rows = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in np.flatnonzero(keep)] or
+                                  [np.zeros(0, np.int64)])
+            counts = np.diff(starts)[keep]
+            labels = {k: v[rows] if k in PER_BOX else v[keep] for k, v in labels.items() if k != "box_start"}
+            labels["box_start"] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        else:
+            labels = {k: v[keep] for k, v in labels.items()}
+        return SplitSamples(self.shard[keep], self.start[keep], self.end[keep], labels)
+
+    def shard_sizes(self, shards: int) -> list[int]:
+        """How many of these samples each of the split's ``shards`` holds (after a limit, the first
+        shards hold them all and the rest none)."""
+        return np.bincount(self.shard, minlength=shards).tolist()
+
+
+def _padded(size: int) -> int:
+    return -(-size // TAR_BLOCK) * TAR_BLOCK
+
+
+def scan_shard(path: Path, number: int) -> tuple[list[int], list[int], list[dict[str, Any]]]:
+    """(starts, ends, labels) of each sample of one shard, from its headers and json members."""
+    starts: list[int] = []
+    ends: list[int] = []
+    labels: list[dict[str, Any]] = []
+    current = None
+    with tarfile.open(path, mode="r:") as tar:
+        for member in tar:  # reads each header and seeks past the data it does not extract
+            key, _, ext = member.name.partition(".")
+            if key != current:
+                starts.append(member.offset)
+                ends.append(0)
+                labels.append({})
+                current = key
+            ends[-1] = member.offset_data + _padded(member.size)
+            if ext == "json":
+                labels[-1] = json.loads(tar.extractfile(member).read())
+    for key_labels, start in zip(labels, starts):
+        if not key_labels:
+            raise ValueError(f"{path}: the sample at byte {start} has no .json member (labels); shard {number} "
+                             f"was not written by `visiontrain shard`")
+    return starts, ends, labels
+
+
+def _label_arrays(kind: str, labels: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    if kind == "classification":
+        return {"label": np.array([s["label"] for s in labels], dtype=np.int64)}
+    counts = [len(s["labels"]) for s in labels]
+    arrays = {"image_id": np.array([s["image_id"] for s in labels], dtype=np.int64),
+              "height": np.array([s["height"] for s in labels], dtype=np.int64),
+              "width": np.array([s["width"] for s in labels], dtype=np.int64),
+              "box_start": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+              "boxes": np.array([b for s in labels for b in s["boxes"]], dtype=np.float32).reshape(-1, 4),
+              "labels": np.array([v for s in labels for v in s["labels"]], dtype=np.int64),
+              "ann_ids": np.array([v for s, n in zip(labels, counts) for v in s.get("ann_ids", [-1] * n)],
+                                  dtype=np.int64)}
+    if any("difficult" in s for s in labels):
+        arrays["difficult"] = np.array([v for s, n in zip(labels, counts) for v in s.get("difficult", [False] * n)],
+                                       dtype=bool)
+    return arrays
+
+
+def write_samples_file(out: Path, name: str, entry: dict[str, Any], kind: str) -> None:
+    """Read a split's listed shards back and write their samples file (atomically, as the index)."""
+    shard, starts, ends, labels = [], [], [], []
+    for number, listed in enumerate(entry["shards"]):
+        s, e, lab = scan_shard(out / listed["name"], number)
+        if len(s) != listed["samples"]:
+            raise ValueError(f"{out / listed['name']}: holds {len(s)} samples; the index lists {listed['samples']}")
+        shard += [number] * len(s)
+        starts += s
+        ends += e
+        labels += lab
+    arrays = {"shard": np.array(shard, dtype=np.int32), "start": np.array(starts, dtype=np.int64),
+              "end": np.array(ends, dtype=np.int64), **_label_arrays(kind, labels)}
+    path = out / name
+    tmp = path.with_name(path.name + PARTIAL)
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_samples(data: bytes, where: str, kind: str) -> SplitSamples:
+    """A samples file's bytes as ``SplitSamples``; a file that is not one is an error naming ``where``."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{where}: not a readable samples file ({err})") from None
+    needed = ("shard", "start", "end", *(("label",) if kind == "classification" else DETECTION_ARRAYS))
+    missing = [k for k in needed if k not in arrays]
+    if missing:
+        raise ValueError(f"{where}: a {kind} samples file without {', '.join(missing)}")
+    shard, start, end = arrays.pop("shard"), arrays.pop("start"), arrays.pop("end")
+    return SplitSamples(shard, start, end, arrays)

@@ -1,0 +1,61 @@
+"""``data.name: shards``: training from the tar shards ``visiontrain shard`` writes, in a directory or
+at an fsspec URL (``data.shards``). The section has the keys of the sources shards are written
+from, as a classification task reads an image folder's and a detector a detection source's, and
+reads its samples in its own order (``ShardBatchSampler``)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from visiontrain.config import register_kind
+from visiontrain.data.datasets.sources import ImageFolderDataConfig
+from visiontrain.data.detection.sources import DetectionDataConfig
+from visiontrain.data.samplers import ResumableBatchSampler
+from visiontrain.data.shards.layout import split_pattern
+from visiontrain.data.shards.reader import ShardSpec, split_shard_sizes
+from visiontrain.data.shards.sampler import ShardBatchSampler
+from visiontrain.typed_config import doc
+
+log = logging.getLogger("visiontrain")
+
+
+@dataclass
+class ShardsDataConfig(DetectionDataConfig, ImageFolderDataConfig):
+    """shards: a directory or URL of shards, read in shard order through a shuffle buffer."""
+
+    name: str = doc("dataset: shards (the tar shards of `visiontrain shard`, at data.shards)", "shards")
+    shards: str | None = doc("the shards' directory or URL (s3://bucket/prefix, gs://..., https://...; fsspec, "
+                             "with the storage's usual credentials), holding index.json", None)
+    shuffle_buffer: int = doc("samples a worker shuffles among as it reads its shards (shards themselves are read "
+                              "in a shuffled order each epoch); 0 or 1 reads them in their order", 1000, minimum=0)
+
+    def location(self) -> str:
+        if not self.shards:
+            raise ValueError("data.name=shards needs data.shards=DIR or URL (the --out of `visiontrain shard`)")
+        return self.shards
+
+    def shard_spec(self) -> ShardSpec:
+        """What the shard datasets read (``reader.ShardSpec``)."""
+        directory, only = split_pattern(self.location())
+        return ShardSpec(directory, self.shuffle_buffer, only)
+
+    def reader_args(self) -> dict[str, Any]:
+        return {**super().reader_args(), "shards": self.shard_spec()}
+
+    def batch_sampler(self, num_samples: int, group_ids: list[int] | None, *, seed: int, rank: int,
+                      world_size: int) -> ResumableBatchSampler:
+        """Whole shards in a shuffled order, each worker's share read front to back (``ShardBatchSampler``);
+        a detector's aspect-ratio groups are not formed (a group's images are spread over every shard)."""
+        sizes = split_shard_sizes(self.shard_spec(), self.train_split, self.limit_train)
+        if sum(sizes) != num_samples:  # a task that read another split than data.train_split
+            raise ValueError(f"data.shards={self.location()}: the training set has {num_samples:,} samples, but "
+                             f"split {self.train_split!r} gives {sum(sizes):,}")
+        if group_ids is not None and rank == 0:
+            log.info("data.name=shards: batches mix images of any aspect ratio (task.group_aspect groups images "
+                     "spread over every shard, which shards are not read for)")
+        return ShardBatchSampler(sizes, self.batch_size, seed=seed, buffer=self.shuffle_buffer,
+                                 streams=max(1, self.num_workers), rank=rank, world_size=world_size)
+
+
+register_kind("data", "shards", ShardsDataConfig)
