@@ -1,8 +1,9 @@
 """`visiontrain shard`: any data the project reads as tar shards (data/shards/), through the CLI.
 
 Each sample's image is the file's bytes as they were (an in-memory set's pixels as PNG), its labels
-are the reader's, every sample of a split is in exactly one shard, in the reader's order, no shard
-passes --shard-size, and a write killed with SIGKILL continues to the bytes a straight write gives."""
+are the reader's, every sample of a split is in exactly one shard, in a fixed shuffle of the
+reader's order, no shard passes --shard-size, and a write killed with SIGKILL continues to the
+bytes a straight write gives."""
 from __future__ import annotations
 
 import hashlib
@@ -24,6 +25,7 @@ from procs import FAULTHANDLER_ENV, finish, run_cli, wait_for
 from visiontrain.data.datasets.classification import digits_split
 from visiontrain.data.detection.coco import read_coco
 from visiontrain.data.shards.layout import parse_size
+from visiontrain.data.shards.writer import written_order
 
 
 def shard_samples(out: Path, split: str) -> list[dict[str, bytes]]:
@@ -53,7 +55,9 @@ def test_digits_pixels_and_labels_in_shards_of_the_size_asked(tmp_path: Path) ->
     for shard in index["splits"]["train"]["shards"]:
         assert (out / shard["name"]).stat().st_size == shard["bytes"] <= 64_000
     for (images, labels), split in (((train_x, train_y), "train"), ((val_x, val_y), "val")):
-        for i, sample in enumerate(shard_samples(out, split)):
+        order = written_order(len(labels))  # a fixed shuffle: a shard holds every class, not one
+        assert sorted(order.tolist()) == list(range(len(labels))) and order.tolist() != sorted(order.tolist())
+        for i, sample in zip(order, shard_samples(out, split)):
             assert np.array_equal(np.asarray(Image.open(io.BytesIO(sample["png"]))), images[i])
             assert int(sample["cls"]) == labels[i] == json.loads(sample["json"])["label"]
     assert not list(out.glob("*.partial"))
@@ -94,7 +98,7 @@ def test_detection_labels_are_the_readers(tmp_path: Path) -> None:
         records = read_coco(str(root / "annotations" / f"instances_{split}.json"), str(root / split)).records
         samples = shard_samples(out, split)
         assert len(samples) == len(records)
-        for record, sample in zip(records, samples):
+        for record, sample in zip((records[int(i)] for i in written_order(len(records))), samples):
             labels = json.loads(sample["json"])
             assert np.array_equal(np.array(labels["boxes"], np.float32).reshape(-1, 4), record.boxes)
             assert labels["labels"] == record.labels.tolist() and labels["source"] == record.path

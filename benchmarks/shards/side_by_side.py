@@ -5,8 +5,10 @@ shipped apart from the data and the run's length; they read the same images thro
 transforms, in another order, so their metrics should agree within run-to-run noise.
 
     python benchmarks/shards/side_by_side.py [--yolo-epochs 8] [--dino-epochs 2] [--dino-images 20000]
+                                             [--seed 0] [--only yolo dino]
 
-Writes benchmarks/results/shards_side_by_side.json and prints a markdown table.
+Writes benchmarks/results/shards_side_by_side_seed<SEED>.json and prints a markdown table. A second
+seed gives the run-to-run spread the two sources' difference is measured against.
 """
 from __future__ import annotations
 
@@ -53,24 +55,30 @@ def main() -> None:
     parser.add_argument("--yolo-epochs", type=int, default=8)
     parser.add_argument("--dino-epochs", type=int, default=2)
     parser.add_argument("--dino-images", type=int, default=20_000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", nargs="+", choices=["yolo", "dino"], default=["yolo", "dino"])
     args = parser.parse_args()
+    seed = f"seed={args.seed}"
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        visiontrain("shard", "detect-yolov3", "--out", str(work / "mosaic-shards"), "--shard-size", "64MB")
-        yolo = (f"trainer.epochs={args.yolo_epochs}",)
-        results["detect-yolov3 files"] = fit("detect-yolov3", work / "yolo-files", *yolo)
-        results["detect-yolov3 shards"] = fit("detect-yolov3", work / "yolo-shards", "data.name=shards",
-                                              f"data.shards={work / 'mosaic-shards'}", *yolo)
-        folder = fashion_folder(work / "fashion", args.dino_images, 2_000)
-        files = ("data.name=image-folder", f"data.root={folder}")
-        visiontrain("shard", "ssl-dino", *files, "--out", str(work / "fashion-shards"), "--shard-size", "64MB")
-        dino = (f"trainer.epochs={args.dino_epochs}",)
-        results["ssl-dino files"] = fit("ssl-dino", work / "dino-files", *files, *dino)
-        results["ssl-dino shards"] = fit("ssl-dino", work / "dino-shards", "data.name=shards",
-                                         f"data.shards={work / 'fashion-shards'}", *dino)
+        if "yolo" in args.only:
+            visiontrain("shard", "detect-yolov3", "--out", str(work / "mosaic-shards"), "--shard-size", "64MB")
+            yolo = (f"trainer.epochs={args.yolo_epochs}", seed)
+            results["detect-yolov3 files"] = fit("detect-yolov3", work / "yolo-files", *yolo)
+            results["detect-yolov3 shards"] = fit("detect-yolov3", work / "yolo-shards", "data.name=shards",
+                                                  f"data.shards={work / 'mosaic-shards'}", *yolo)
+        if "dino" in args.only:
+            folder = fashion_folder(work / "fashion", args.dino_images, 2_000)
+            files = ("data.name=image-folder", f"data.root={folder}")
+            visiontrain("shard", "ssl-dino", *files, "--out", str(work / "fashion-shards"), "--shard-size", "64MB")
+            dino = (f"trainer.epochs={args.dino_epochs}", seed)
+            results["ssl-dino files"] = fit("ssl-dino", work / "dino-files", *files, *dino)
+            results["ssl-dino shards"] = fit("ssl-dino", work / "dino-shards", "data.name=shards",
+                                             f"data.shards={work / 'fashion-shards'}", *dino)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "shards_side_by_side.json").write_text(json.dumps({"args": vars(args), "runs": results}, indent=1))
+    out = RESULTS / f"shards_side_by_side_seed{args.seed}.json"
+    out.write_text(json.dumps({"args": vars(args), "runs": results}, indent=1))
     print("| run | metric | images/s | wall |\n|---|---|---|---|")
     for name, r in results.items():
         metric = ", ".join(f"{k} {v:.4g}" for k, v in r["final"].items() if k != "wall_s" and v is not None)

@@ -2,7 +2,7 @@
 `visiontrain shard`'s shards of that folder in a local directory, and from those shards in a local
 S3 server (moto, on 127.0.0.1); and the time from the loader's start to its first batch.
 
-The images are photos' size and weight: 400 x 300 JPEGs (quality 90, about 30 KB) of smooth random
+The images are photos' size and weight: 400 x 300 JPEGs (quality 90, about 35 KB) of smooth random
 shapes with grain, 10 classes. Each source is read through the project's own loader exactly as
 `fit` builds it (the task's data, `engine.setup.loaders`: the recipe's transforms, workers,
 start method and sampler) with classify-fashion's settings on this data: data.name=image-folder

@@ -5,6 +5,7 @@
     {"format": "visiontrain-shards", "version": 2,
      "kind": "classification" | "detection", "class_names": [...], "category_ids": [...] (detection),
      "pixel_max": 255 (the in-memory sets' white: digits' is 16),
+     "order": {"shuffled": true, "seed": 0} (the samples' order in the shards: ``writer.written_order``),
      "source": {"data": {the data section it was written from}, "fingerprint": {split: sha256 of its samples}},
      "splits": {"train": {"samples": N, "complete": true,
                           "shards": [{"name": "train-000000.tar", "samples": n, "bytes": b}, ...],

@@ -5,9 +5,9 @@ then listed in ``index.json`` (``layout.write_index`` replaces it in one step). 
 at any moment thus leaves whole shards, all listed, and at most one ``.partial`` file, which the
 next ``shard`` into the same directory removes before it continues from the first sample not yet in
 a listed shard. A split's samples file (``samples``) is written from its shards once they are all
-there, before the index calls the split complete. The samples come in the reader's order, which is
-fixed by the data, so the shards of a resumed run are the bytes a straight run writes (the tar
-headers carry no time or owner). The directory's index also records a fingerprint of each split's
+there, before the index calls the split complete. The samples go in a fixed shuffle of the reader's
+order (``written_order``), so the shards of a resumed run are the bytes a straight run writes (the
+tar headers carry no time or owner). The directory's index also records a fingerprint of each split's
 samples: continuing into a directory written from other data is refused, naming it.
 """
 from __future__ import annotations
@@ -21,6 +21,8 @@ import tarfile
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from visiontrain.data.shards.layout import (FORMAT, PARTIAL, VERSION, read_index, sample_key, samples_file,
                                             shard_name, write_index)
 from visiontrain.data.shards.raw import RawData, RawSplit
@@ -28,6 +30,7 @@ from visiontrain.data.shards.samples import write_samples_file
 
 log = logging.getLogger("visiontrain")
 TAR_BLOCK = 512
+ORDER_SEED = 0
 
 
 def fingerprint(split: RawSplit) -> str:
@@ -61,15 +64,24 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
+def written_order(count: int) -> np.ndarray:
+    """The reader's sample at each position of a split's shards: a fixed shuffle (``ORDER_SEED``).
+    Readers list an image folder class by class and COCO by id; a run reads whole shards in turn and
+    shuffles only within a buffer, so shards in the reader's order would feed it one class at a time."""
+    return np.random.default_rng(ORDER_SEED).permutation(count)
+
+
 def write_shard(split: RawSplit, kind: str, start: int, path: Path, shard_size: int,
                 advance: Callable[[int], None]) -> int:
-    """Samples from ``start`` on into the tar at ``path`` until the next would pass ``shard_size``
-    (a shard holds at least one); the number written. The file is on the disk when this returns."""
+    """Samples from position ``start`` on (``written_order``) into the tar at ``path`` until the next
+    would pass ``shard_size`` (a shard holds at least one); the number written. The file is on the disk
+    when this returns."""
     written, used = 0, 2 * TAR_BLOCK  # a tar ends with two zero blocks
+    order = written_order(split.count)
     with open(path, "wb") as f:
         with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tar:
             for position in range(start, split.count):
-                ext, image, labels = split.load(position)
+                ext, image, labels = split.load(int(order[position]))
                 members = _members(kind, sample_key(position), ext, image, labels)
                 cost = sum(_member_bytes(len(data)) for _, data in members)
                 if written and _archive_bytes(used + cost) > shard_size:
@@ -127,6 +139,7 @@ def start_index(raw: RawData, out: Path, data_section: dict[str, Any]) -> dict[s
                              f"{counts} samples); write to another --out, or remove it first")
         return index
     index = {"format": FORMAT, "version": VERSION, "kind": raw.kind, "class_names": raw.class_names,
+             "order": {"shuffled": True, "seed": ORDER_SEED},
              "source": {"data": data_section, "fingerprint": prints},
              "splits": {s.name: {"samples": s.count, "complete": False, "shards": []} for s in raw.splits}}
     if raw.category_ids is not None:
