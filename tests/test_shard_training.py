@@ -241,6 +241,34 @@ def test_training_from_s3_through_dropped_connections_gives_the_local_runs_weigh
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_shard_writes_to_a_bucket_the_bytes_it_writes_to_a_directory_and_a_killed_write_continues(
+        digits_shards, bucket, tmp_path):
+    import s3fs
+
+    _, port = bucket
+    env, staging = fit_env(f"http://127.0.0.1:{port}"), tmp_path / "staging"
+    args = [sys.executable, "-m", "visiontrain", "shard", "classify-fashion", "data.name=digits", "--out",
+            "s3://shards/written", "--shard-size", "64KB", "--staging", str(staging)]  # the fixture's shards' size
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+
+    def uploaded() -> int:
+        try:
+            return len(json.loads((staging / "index.json").read_text())["splits"]["train"]["shards"])
+        except (OSError, ValueError):
+            return 0
+    wait_for(lambda: uploaded() >= 3, "three shards uploaded", proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    finish(proc, 60)
+    resumed = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert not staging.exists()  # everything is in the bucket
+    fs = s3fs.S3FileSystem(endpoint_url=f"http://127.0.0.1:{port}", key="testing", secret="testing")
+    names = sorted(path.rsplit("/", 1)[1] for path in fs.ls("shards/written"))
+    assert names == sorted(p.name for p in digits_shards.iterdir())
+    assert all(fs.cat_file(f"shards/written/{name}") == (digits_shards / name).read_bytes() for name in names)
+
+
 def test_an_outage_stops_the_run_with_one_line_naming_the_url_and_the_checkpoint_intact(bucket, tmp_path):
     url, port = bucket
     proxy = FlakyProxy(port, cut=0.0)

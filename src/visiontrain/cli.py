@@ -158,8 +158,10 @@ def _add_run_tools(sub: Any) -> None:
                                          "(data.name=shards): each image's bytes as they were, its labels, an index")
     shard.add_argument("recipe", help="built-in recipe name or path to a YAML file (its data section is read)")
     shard.add_argument("overrides", nargs="*", help="key=value overrides (data.name=..., data.root=...)")
-    shard.add_argument("--out", required=True, help="the directory of the shards and their index.json; a "
-                                                   "killed write into it continues where it stopped")
+    shard.add_argument("--out", required=True, help="the directory or URL (s3://..., gs://...) of the shards and "
+                                                   "their index.json; a killed write to it continues where it stopped")
+    shard.add_argument("--staging", help="--out URL: the local directory each file is written in before it is "
+                                         "uploaded (default: one per URL in the temporary directory)")
     shard.add_argument("--shard-size", default="1GB", help="about how large each shard is: bytes, or with a unit "
                                                           "(500MB, 1GB, 256MiB)")
     shard.set_defaults(fn=cmd_shard)

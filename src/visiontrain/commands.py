@@ -210,14 +210,15 @@ def shard_progress(total: int) -> Iterator[Callable[[int], None]]:
 
 def cmd_shard(args: argparse.Namespace) -> int:
     from visiontrain.data.shards.raw import raw_data
-    from visiontrain.data.shards.writer import write_shards
+    from visiontrain.data.shards.writer import write_shards_to
 
     shard_size = parse_size(args.shard_size)  # a bad size fails before the data is read
     cfg = C.load_config(args.recipe, args.overrides)
     raw = raw_data(cfg.data)
-    out = Path(args.out)
+    out = args.out
     with shard_progress(sum(split.count for split in raw.splits)) as advance:
-        index = write_shards(raw, out, shard_size, C.config_to_dict(cfg)["data"], advance)
+        index = write_shards_to(raw, out, shard_size, C.config_to_dict(cfg)["data"], advance,
+                                staging=Path(args.staging) if args.staging else None)
     splits = {name: {"samples": e["samples"], "shards": len(e["shards"]), "bytes": sum(s["bytes"] for s in e["shards"])}
               for name, e in index["splits"].items()}
     print_json({"out": str(out), "kind": index["kind"], "classes": len(index["class_names"]), "splits": splits})

@@ -6,9 +6,9 @@ validation batch. It needs no pass over the shards first, which on object storag
 downloading them, and the labels a run needs before its first step (the class of every sample for
 the k-NN bank, every box for COCO evaluation, every image's size) come from this one file.
 
-``visiontrain shard`` writes it once a split's shards are all written, by reading the tar headers
-and the ``KEY.json`` members back from those shards: the file says what the shards hold, not what
-the writer meant to put there.
+``visiontrain shard`` reads each shard's tar headers and ``KEY.json`` members back as soon as it is
+written (a sidecar per shard, ``write_shard_scan``) and writes the file from them once the split's
+shards are all there: the file says what the shards hold, not what the writer meant to put there.
 """
 from __future__ import annotations
 
@@ -124,23 +124,44 @@ def _label_arrays(kind: str, labels: list[dict[str, Any]]) -> dict[str, np.ndarr
     return arrays
 
 
+def shard_sidecar(shard: str) -> str:
+    """The file that holds one written shard's scan until its split's samples file is written."""
+    return f"{shard}.samples.json"
+
+
+def write_shard_scan(out: Path, number: int, listed: dict[str, Any]) -> None:
+    """Read one written shard back (``scan_shard``) into its sidecar, so that the shard itself can
+    leave this directory (uploaded by ``shard --out URL``) before its split is complete."""
+    starts, ends, labels = scan_shard(out / listed["name"], number)
+    if len(starts) != listed["samples"]:
+        raise ValueError(f"{out / listed['name']}: holds {len(starts)} samples; the index lists {listed['samples']}")
+    _atomic_write(out / shard_sidecar(listed["name"]),
+                  json.dumps({"starts": starts, "ends": ends, "labels": labels}).encode())
+
+
 def write_samples_file(out: Path, name: str, entry: dict[str, Any], kind: str) -> None:
-    """Read a split's listed shards back and write their samples file (atomically, as the index)."""
-    shard, starts, ends, labels = [], [], [], []
+    """A split's samples file from its shards' sidecars (``write_shard_scan``), written atomically."""
+    shard: list[int] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    labels: list[dict[str, Any]] = []
     for number, listed in enumerate(entry["shards"]):
-        s, e, lab = scan_shard(out / listed["name"], number)
-        if len(s) != listed["samples"]:
-            raise ValueError(f"{out / listed['name']}: holds {len(s)} samples; the index lists {listed['samples']}")
-        shard += [number] * len(s)
-        starts += s
-        ends += e
-        labels += lab
+        scan = json.loads((out / shard_sidecar(listed["name"])).read_text(encoding="utf-8"))
+        shard += [number] * len(scan["starts"])
+        starts += scan["starts"]
+        ends += scan["ends"]
+        labels += scan["labels"]
     arrays = {"shard": np.array(shard, dtype=np.int32), "start": np.array(starts, dtype=np.int64),
               "end": np.array(ends, dtype=np.int64), **_label_arrays(kind, labels)}
-    path = out / name
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    _atomic_write(out / name, buffer.getvalue())
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + PARTIAL)
     with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -28,6 +28,7 @@ FIRST_WAIT = 0.5
 BLOCK = 4 * 2**20  # a remote read fetches whole blocks of this many bytes
 MIN_CACHE = 4 * BLOCK
 OPEN_FILES = 8  # local files a process keeps open: the shards its share of an epoch is in
+NOISY_LOGGERS = ("botocore", "aiobotocore", "s3fs", "fsspec", "gcsfs", "google")
 
 
 class ShardReadError(ValueError):
@@ -67,6 +68,9 @@ class ShardStore:
         if self._fs is None:
             import fsspec
 
+            for noisy in NOISY_LOGGERS:  # a line per credential lookup and endpoint at INFO
+                logging.getLogger(noisy).setLevel(logging.WARNING)
+
             try:
                 self._fs, _ = fsspec.core.url_to_fs(self.location)
             except ImportError as err:  # s3fs, gcsfs: installed by the user for the storage they use
@@ -88,6 +92,15 @@ class ShardStore:
             raise ShardReadError(f"{self.url(name)}: bytes {start}-{end} asked, {len(data)} there (the file is "
                                  f"shorter than its samples file says)")
         return data
+
+    def exists(self, name: str) -> bool:
+        if not self.remote:
+            return os.path.exists(self.url(name))
+        return bool(self._retried(name, lambda: self._filesystem().exists(self.url(name))))
+
+    def put(self, local: str, name: str) -> None:
+        """Upload the local file ``local`` as ``name`` (``shard --out URL``), retried as a read is."""
+        self._retried(name, lambda: self._filesystem().put_file(local, self.url(name)))
 
     def _read_whole(self, name: str) -> bytes:
         if not self.remote:
@@ -120,7 +133,7 @@ class ShardStore:
         self._blocks[key] = data
         return data
 
-    def _retried(self, name: str, read: Callable[[], bytes]) -> bytes:
+    def _retried(self, name: str, read: Callable[[], Any]) -> Any:
         wait = self.first_wait
         for attempt in range(1, self.retries + 1):
             try:
@@ -131,7 +144,7 @@ class ShardStore:
                 raise ShardReadError(f"{self.url(name)}: no such file") from None
             except Exception as err:  # noqa: BLE001  (each file system raises its own transient errors)
                 if attempt == self.retries:
-                    raise ShardReadError(f"{self.url(name)}: cannot be read after {self.retries} tries: "
+                    raise ShardReadError(f"{self.url(name)}: cannot be read or written after {self.retries} tries: "
                                          f"{type(err).__name__}: {err}") from None
                 log.warning("%s: %s: %s; trying again in %.1f s (try %d of %d)", self.url(name),
                             type(err).__name__, err, wait, attempt + 1, self.retries)

@@ -4,11 +4,14 @@ A shard is written as ``NAME.tar.partial``, flushed to the disk, then renamed in
 then listed in ``index.json`` (``layout.write_index`` replaces it in one step). A ``shard`` killed
 at any moment thus leaves whole shards, all listed, and at most one ``.partial`` file, which the
 next ``shard`` into the same directory removes before it continues from the first sample not yet in
-a listed shard. A split's samples file (``samples``) is written from its shards once they are all
-there, before the index calls the split complete. The samples go in a fixed shuffle of the reader's
-order (``written_order``), so the shards of a resumed run are the bytes a straight run writes (the
-tar headers carry no time or owner). The directory's index also records a fingerprint of each split's
-samples: continuing into a directory written from other data is refused, naming it.
+a listed shard. Each shard is read back into a scan (``samples.write_shard_scan``) before it is
+listed, and a split's samples file is written from those scans once its shards are all there, before
+the index calls the split complete. A write to a URL (``write_shards_to``) does all this in a local
+staging directory and uploads each file once whole, a shard's local copy then removed. The samples
+go in a fixed shuffle of the reader's order (``written_order``), so the shards of a resumed run are
+the bytes a straight run writes (the tar headers carry no time or owner). The directory's index also
+records a fingerprint of each split's samples: continuing into a directory written from other data
+is refused, naming it.
 """
 from __future__ import annotations
 
@@ -17,20 +20,24 @@ import io
 import json
 import logging
 import os
+import shutil
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from visiontrain.data.shards.layout import (FORMAT, PARTIAL, VERSION, read_index, sample_key, samples_file,
-                                            shard_name, write_index)
+from visiontrain.data.shards.layout import (FORMAT, INDEX_FILE, PARTIAL, VERSION, parse_index, read_index,
+                                            sample_key, samples_file, shard_name, write_index)
 from visiontrain.data.shards.raw import RawData, RawSplit
-from visiontrain.data.shards.samples import write_samples_file
+from visiontrain.data.shards.samples import shard_sidecar, write_samples_file, write_shard_scan
+from visiontrain.data.shards.storage import ShardStore, is_url
 
 log = logging.getLogger("visiontrain")
 TAR_BLOCK = 512
 ORDER_SEED = 0
+Publish = Callable[[Path], None]
 
 
 def fingerprint(split: RawSplit) -> str:
@@ -95,21 +102,24 @@ def write_shard(split: RawSplit, kind: str, start: int, path: Path, shard_size: 
     return written
 
 
-def _check_listed(out: Path, entry: dict[str, Any]) -> None:
-    """Every shard the index lists is there with its size, or the directory cannot be continued."""
+def _check_listed(out: Path, entry: dict[str, Any], kept: bool) -> None:
+    """Every shard the index lists has its scan (and, where shards are ``kept`` here, is here with its
+    size), or the directory cannot be continued."""
     for shard in entry["shards"]:
-        path = out / shard["name"]
-        if not path.is_file() or path.stat().st_size != shard["bytes"]:
+        path, scan = out / shard["name"], out / shard_sidecar(shard["name"])
+        if not scan.is_file() or (kept and (not path.is_file() or path.stat().st_size != shard["bytes"])):
             found = f"{path.stat().st_size:,} bytes" if path.is_file() else "missing"
-            raise ValueError(f"{path}: listed in {out / 'index.json'} with {shard['bytes']:,} bytes, but {found}; "
-                             f"remove the directory (or the index) to write the shards again")
+            raise ValueError(f"{path}: listed in {out / 'index.json'} with {shard['bytes']:,} bytes, but {found} "
+                             f"or without its scan; remove the directory (or the index) to write the shards again")
 
 
 def write_split(split: RawSplit, kind: str, out: Path, index: dict[str, Any], shard_size: int,
-                advance: Callable[[int], None]) -> None:
-    """The split's shards after those the index already lists, the index rewritten after each."""
+                advance: Callable[[int], None], publish: Publish | None = None) -> None:
+    """The split's shards after those the index already lists, the index rewritten after each.
+    ``publish(path)``: each finished file to its destination (``shard --out URL``), after which a
+    shard's local copy goes."""
     entry = index["splits"][split.name]
-    _check_listed(out, entry)
+    _check_listed(out, entry, kept=publish is None)
     position = sum(shard["samples"] for shard in entry["shards"])
     advance(position)
     while position < split.count:
@@ -117,15 +127,30 @@ def write_split(split: RawSplit, kind: str, out: Path, index: dict[str, Any], sh
         partial = out / (name + PARTIAL)
         count = write_shard(split, kind, position, partial, shard_size, advance)
         os.replace(partial, out / name)
-        entry["shards"].append({"name": name, "samples": count, "bytes": (out / name).stat().st_size})
-        write_index(out, index)
+        listed = {"name": name, "samples": count, "bytes": (out / name).stat().st_size}
+        write_shard_scan(out, len(entry["shards"]), listed)
+        if publish is not None:
+            publish(out / name)
+            (out / name).unlink()
+        entry["shards"].append(listed)
+        _write_index(out, index, publish)
         position += count
-        log.info("%s: %s samples (%s of %s in split %s)", out / name, f"{count:,}", f"{position:,}",
+        log.info("%s: %s samples (%s of %s in split %s)", name, f"{count:,}", f"{position:,}",
                  f"{split.count:,}", split.name)
     entry["samples_file"] = samples_file(split.name)
     write_samples_file(out, entry["samples_file"], entry, kind)
+    if publish is not None:
+        publish(out / entry["samples_file"])
     entry["complete"] = True
+    _write_index(out, index, publish)
+    for shard in entry["shards"]:
+        (out / shard_sidecar(shard["name"])).unlink()
+
+
+def _write_index(out: Path, index: dict[str, Any], publish: Publish | None) -> None:
     write_index(out, index)
+    if publish is not None:
+        publish(out / INDEX_FILE)
 
 
 def start_index(raw: RawData, out: Path, data_section: dict[str, Any]) -> dict[str, Any]:
@@ -149,14 +174,42 @@ def start_index(raw: RawData, out: Path, data_section: dict[str, Any]) -> dict[s
     return index
 
 
+def staging_for(url: str) -> Path:
+    """Where a write to ``url`` keeps its index and scans (and each shard until it is uploaded): the
+    same directory for the same URL, so a killed write continues."""
+    return Path(tempfile.gettempdir()) / f"visiontrain-shard-{hashlib.sha256(url.encode()).hexdigest()[:16]}"
+
+
+def write_shards_to(raw: RawData, out: str, shard_size: int, data_section: dict[str, Any],
+                    advance: Callable[[int], None] = lambda n: None, staging: Path | None = None) -> dict[str, Any]:
+    """``write_shards`` into a directory, or to a URL (fsspec): each file is written in ``staging``
+    first and uploaded once whole, a shard's local copy then removed, so the machine holds one shard
+    at a time besides the index and the scans; the staging directory goes once the write is done."""
+    if not is_url(out):
+        return write_shards(raw, Path(out), shard_size, data_section, advance)
+    store, staging = ShardStore(out), staging or staging_for(out)
+    if read_index(staging) is None and store.exists(INDEX_FILE):
+        remote = parse_index(store.read(INDEX_FILE).decode("utf-8"), store.url(INDEX_FILE))
+        if not all(entry["complete"] for entry in remote["splits"].values()):
+            raise ValueError(f"{out}: holds an unfinished write whose staging directory ({staging}) is not on this "
+                             f"machine; pass --staging with that directory, or remove what is at {out}")
+        staging.mkdir(parents=True, exist_ok=True)
+        write_index(staging, remote)  # finished: nothing left to write, unless it is other data (refused)
+    index = write_shards(raw, staging, shard_size, data_section, advance,
+                         publish=lambda path: store.put(str(path), path.name))
+    shutil.rmtree(staging)  # all of it is at the URL now; a rerun reads the index there
+    return index
+
+
 def write_shards(raw: RawData, out: Path, shard_size: int, data_section: dict[str, Any],
-                 advance: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
-    """Every split of ``raw`` into ``out``, continuing what a killed write left (module docstring)."""
+                 advance: Callable[[int], None] = lambda n: None, publish: Publish | None = None) -> dict[str, Any]:
+    """Every split of ``raw`` into ``out``, continuing what a killed write left (module docstring);
+    with ``publish``, ``out`` is the staging directory of a write to a URL (``publish``)."""
     out.mkdir(parents=True, exist_ok=True)
     index = start_index(raw, out, data_section)
     for leftover in out.glob(f"*{PARTIAL}"):
         leftover.unlink()
     for split in raw.splits:
         if not index["splits"][split.name]["complete"]:
-            write_split(split, raw.kind, out, index, shard_size, advance)
+            write_split(split, raw.kind, out, index, shard_size, advance, publish)
     return index
