@@ -22,8 +22,8 @@ never flipped (a flipped digit is another glyph).  All randomness comes from tor
 from __future__ import annotations
 
 import functools
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch

@@ -28,11 +28,17 @@ FORMAT, VERSION = "visiontrain-shards", 2
 INDEX_FILE = "index.json"
 PARTIAL = ".partial"  # a shard being written; never listed in the index
 KEY_DIGITS = 9  # sample keys: the sample's position in its split, zero-padded
+TAR_BLOCK = 512  # a tar header, and the unit every member's data is padded to
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 
 
 def shard_name(split: str, number: int) -> str:
     return f"{split}-{number:06d}.tar"
+
+
+def padded(size: int) -> int:
+    """The bytes ``size`` bytes of member data take in a tar: a whole number of blocks."""
+    return -(-size // TAR_BLOCK) * TAR_BLOCK
 
 
 def samples_file(split: str) -> str:
@@ -112,10 +118,14 @@ def parse_index(text: str, where: str) -> dict[str, Any]:
 
 def write_index(directory: Path, index: dict[str, Any]) -> None:
     """Replace the index in one step: a kill leaves the old one or the new one, never half of one."""
-    path = directory / INDEX_FILE
+    write_atomically(directory / INDEX_FILE, json.dumps(index, indent=1).encode("utf-8"))
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """``data`` as the file ``path``, written beside it, flushed to the disk, then renamed into place."""
     tmp = path.with_name(path.name + PARTIAL)
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(index, f, indent=1)
+    with open(tmp, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

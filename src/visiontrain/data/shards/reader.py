@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from visiontrain.data.shards.layout import INDEX_FILE, parse_index, sample_key
-from visiontrain.data.shards.samples import TAR_BLOCK, SplitSamples, read_samples
+from visiontrain.data.shards.layout import INDEX_FILE, TAR_BLOCK, padded, parse_index, sample_key
+from visiontrain.data.shards.samples import SplitSamples, read_samples
 from visiontrain.data.shards.storage import ShardStore
 
 
@@ -67,7 +67,7 @@ def sample_members(data: bytes, where: str) -> dict[str, bytes]:
             raise ValueError(f"{where}: not a tar member at byte {pos} of the sample ({err})") from None
         start = pos + TAR_BLOCK
         members[info.name.partition(".")[2]] = data[start:start + info.size]
-        pos = start + -(-info.size // TAR_BLOCK) * TAR_BLOCK
+        pos = start + padded(info.size)
     return members
 
 
@@ -101,9 +101,6 @@ class ShardSplit:
 
     def __len__(self) -> int:
         return len(self.samples)
-
-    def shard_sizes(self) -> list[int]:
-        return self.samples.shard_sizes(len(self.shard_names))
 
     def where(self, i: int) -> str:
         """Sample ``i`` in words, for errors: its shard's URL and its key."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from visiontrain.data.shards.layout import PARTIAL
+from visiontrain.data.shards.layout import padded, write_atomically
 
-TAR_BLOCK = 512
 PER_BOX = ("boxes", "labels", "ann_ids", "difficult")  # detection arrays of one row a box
 DETECTION_ARRAYS = ("image_id", "height", "width", "box_start", "boxes", "labels", "ann_ids")
 
@@ -72,15 +70,6 @@ class SplitSamples:
             labels = {k: v[keep] for k, v in labels.items()}
         return SplitSamples(self.shard[keep], self.start[keep], self.end[keep], labels)
 
-    def shard_sizes(self, shards: int) -> list[int]:
-        """How many of these samples each of the split's ``shards`` holds (after a limit, the first
-        shards hold them all and the rest none)."""
-        return np.bincount(self.shard, minlength=shards).tolist()
-
-
-def _padded(size: int) -> int:
-    return -(-size // TAR_BLOCK) * TAR_BLOCK
-
 
 def scan_shard(path: Path, number: int) -> tuple[list[int], list[int], list[dict[str, Any]]]:
     """(starts, ends, labels) of each sample of one shard, from its headers and json members."""
@@ -96,7 +85,7 @@ def scan_shard(path: Path, number: int) -> tuple[list[int], list[int], list[dict
                 ends.append(0)
                 labels.append({})
                 current = key
-            ends[-1] = member.offset_data + _padded(member.size)
+            ends[-1] = member.offset_data + padded(member.size)
             if ext == "json":
                 labels[-1] = json.loads(tar.extractfile(member).read())
     for key_labels, start in zip(labels, starts):
@@ -135,7 +124,7 @@ def write_shard_scan(out: Path, number: int, listed: dict[str, Any]) -> None:
     starts, ends, labels = scan_shard(out / listed["name"], number)
     if len(starts) != listed["samples"]:
         raise ValueError(f"{out / listed['name']}: holds {len(starts)} samples; the index lists {listed['samples']}")
-    _atomic_write(out / shard_sidecar(listed["name"]),
+    write_atomically(out / shard_sidecar(listed["name"]),
                   json.dumps({"starts": starts, "ends": ends, "labels": labels}).encode())
 
 
@@ -155,16 +144,7 @@ def write_samples_file(out: Path, name: str, entry: dict[str, Any], kind: str) -
               "end": np.array(ends, dtype=np.int64), **_label_arrays(kind, labels)}
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    _atomic_write(out / name, buffer.getvalue())
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + PARTIAL)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomically(out / name, buffer.getvalue())
 
 
 def read_samples(data: bytes, where: str, kind: str) -> SplitSamples:

@@ -70,7 +70,6 @@ class ShardStore:
 
             for noisy in NOISY_LOGGERS:  # a line per credential lookup and endpoint at INFO
                 logging.getLogger(noisy).setLevel(logging.WARNING)
-
             try:
                 self._fs, _ = fsspec.core.url_to_fs(self.location)
             except ImportError as err:  # s3fs, gcsfs: installed by the user for the storage they use
@@ -87,11 +86,7 @@ class ShardStore:
             return self._retried(name, lambda: self._pread(name, start, end))
         first, last = start // BLOCK, (end - 1) // BLOCK
         data = b"".join(self._retried(name, lambda b=b: self._block(name, b)) for b in range(first, last + 1))
-        data = data[start - first * BLOCK:end - first * BLOCK]
-        if len(data) != end - start:
-            raise ShardReadError(f"{self.url(name)}: bytes {start}-{end} asked, {len(data)} there (the file is "
-                                 f"shorter than its samples file says)")
-        return data
+        return self._checked(name, start, end, data[start - first * BLOCK:end - first * BLOCK])
 
     def exists(self, name: str) -> bool:
         if not self.remote:
@@ -115,7 +110,10 @@ class ShardStore:
             while len(self._files) >= OPEN_FILES:
                 os.close(self._files.popitem(last=False)[1])
         self._files[name] = fd
-        data = os.pread(fd, end - start, start)
+        return self._checked(name, start, end, os.pread(fd, end - start, start))
+
+    def _checked(self, name: str, start: int, end: int, data: bytes) -> bytes:
+        """``data``, read as bytes ``[start, end)``, unless the file ended before ``end``."""
         if len(data) != end - start:
             raise ShardReadError(f"{self.url(name)}: bytes {start}-{end} asked, {len(data)} there (the file is "
                                  f"shorter than its samples file says)")

@@ -28,14 +28,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from visiontrain.data.shards.layout import (FORMAT, INDEX_FILE, PARTIAL, VERSION, parse_index, read_index,
-                                            sample_key, samples_file, shard_name, write_index)
+from visiontrain.data.shards.layout import (FORMAT, INDEX_FILE, PARTIAL, TAR_BLOCK, VERSION, padded, parse_index,
+                                            read_index, sample_key, samples_file, shard_name, write_index)
 from visiontrain.data.shards.raw import RawData, RawSplit
 from visiontrain.data.shards.samples import shard_sidecar, write_samples_file, write_shard_scan
 from visiontrain.data.shards.storage import ShardStore, is_url
 
 log = logging.getLogger("visiontrain")
-TAR_BLOCK = 512
 ORDER_SEED = 0
 Publish = Callable[[Path], None]
 
@@ -50,7 +49,7 @@ def fingerprint(split: RawSplit) -> str:
 
 def _member_bytes(size: int) -> int:
     """What a member of ``size`` bytes takes in a tar: its header and its data padded to a block."""
-    return TAR_BLOCK + -(-size // TAR_BLOCK) * TAR_BLOCK
+    return TAR_BLOCK + padded(size)
 
 
 def _archive_bytes(used: int) -> int:
@@ -78,13 +77,12 @@ def written_order(count: int) -> np.ndarray:
     return np.random.default_rng(ORDER_SEED).permutation(count)
 
 
-def write_shard(split: RawSplit, kind: str, start: int, path: Path, shard_size: int,
+def write_shard(split: RawSplit, kind: str, order: np.ndarray, start: int, path: Path, shard_size: int,
                 advance: Callable[[int], None]) -> int:
-    """Samples from position ``start`` on (``written_order``) into the tar at ``path`` until the next
-    would pass ``shard_size`` (a shard holds at least one); the number written. The file is on the disk
-    when this returns."""
+    """The samples of ``order`` (``written_order``) from position ``start`` on into the tar at
+    ``path``, until the next would pass ``shard_size`` (a shard holds at least one); the number
+    written. The file is on the disk when this returns."""
     written, used = 0, 2 * TAR_BLOCK  # a tar ends with two zero blocks
-    order = written_order(split.count)
     with open(path, "wb") as f:
         with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tar:
             for position in range(start, split.count):
@@ -122,10 +120,11 @@ def write_split(split: RawSplit, kind: str, out: Path, index: dict[str, Any], sh
     _check_listed(out, entry, kept=publish is None)
     position = sum(shard["samples"] for shard in entry["shards"])
     advance(position)
+    order = written_order(split.count)
     while position < split.count:
         name = shard_name(split.name, len(entry["shards"]))
         partial = out / (name + PARTIAL)
-        count = write_shard(split, kind, position, partial, shard_size, advance)
+        count = write_shard(split, kind, order, position, partial, shard_size, advance)
         os.replace(partial, out / name)
         listed = {"name": name, "samples": count, "bytes": (out / name).stat().st_size}
         write_shard_scan(out, len(entry["shards"]), listed)
