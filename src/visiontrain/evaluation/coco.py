@@ -28,6 +28,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+from pycocotools import mask as coco_mask
 
 from visiontrain.config import ConfigError, doc, extend_section
 
@@ -161,19 +162,29 @@ def _class_names(categories: list[dict]) -> dict[int, str]:
     return {cat: f"{name} ({cat})" if taken.count(name) > 1 else name for cat, name in names.items()}
 
 
-def _result_annotations(detections: Sequence[dict]) -> list[dict]:
-    """Box results as ``loadRes`` makes them (``id`` from 1, ``area`` w * h, ``iscrowd`` 0), on
-    copies: the same annotations for either backend, without the polygon ``loadRes`` adds to each
-    box (box AP never reads it, and at 100 results per image it is a share of the time one can see)."""
-    return [{**d, "area": float(d["bbox"][2]) * float(d["bbox"][3]), "id": i + 1, "iscrowd": 0}
-            for i, d in enumerate(detections)]
+def _result_annotations(detections: Sequence[dict], iou_type: str = "bbox") -> list[dict]:
+    """Results as ``loadRes`` makes them (``id`` from 1, ``iscrowd`` 0, ``area`` w * h for boxes and
+    the mask's pixels for ``segm``), on copies: the same annotations for either backend, without the
+    polygon ``loadRes`` adds to each box (box AP never reads it, and at 100 results per image it is a
+    share of the time one can see) and without the masks where boxes are scored."""
+    if iou_type == "segm":
+        missing = sum("segmentation" not in d for d in detections)
+        if missing:
+            raise ValueError(f"mask AP: {missing} of {len(detections)} detections have no 'segmentation'")
+        # one mask at a time: pycocotools' area() of a list of more than 255 fails under NumPy 2
+        areas = [float(coco_mask.area(d["segmentation"])) for d in detections]
+        return [{**d, "area": a, "id": i + 1, "iscrowd": 0} for i, (d, a) in enumerate(zip(detections, areas))]
+    return [{**{k: v for k, v in d.items() if k != "segmentation"}, "area": float(d["bbox"][2]) * float(d["bbox"][3]),
+             "id": i + 1, "iscrowd": 0} for i, d in enumerate(detections)]
 
 
 def coco_evaluation(ground_truth: dict, detections: Sequence[dict], *, verbose: bool = False,
-                    backend: str = COCO_BACKENDS[0]) -> CocoEvaluation:
+                    backend: str = COCO_BACKENDS[0], iou_type: Literal["bbox", "segm"] = "bbox") -> CocoEvaluation:
     """Box AP of COCO results ``{image_id, category_id, bbox [x, y, w, h], score}`` against a
     COCO-format ground-truth dict (``images``, ``annotations``, ``categories``), with the
     per-category arrays (``CocoEvaluation``); ``coco_evaluate`` returns its ``metrics``.
+    ``iou_type="segm"``: mask AP instead, from each result's and ground truth's ``segmentation``
+    (compressed RLE ``{size, counts}``, or polygons in the ground truth), the same metric names.
 
     With no detections at all the metrics are 0 (NaN only where undefined). The result set is
     built directly (``_result_annotations``; pycocotools' ``loadRes([])`` fails on an empty list).
@@ -191,12 +202,13 @@ def coco_evaluation(ground_truth: dict, detections: Sequence[dict], *, verbose: 
         coco_gt.dataset = gt
         coco_gt.createIndex()
         coco_dt = COCO()
-        coco_dt.dataset = {"images": list(gt.get("images", [])), "annotations": _result_annotations(detections),
+        coco_dt.dataset = {"images": list(gt.get("images", [])),
+                           "annotations": _result_annotations(detections, iou_type),
                            "categories": list(gt["categories"])}
         coco_dt.createIndex()
         # faster-coco-eval logs its progress and table; verbose sends them to stdout, as pycocotools prints
         extra = {"print_function": print} if verbose and backend == "faster-coco-eval" else {}
-        ev = COCOeval(coco_gt, coco_dt, iouType="bbox", **extra)
+        ev = COCOeval(coco_gt, coco_dt, iouType=iou_type, **extra)
         ev.evaluate()
         ev.accumulate()
         ev.summarize()

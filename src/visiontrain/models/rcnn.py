@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from visiontrain._tv_compat import ensure_torchvision
 
@@ -22,18 +23,21 @@ ensure_torchvision()
 import torch  # noqa: E402
 import torchvision  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
-from torchvision.models.detection import FasterRCNN  # noqa: E402
+from torchvision.models.detection import FasterRCNN, MaskRCNN  # noqa: E402
 from torchvision.models.detection.anchor_utils import AnchorGenerator  # noqa: E402
 from torchvision.models.detection.backbone_utils import _mobilenet_extractor, _resnet_fpn_extractor  # noqa: E402
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead  # noqa: E402
 from torchvision.models.detection.image_list import ImageList  # noqa: E402
+from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor  # noqa: E402
+from torchvision.models.detection.roi_heads import paste_masks_in_image  # noqa: E402
 from torchvision.ops import FeaturePyramidNetwork, FrozenBatchNorm2d, MultiScaleRoIAlign  # noqa: E402
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool  # noqa: E402
 
 from visiontrain.models import cached_torch_hub_weights  # noqa: E402
 from visiontrain.models.freezing import freeze_parameters  # noqa: E402
 
-__all__ = ["BACKBONES", "PreparedFasterRCNN", "RcnnExport", "build_faster_rcnn", "fpn_levels"]
+__all__ = ["BACKBONES", "MaskHead", "PreparedFasterRCNN", "PreparedMaskRCNN", "RcnnExport", "build_faster_rcnn",
+           "fpn_levels", "paste_masks"]
 
 RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101")
 BACKBONES = (*RESNETS, "mobilenet_v3_large")
@@ -94,6 +98,23 @@ class PreparedFasterRCNN(FasterRCNN):
         return detections, {**rpn_losses, **roi_losses}
 
 
+class PreparedMaskRCNN(MaskRCNN):
+    """torchvision's Mask R-CNN on a prepared batch, as ``PreparedFasterRCNN``: the losses add
+    ``loss_mask`` (targets carry ``masks`` uint8 [N, h, w] in the prepared image's pixels), and each
+    detection (eval mode) adds ``masks`` [N, 1, M, M]: the probability of each of an M x M grid of
+    cells over its box being the object (pasted into an image by ``paste_masks``)."""
+
+    forward = PreparedFasterRCNN.forward
+
+
+@dataclass(frozen=True)
+class MaskHead:
+    """Mask R-CNN's mask branch: ``layers`` 3x3 convolutions of ``channels`` on 14 x 14 RoI
+    features, then a 2x transposed convolution to 28 x 28 and one mask logit map a class."""
+    channels: int = 256
+    layers: int = 4
+
+
 def build_faster_rcnn(num_classes: int, *, backbone: str = "resnet50", pretrained_backbone: bool = False,
                       trainable_layers: int = 3, frozen_bn: bool = True, returned_layers: Sequence[int] = (1, 2, 3, 4),
                       fpn_channels: int = 256, anchor_sizes: Sequence[int] = (32, 64, 128, 256, 512),
@@ -101,9 +122,12 @@ def build_faster_rcnn(num_classes: int, *, backbone: str = "resnet50", pretraine
                       rpn_pre_nms_top_n: Sequence[int] = (2000, 1000),
                       rpn_post_nms_top_n: Sequence[int] = (2000, 1000), rpn_batch_size_per_image: int = 256,
                       box_batch_size_per_image: int = 512, box_score_thresh: float = 0.05,
-                      box_nms_thresh: float = 0.5, detections_per_img: int = 100) -> PreparedFasterRCNN:
+                      box_nms_thresh: float = 0.5, detections_per_img: int = 100,
+                      mask_head: MaskHead | None = None) -> PreparedFasterRCNN | PreparedMaskRCNN:
     """A Faster R-CNN for ``num_classes`` object classes (background added), with one anchor size per
-    FPN level; the defaults are torchvision's ``fasterrcnn_resnet50_fpn``. Pairs are (train, test)."""
+    FPN level; the defaults are torchvision's ``fasterrcnn_resnet50_fpn``. Pairs are (train, test).
+    With ``mask_head``, a Mask R-CNN: the same network and a mask branch on the same FPN levels
+    (torchvision's ``maskrcnn_resnet50_fpn`` with ``MaskHead()``)."""
     levels = fpn_levels(backbone, returned_layers)
     if len(anchor_sizes) != levels:
         raise ValueError(f"task.anchor_sizes: need one size per FPN level ({levels}: {len(returned_layers)} returned "
@@ -114,8 +138,12 @@ def build_faster_rcnn(num_classes: int, *, backbone: str = "resnet50", pretraine
     body = _fpn_backbone(backbone, pretrained_backbone, trainable_layers, frozen_bn, returned_layers, fpn_channels)
     anchors = AnchorGenerator(tuple((s,) for s in anchor_sizes), (tuple(aspect_ratios),) * levels)
     pool = MultiScaleRoIAlign([str(i) for i in range(levels - 1)], output_size=7, sampling_ratio=2)
-    model = PreparedFasterRCNN(
-        body, num_classes=None, rpn_anchor_generator=anchors, box_roi_pool=pool,
+    masks = {} if mask_head is None else {
+        "mask_roi_pool": MultiScaleRoIAlign(pool.featmap_names, output_size=14, sampling_ratio=2),
+        "mask_head": MaskRCNNHeads(fpn_channels, [mask_head.channels] * mask_head.layers, dilation=1),
+        "mask_predictor": MaskRCNNPredictor(mask_head.channels, mask_head.channels, num_classes + 1)}
+    model = (PreparedFasterRCNN if mask_head is None else PreparedMaskRCNN)(
+        body, num_classes=None, rpn_anchor_generator=anchors, box_roi_pool=pool, **masks,
         box_head=TwoMLPHead(fpn_channels * 7 * 7, representation_size),
         box_predictor=FastRCNNPredictor(representation_size, num_classes + 1),
         rpn_pre_nms_top_n_train=rpn_pre_nms_top_n[0], rpn_pre_nms_top_n_test=rpn_pre_nms_top_n[1],
@@ -124,6 +152,15 @@ def build_faster_rcnn(num_classes: int, *, backbone: str = "resnet50", pretraine
         box_score_thresh=box_score_thresh, box_nms_thresh=box_nms_thresh, box_detections_per_img=detections_per_img)
     model.transform = None  # never used: the data pipeline resizes, normalises and pads
     return model
+
+
+def paste_masks(masks: Tensor, boxes: Tensor, height: int, width: int, threshold: float = 0.5) -> Tensor:
+    """bool [N, height, width]: Mask R-CNN's [N, 1, M, M] box-relative probabilities pasted into an
+    image of that size at ``boxes`` (XYXY in its pixels), each pixel kept where its probability is
+    above ``threshold`` (torchvision's post-processing, with Detectron2's one-cell padding)."""
+    if not len(masks):
+        return torch.zeros((0, height, width), dtype=torch.bool, device=masks.device)
+    return paste_masks_in_image(masks, boxes, (height, width), padding=1)[:, 0] > threshold
 
 
 class RcnnExport(nn.Module):

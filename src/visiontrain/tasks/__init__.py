@@ -5,7 +5,7 @@ from __future__ import annotations
 from visiontrain.config import Config
 from visiontrain.engine.loop import trainer  # noqa: F401  (the parts and data sources register their sections)
 from visiontrain.engine.protocols.task import Task, TaskData, registered_task
-from visiontrain.tasks import classification, detr, dino, rcnn, yolo  # noqa: F401  (each registers itself)
+from visiontrain.tasks import classification, detr, dino, mask_rcnn, rcnn, yolo  # noqa: F401  (each registers itself)
 
 
 def build_task(cfg: Config) -> Task:

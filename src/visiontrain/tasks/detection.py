@@ -15,6 +15,7 @@ from torch import nn
 
 from visiontrain.config import doc
 from visiontrain.data.bad_data import listed
+from visiontrain.data.detection.masks import encode, rle_dict
 from visiontrain.data.detection.sources import detection_source
 from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD, NormalizeOnDevice
 from visiontrain.engine.protocols.task import Prediction, Task, TaskConfig, TaskData
@@ -85,6 +86,7 @@ class DetectionTask(Task):
     shown_detections: list[dict] | None = None  # the last evaluation's detections on the drawn images
     kept: KeptEvaluation | None = None  # the last evaluation's PR curves and confusion matrix
     predict_threshold: float = 0.5  # `visiontrain predict`'s default minimum score
+    reads_masks: bool = False  # instance segmentation: the readers read each object's mask (data/detection/masks.py)
 
     @abc.abstractmethod
     def transforms(self) -> tuple[Any, Any]:
@@ -101,7 +103,7 @@ class DetectionTask(Task):
 
         coco_api(self.cfg.eval.coco_backend)  # its package importable, before any training
         d = self.cfg.data
-        train, val = build_detection_splits(d.name, **detection_source(d).reader_args())
+        train, val = build_detection_splits(d.name, masks=self.reads_masks, **detection_source(d).reader_args())
         for split, ds in (("train", train), ("val", val)):
             if ds.policy.skipped:
                 # the key that skipped them: under on_bad_annotation=error only image files can have been
@@ -134,9 +136,14 @@ class DetectionTask(Task):
             orig = torch.stack([t["orig_size"] for t in targets])
             preds = self.predict_batch(model, images, mask, orig)
             for pred, target in zip(preds[real], targets[real]):  # host transfer per batch: evaluation only
-                detections += to_coco_results(pred["boxes"].cpu(), pred["scores"].cpu(),  # host sync
-                                              pred["labels"].cpu(), target["image_id"],  # host sync
-                                              self.info["category_ids"])
+                results = to_coco_results(pred["boxes"].cpu(), pred["scores"].cpu(),  # host sync
+                                          pred["labels"].cpu(), target["image_id"],  # host sync
+                                          self.info["category_ids"])
+                if "masks" in pred:  # instance masks at the original size: COCO's compressed RLE
+                    h, w = pred["masks"].shape[-2:]
+                    for result, counts in zip(results, encode(pred["masks"].cpu().numpy())):  # host sync
+                        result["segmentation"] = rle_dict(counts, h, w)
+                detections += results
         gathered = data.gather(detections, dst=0)
         if gathered is None:
             return None

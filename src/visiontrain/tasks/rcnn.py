@@ -113,7 +113,11 @@ class RcnnTask(DetectionTask):
             rpn_pre_nms_top_n=t.rpn_pre_nms_top_n,
             rpn_post_nms_top_n=t.rpn_post_nms_top_n, rpn_batch_size_per_image=t.rpn_batch_size_per_image,
             box_batch_size_per_image=t.box_batch_size_per_image, box_score_thresh=t.box_score_thresh,
-            box_nms_thresh=t.box_nms_thresh, detections_per_img=t.detections_per_img)
+            box_nms_thresh=t.box_nms_thresh, detections_per_img=t.detections_per_img, mask_head=self.mask_head())
+
+    def mask_head(self) -> Any:
+        """The mask branch (``models.rcnn.MaskHead``), None for a box detector: ``mask_rcnn`` has one."""
+        return None
 
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
         """seamseg's groups: norm-layer parameters (lr 0 under frozen_bn, no weight decay unless
@@ -123,11 +127,14 @@ class RcnnTask(DetectionTask):
         return build_param_groups(model, o.weight_decay, no_decay_bias_norm=o.no_decay_bias_norm, lr_mult=o.lr_mult,
                                   norms=NormGroups(frozen=t.frozen_bn, weight_decay=t.weight_decay_norm))
 
+    def model_targets(self, targets: list[dict[str, Any]]) -> list[dict[str, torch.Tensor]]:
+        """The targets as torchvision's heads take them: labels from 1 (0 = background)."""
+        return [{"boxes": t["boxes"], "labels": t["labels"] + 1} for t in targets]
+
     def losses(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         images, _, targets = batch
         sizes = [t["hw"] for t in targets]  # Python ints from the collate: no device read
-        tv_targets = [{"boxes": t["boxes"], "labels": t["labels"] + 1} for t in targets]  # 0 = background
-        _, losses = model(images, sizes, tv_targets)
+        _, losses = model(images, sizes, self.model_targets(targets))
         return losses
 
     def predict_batch(self, model: nn.Module, images: torch.Tensor, mask: torch.Tensor,
@@ -136,11 +143,14 @@ class RcnnTask(DetectionTask):
         heights, widths = real.any(dim=2).sum(dim=1), real.any(dim=1).sum(dim=1)
         sizes = list(zip(heights.tolist(), widths.tolist()))  # host sync (evaluation: RoI heads need ints)
         detections, _ = model(images, sizes)
-        out = []
-        for det, (h, w), orig in zip(detections, sizes, orig_sizes):
-            scale = torch.stack([orig[1] / w, orig[0] / h]).repeat(2).to(det["boxes"].dtype)
-            out.append({"boxes": det["boxes"] * scale, "scores": det["scores"], "labels": det["labels"] - 1})
-        return out
+        return [self.in_original_image(det, h, w, orig) for det, (h, w), orig in zip(detections, sizes, orig_sizes)]
+
+    def in_original_image(self, det: dict[str, torch.Tensor], height: int, width: int,
+                          orig_size: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One image's detections, made in its prepared (resized) ``height`` x ``width`` pixels, in
+        the original image's pixels (``orig_size`` (h, w)) with 0-based labels."""
+        scale = torch.stack([orig_size[1] / width, orig_size[0] / height]).repeat(2).to(det["boxes"].dtype)
+        return {"boxes": det["boxes"] * scale, "scores": det["scores"], "labels": det["labels"] - 1}
 
     def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
         """The whole detector with post-processing on one prepared image (resized so its shorter

@@ -8,7 +8,8 @@ are decoded only when a sample is loaded. A sample is
     image:  tv_tensors.Image, uint8 [3, H, W]
     target: {"boxes": tv_tensors.BoundingBoxes (XYXY, absolute pixels, canvas_size=(H, W)),
              "labels": int64 [N] (contiguous 0..num_classes-1),
-             "image_id": int, "orig_size": int64 tensor [2] = (H, W) of the file}
+             "image_id": int, "orig_size": int64 tensor [2] = (H, W) of the file,
+             "masks": tv_tensors.Mask uint8 [N, H, W], only where the reader read masks}
 
 before transforms. Class names and their count come from the data; ``category_ids[label]`` is the
 original category id, used to write COCO-format results. With an ``ImageCache`` (``data.cache=ram``,
@@ -35,6 +36,7 @@ from torch.utils.data import Dataset
 
 from visiontrain._tv_compat import ensure_torchvision
 from visiontrain.data.bad_data import listed
+from visiontrain.data.detection import masks
 from visiontrain.data.detection.images import BadAnnotationError, read_rgb
 from visiontrain.data.detection.record_index import ImageRecord, RecordIndex
 from visiontrain.data.image_cache import ImageCache
@@ -106,6 +108,23 @@ def check_box(policy: BadDataPolicy, box: np.ndarray, width: int, height: int, w
     return True
 
 
+def training_target(r: ImageRecord) -> dict[str, Any]:
+    """A record's target as the transforms take it (the module docstring), with ``masks`` as a
+    ``tv_tensors.Mask`` uint8 [N, H, W] where the reader read masks. Crowd regions are left out:
+    they are ignore regions of the evaluation, not objects to learn."""
+    from torchvision import tv_tensors
+
+    keep = np.ones(len(r.labels), bool) if r.crowd is None else ~r.crowd
+    boxes = tv_tensors.BoundingBoxes(torch.as_tensor(r.boxes[keep], dtype=torch.float32).reshape(-1, 4),
+                                     format="XYXY", canvas_size=(r.height, r.width))
+    target = {"boxes": boxes, "labels": torch.as_tensor(r.labels[keep], dtype=torch.int64).reshape(-1),
+              "image_id": r.image_id, "orig_size": torch.tensor([r.height, r.width])}
+    if r.masks is not None:
+        counts = [m for m, k in zip(r.masks, keep) if k]
+        target["masks"] = tv_tensors.Mask(torch.from_numpy(masks.decode(counts, r.height, r.width)))
+    return target
+
+
 class DetectionDataset(Dataset):
     """Records packed in memory, images decoded per sample (or read from ``cache``, where one is
     kept), an optional v2 transform on (image, target)."""
@@ -163,11 +182,7 @@ class DetectionDataset(Dataset):
         if (h, w) != (r.height, r.width):  # the boxes were checked and placed in the header's frame
             raise BadAnnotationError(f"image file {r.path}: decoded as {w}x{h} (WxH), but its header said "
                                      f"{r.width}x{r.height} when the dataset was read (the file changed since?)")
-        boxes = tv_tensors.BoundingBoxes(torch.as_tensor(r.boxes, dtype=torch.float32).reshape(-1, 4),
-                                         format="XYXY", canvas_size=(h, w))
-        target = {"boxes": boxes, "labels": torch.as_tensor(r.labels, dtype=torch.int64).reshape(-1),
-                  "image_id": r.image_id, "orig_size": torch.tensor([h, w])}
-        return tv_tensors.Image(image), target
+        return tv_tensors.Image(image), training_target(r)
 
     def __getitem__(self, index: int) -> tuple[Any, dict[str, Any]]:
         # Readers open every file when indexing (a truncated one is found there); what still fails
@@ -188,15 +203,19 @@ class DetectionDataset(Dataset):
         return image, target
 
     def coco_ground_truth(self) -> dict[str, Any]:
-        """This split as a COCO dict (original category ids), for COCO evaluation."""
+        """This split as a COCO dict (original category ids), for COCO evaluation: with each box's
+        ``segmentation`` (compressed RLE) and crowd regions where the reader read masks."""
         images, annotations = [], []
         for r in self.records:
             images.append({"id": r.image_id, "file_name": r.path, "height": r.height, "width": r.width})
-            for box, label in zip(r.boxes.reshape(-1, 4), r.labels.reshape(-1)):
+            for k, (box, label) in enumerate(zip(r.boxes.reshape(-1, 4), r.labels.reshape(-1))):
                 x1, y1, x2, y2 = (float(v) for v in box)
-                annotations.append({"id": len(annotations) + 1, "image_id": r.image_id,
-                                    "category_id": self.category_ids[int(label)],
-                                    "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1),
-                                    "iscrowd": 0})
+                ann = {"id": len(annotations) + 1, "image_id": r.image_id, "category_id": self.category_ids[int(label)],
+                       "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1),
+                       "iscrowd": int(r.crowd is not None and r.crowd[k])}
+                if r.masks is not None:  # COCO's area is the mask's
+                    ann["segmentation"] = masks.rle_dict(r.masks[k], r.height, r.width)
+                    ann["area"] = masks.mask_area(r.masks[k], r.height, r.width)
+                annotations.append(ann)
         categories = [{"id": c, "name": n} for c, n in zip(self.category_ids, self.class_names)]
         return {"images": images, "annotations": annotations, "categories": categories}

@@ -24,6 +24,7 @@ from visiontrain.data.bad_data import warn_spelled_alike
 from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
                                              ImageRecord, check_box)
 from visiontrain.data.detection.images import size_text
+from visiontrain.data.detection.masks import segmentation_rle
 from visiontrain.data.detection.record_index import annotation_ids
 
 Probe = tuple[tuple[int, int] | None, str, str]  # ((height, width) or None, reason, message)
@@ -134,13 +135,14 @@ def _images(data: dict[str, Any], ann_file: str) -> dict[int, dict[str, Any]]:
     return images
 
 
-def _group(data: dict[str, Any], ann_file: str, images: dict[int, Any],
-           policy: BadDataPolicy) -> dict[int, list[dict[str, Any]]]:
-    """Non-crowd annotations by image id, in file order: one pass, so loading stays O(N + M)."""
+def _group(data: dict[str, Any], ann_file: str, images: dict[int, Any], policy: BadDataPolicy,
+           crowd: bool = False) -> dict[int, list[dict[str, Any]]]:
+    """Annotations by image id, in file order: one pass, so loading stays O(N + M). Crowd ones only
+    with ``crowd`` (where masks are read: the evaluation's ignore regions)."""
     by_image: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for i, ann in enumerate(data["annotations"]):
         _require(ann, ("image_id", "category_id", "bbox"), ann_file, f"annotations[{i}]")
-        if ann.get("iscrowd", 0):
+        if ann.get("iscrowd", 0) and not crowd:
             continue
         if not isinstance(ann["image_id"], int) or ann["image_id"] not in images:
             policy.bad("unknown image", f"annotation id {ann.get('id', f'#{i}')}: image_id "
@@ -151,8 +153,8 @@ def _group(data: dict[str, Any], ann_file: str, images: dict[int, Any],
 
 
 def _boxes_of(anns: list[dict[str, Any]], path: str, label_of: dict[int, int], category_ids: list[int],
-              policy: BadDataPolicy) -> tuple[np.ndarray, np.ndarray, list[Any]]:
-    """An image's annotations as XYXY float32 boxes, int64 labels and their ids. The common case (every
+              policy: BadDataPolicy) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """An image's annotations as XYXY float32 boxes, int64 labels and the annotations kept. The common case (every
     category id a known integer, every bbox four numbers) is converted in one numpy call; an image
     with anything else goes annotation by annotation, naming each bad one (``_boxes_one_by_one``)."""
     cids = [a["category_id"] for a in anns]
@@ -163,16 +165,16 @@ def _boxes_of(anns: list[dict[str, Any]], path: str, label_of: dict[int, int], c
             xywh = None
         if xywh is not None and xywh.shape == (len(anns), 4):  # (0,) for an image without annotations
             boxes = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], 1).astype(np.float32)
-            return boxes, np.array([label_of[c] for c in cids], np.int64), [a.get("id") for a in anns]
+            return boxes, np.array([label_of[c] for c in cids], np.int64), anns
         if not anns:
             return np.zeros((0, 4), np.float32), np.zeros(0, np.int64), []
     return _boxes_one_by_one(anns, path, label_of, category_ids, policy)
 
 
 def _boxes_one_by_one(anns: list[dict[str, Any]], path: str, label_of: dict[int, int], category_ids: list[int],
-                      policy: BadDataPolicy) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+                      policy: BadDataPolicy) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
     """``_boxes_of`` for an image with an unknown category or a malformed bbox: each one is bad data."""
-    xyxy, labels, ann_ids = [], [], []
+    xyxy, labels, kept = [], [], []
     for ann in anns:
         cid = ann["category_id"]
         label = label_of.get(cid) if isinstance(cid, int) else None
@@ -188,20 +190,38 @@ def _boxes_one_by_one(anns: list[dict[str, Any]], path: str, label_of: dict[int,
             continue
         xyxy.append((x, y, x + w, y + h))
         labels.append(label)
-        ann_ids.append(ann.get("id"))
-    return np.array(xyxy, dtype=np.float32).reshape(-1, 4), np.array(labels, dtype=np.int64), ann_ids
+        kept.append(ann)
+    return np.array(xyxy, dtype=np.float32).reshape(-1, 4), np.array(labels, dtype=np.int64), kept
+
+
+def masks_of(anns: list[dict[str, Any]], path: str, height: int, width: int,
+             policy: BadDataPolicy) -> tuple[np.ndarray, list[str]]:
+    """Which annotations have a usable ``segmentation`` (bool [N]) and their compressed RLEs
+    (``masks.segmentation_rle``); a bad one is bad data, named by file and annotation id."""
+    ok, counts = np.ones(len(anns), bool), []
+    for i, ann in enumerate(anns):
+        rle, problem = (segmentation_rle(ann["segmentation"], height, width) if "segmentation" in ann
+                        else (None, "is missing (no 'segmentation' key)"))
+        if rle is None:
+            policy.bad("bad mask", f"{path} annotation id {ann.get('id')}: segmentation {problem}")
+            ok[i] = False
+        else:
+            counts.append(rle)
+    return ok, counts
 
 
 def read_coco(ann_file: str, image_dir: str, *, on_bad_annotation: str = "error", on_bad_image: str | None = None,
-              limit: int | None = None) -> DetectionDataset:
+              limit: int | None = None, masks: bool = False) -> DetectionDataset:
     """Read a COCO detection file. Images are taken in id order (as torchvision's CocoDetection);
-    ``limit`` keeps the first N images that survive the checks. Boxes: [x, y, w, h] -> XYXY."""
+    ``limit`` keeps the first N images that survive the checks. Boxes: [x, y, w, h] -> XYXY.
+    ``masks``: read each annotation's ``segmentation`` too (``masks_of``), and keep crowd regions
+    (flagged ``crowd``: the evaluation ignores detections on them; training never sees them)."""
     policy = BadDataPolicy(on_bad_annotation, ann_file, on_bad_image)  # an invalid policy name fails first
     data = _load(ann_file)
     category_ids, class_names = _categories(data, ann_file)
     label_of = {cid: label for label, cid in enumerate(category_ids)}
     images = _images(data, ann_file)
-    by_image = _group(data, ann_file, images, policy)
+    by_image = _group(data, ann_file, images, policy, crowd=masks)
 
     order = sorted(images)
     paths = [os.path.join(image_dir, str(images[i]["file_name"])) for i in order]
@@ -219,11 +239,17 @@ def read_coco(ann_file: str, image_dir: str, *, on_bad_annotation: str = "error"
                                               f"{img.get('width')}x{img.get('height')} (WxH), the file "
                                               f"is {size_text(path, width, height)}")
             continue
-        boxes, labels, ann_ids = _boxes_of(by_image.get(image_id, []), path, label_of, category_ids, policy)
-        keep = keep_boxes(policy, boxes, width, height, lambda i: f"{path} annotation id {ann_ids[i]}")
+        boxes, labels, anns = _boxes_of(by_image.get(image_id, []), path, label_of, category_ids, policy)
+        keep = keep_boxes(policy, boxes, width, height, lambda i: f"{path} annotation id {anns[i].get('id')}")
         if not keep.all():
             policy.note("boxes", XYXY_CAUSE, count_xyxy(boxes[~keep], width, height))
+        rles = crowd = None
+        if masks:
+            keep[keep], rles = masks_of([a for a, k in zip(anns, keep) if k], path, height, width, policy)
+            crowd = np.array([bool(a.get("iscrowd", 0)) for a, k in zip(anns, keep) if k], bool)
+        kept = [a for a, k in zip(anns, keep) if k]
         records.append(ImageRecord(path=path, image_id=image_id, height=height, width=width, boxes=boxes[keep],
-                                   labels=labels[keep], ann_ids=annotation_ids(ann_ids)[keep]))
+                                   labels=labels[keep], ann_ids=annotation_ids([a.get("id") for a in kept]),
+                                   masks=rles, crowd=crowd))
     policy.raise_unreadable()
     return DetectionDataset(records, class_names, category_ids, source=ann_file, policy=policy)

@@ -7,7 +7,8 @@ set (the test split is for ``visiontrain validate --split test``; training never
 An item is pasted through its mask (scaled intensity >= ``MASK_THRESHOLD``), tinted by a random colour,
 so the texture shows around it. A later item may hide part of an earlier one (box IoU <= 0.3 and at
 most 30% of an item's mask hidden, else the placement is retried); every box is the tight box of the
-item's *visible* mask pixels (``paste_item`` returns the box of a whole mask).
+item's *visible* mask pixels (``paste_item`` returns the box of a whole mask), and its ``segmentation``
+those pixels, as compressed RLE (instance segmentation's ground truth).
 
 ``build_neon_trees``: the NEON aerial images with hand-drawn tree crowns that ship in the ``deepforest``
 2.1.0 wheel, annotated from the wheel's Pascal VOC XML files (the only annotation that every image has;
@@ -37,6 +38,7 @@ import numpy as np
 from PIL import Image
 
 from visiontrain.data.datasets import fashion_mnist
+from visiontrain.data.detection.masks import encode, mask_area, rle_dict
 
 log = logging.getLogger("visiontrain")
 
@@ -89,10 +91,16 @@ def _write_coco(path: Path, images: list, annotations: list, categories: list, d
     path.write_text(json.dumps(coco, separators=(",", ":")))
 
 
-def _ann(ann_id: int, image_id: int, category_id: int, x1: int, y1: int, x2: int, y2: int) -> dict:
+def _ann(ann_id: int, image_id: int, category_id: int, x1: int, y1: int, x2: int, y2: int,
+         segmentation: dict | None = None) -> dict:
+    """A COCO annotation; with a ``segmentation``, ``area`` is its pixel count (COCO's rule)."""
     w, h = x2 - x1, y2 - y1
-    return {"id": ann_id, "image_id": image_id, "category_id": category_id, "bbox": [x1, y1, w, h],
-            "area": w * h, "iscrowd": 0}
+    ann = {"id": ann_id, "image_id": image_id, "category_id": category_id, "bbox": [x1, y1, w, h],
+           "area": w * h, "iscrowd": 0}
+    if segmentation is not None:
+        ann["segmentation"] = segmentation
+        ann["area"] = mask_area(segmentation["counts"], *segmentation["size"])
+    return ann
 
 
 # ---------------------------------------------------------------------------------- fashion-mosaic
@@ -151,7 +159,8 @@ def _iou(a: np.ndarray, boxes: np.ndarray) -> np.ndarray:
 
 
 def _mosaic(rng: np.random.Generator, items: np.ndarray, labels: np.ndarray, min_size: int, max_size: int):
-    """One image: (uint8 [H, W, 3], [(category_id, x1, y1, x2, y2)], with boxes of the visible pixels)."""
+    """One image: (uint8 [H, W, 3], [(category_id, x1, y1, x2, y2, rle)]): each item's box is that of its
+    visible pixels, and ``rle`` (compressed COCO RLE counts) those pixels."""
     h, w = (int(v) for v in rng.integers(min_size, max_size + 1, size=2))
     canvas, owner = _texture(rng, h, w), np.full((h, w), -1, dtype=np.int16)
     placed: list[tuple[int, int, int, int]] = []   # (source index, x, y, side)
@@ -177,9 +186,10 @@ def _mosaic(rng: np.random.Generator, items: np.ndarray, labels: np.ndarray, min
             boxes, totals = np.vstack([boxes, box]), totals + [int(mask.sum())]
             break
     anns = []
+    visible = encode(owner[None] == np.arange(len(placed), dtype=np.int16)[:, None, None]) if placed else []
     for i, (src, x, y, s) in enumerate(placed):
         x1, y1, x2, y2 = _mask_box(owner[y:y + s, x:x + s] == i)
-        anns.append((int(labels[src]) + 1, x + x1, y + y1, x + x2, y + y2))
+        anns.append((int(labels[src]) + 1, x + x1, y + y1, x + x2, y + y2, visible[i]))
     return canvas, anns
 
 
@@ -198,7 +208,7 @@ def build_fashion_mosaic(cache_dir: str | Path, *, seed: int = 0, train_images: 
     if (min_size, max_size) != (128, 256):
         name += f"-{min_size}-{max_size}"
     params = {"dataset": "fashion-mosaic", "seed": seed, "train_images": train_images, "val_images": val_images,
-              "test_images": test_images, "min_size": min_size, "max_size": max_size, "version": 2}
+              "test_images": test_images, "min_size": min_size, "max_size": max_size, "version": 3}
     categories = [{"id": i + 1, "name": n} for i, n in enumerate(fashion_mnist.CLASS_NAMES)]
 
     def write(tmp: Path) -> None:
@@ -218,8 +228,9 @@ def build_fashion_mosaic(cache_dir: str | Path, *, seed: int = 0, train_images: 
                 Image.fromarray(canvas).save(tmp / split / file_name, compress_level=1)
                 images.append({"id": image_id, "file_name": file_name, "height": canvas.shape[0],
                                "width": canvas.shape[1]})
-                for ann in anns:
-                    annotations.append(_ann(len(annotations) + 1, image_id, *ann))
+                for *box, counts in anns:
+                    annotations.append(_ann(len(annotations) + 1, image_id, *box,
+                                            segmentation=rle_dict(counts, *canvas.shape[:2])))
             _write_coco(tmp / "annotations" / f"{split}.json", images, annotations, categories,
                         f"fashion-mosaic {split}: Fashion-MNIST {source} items on textures, seed {seed}")
 

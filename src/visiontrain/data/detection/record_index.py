@@ -30,6 +30,9 @@ class ImageRecord:
     ann_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     # int64 [N]: each box's annotation in its source (COCO id, YOLO line, VOC object index); -1: none
     difficult: np.ndarray | None = None        # bool [N] (VOC's flag; None = none difficult)
+    masks: list[str] | None = None             # [N] compressed COCO RLE at (height, width); None = no masks read
+    crowd: np.ndarray | None = None            # bool [N] COCO's iscrowd regions (None = none): scored as
+    #                                            ignore regions, never trained on (kept only where masks are read)
 
 
 def annotation_ids(ids: Sequence[object]) -> np.ndarray:
@@ -38,11 +41,20 @@ def annotation_ids(ids: Sequence[object]) -> np.ndarray:
                     dtype=np.int64)
 
 
+def _flags(flags: list[np.ndarray | None], counts: list[int]) -> np.ndarray | None:
+    """One bool a box from per-record flags, or None where no record has any (none is set)."""
+    if all(f is None for f in flags):
+        return None
+    return np.concatenate([np.zeros(0, bool), *(np.zeros(n, bool) if f is None else f.reshape(-1)
+                                                for f, n in zip(flags, counts))]).astype(bool, copy=False)
+
+
 class RecordIndex(Sequence[ImageRecord]):
     """The records of a split packed into numpy buffers (this module's docstring). ``index[i]`` is
     the i-th record, its arrays copies (a transform cannot write into the index); the buffers are
     public for whole-split statistics: ``boxes`` [M, 4], ``labels`` [M], ``ann_ids`` [M],
-    ``difficult`` [M] or None, ``box_starts`` [N + 1], ``image_ids``, ``heights``, ``widths`` [N]."""
+    ``difficult`` [M] or None, ``crowd`` [M] or None, ``masks`` (M compressed RLE strings) or None,
+    ``box_starts`` [N + 1], ``image_ids``, ``heights``, ``widths`` [N]."""
 
     def __init__(self, records: Sequence[ImageRecord]) -> None:
         self.paths = PackedStrings(r.path for r in records)
@@ -57,9 +69,11 @@ class RecordIndex(Sequence[ImageRecord]):
         self.ann_ids = np.concatenate([np.zeros(0, np.int64), *(r.ann_ids.reshape(-1) for r in records)])
         self.ann_ids = self.ann_ids.astype(np.int64, copy=False)
         # VOC flags every box; where no record has flags, none is difficult and none is stored
-        self.difficult = None if all(r.difficult is None for r in records) else np.concatenate(
-            [np.zeros(0, bool), *(np.zeros(len(r.labels), bool) if r.difficult is None else r.difficult.reshape(-1)
-                                  for r in records)]).astype(bool, copy=False)
+        self.difficult = _flags([r.difficult for r in records], [len(r.labels) for r in records])
+        self.crowd = _flags([r.crowd for r in records], [len(r.labels) for r in records])
+        # one compressed RLE a box where the reader read masks (every record, or none)
+        self.masks = None if any(r.masks is None for r in records) or not len(records) else PackedStrings(
+            m for r in records for m in r.masks)
 
     def __len__(self) -> int:
         return len(self.image_ids)
@@ -72,7 +86,9 @@ class RecordIndex(Sequence[ImageRecord]):
         return ImageRecord(path=self.paths[i], image_id=int(self.image_ids[i]), height=int(self.heights[i]),
                            width=int(self.widths[i]), boxes=self.boxes[a:b].copy(), labels=self.labels[a:b].copy(),
                            ann_ids=self.ann_ids[a:b].copy(),
-                           difficult=None if self.difficult is None else self.difficult[a:b].copy())
+                           difficult=None if self.difficult is None else self.difficult[a:b].copy(),
+                           masks=None if self.masks is None else [self.masks[k] for k in range(a, b)],
+                           crowd=None if self.crowd is None else self.crowd[a:b].copy())
 
     def __iter__(self) -> Iterator[ImageRecord]:
         return (self[i] for i in range(len(self)))
@@ -90,6 +106,7 @@ class RecordIndex(Sequence[ImageRecord]):
     @property
     def nbytes(self) -> int:
         """What the index holds, in bytes (a worker's copy of it)."""
-        arrays = (self.image_ids, self.heights, self.widths, self.box_starts, self.boxes, self.labels, self.ann_ids)
-        return self.paths.nbytes + sum(a.nbytes for a in arrays) + (0 if self.difficult is None else
-                                                                    self.difficult.nbytes)
+        arrays = (self.image_ids, self.heights, self.widths, self.box_starts, self.boxes, self.labels, self.ann_ids,
+                  self.difficult, self.crowd)
+        return (self.paths.nbytes + sum(a.nbytes for a in arrays if a is not None)
+                + (0 if self.masks is None else self.masks.nbytes))

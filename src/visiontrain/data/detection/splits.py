@@ -16,6 +16,7 @@ from visiontrain.data.shards.datasets import read_shards_detection
 from visiontrain.typed_config import did_you_mean
 
 FORMATS = ("coco", "voc", "yolo", "fashion-mosaic", "neon-trees")
+MASK_FORMATS = ("coco", "yolo", "fashion-mosaic")  # the sources with instance masks (polygons or RLE)
 
 
 def data_cache_dir() -> Path:
@@ -61,11 +62,15 @@ def build_detection_splits(name: str, *, root: str | None, train_split: str, val
                            on_bad_annotation: str, on_bad_image: str | None = None, max_skipped_share: float = 1.0,
                            limit_train: int | None = None, limit_val: int | None = None, cache: str = "none",
                            cache_gb: float | None = None,
-                           cache_dir: str | None = None,
-                           shards: Any = None) -> tuple[DetectionDataset, DetectionDataset]:
+                           cache_dir: str | None = None, shards: Any = None,
+                           masks: bool = False) -> tuple[DetectionDataset, DetectionDataset]:
     """(train, val) of any format; ``cache=ram`` gives both a decoded-image cache (``data.cache``),
     refused before anything is written when they do not fit ``cache_gb``. ``max_skipped_share``: see
-    ``check_skipped``. ``shards``: what ``data.name=shards`` reads (``ShardsDataConfig.shard_spec``)."""
+    ``check_skipped``. ``shards``: what ``data.name=shards`` reads (``ShardsDataConfig.shard_spec``).
+    ``masks``: read each object's mask too (instance segmentation), from the sources that have them."""
+    if masks and name not in MASK_FORMATS:
+        raise ValueError(f"data.name={name}: this source has no instance masks; a task that trains on masks reads "
+                         f"{', '.join(MASK_FORMATS)}")
     policy = dict(on_bad_annotation=on_bad_annotation, on_bad_image=on_bad_image)
     if name in ("coco", "fashion-mosaic", "neon-trees"):
         if name == "coco":
@@ -78,8 +83,8 @@ def build_detection_splits(name: str, *, root: str | None, train_split: str, val
         for split in (train_split, val_split):
             if not ann(split).is_file():
                 raise FileNotFoundError(f"{name}: annotation file {ann(split)} does not exist")
-        train = read_coco(str(ann(train_split)), str(base / train_split), limit=limit_train, **policy)
-        val = read_coco(str(ann(val_split)), str(base / val_split), limit=limit_val, **policy)
+        train = read_coco(str(ann(train_split)), str(base / train_split), limit=limit_train, masks=masks, **policy)
+        val = read_coco(str(ann(val_split)), str(base / val_split), limit=limit_val, masks=masks, **policy)
     elif name == "shards":
         train, val = (read_shards_detection(shards, split, limit=limit, **policy)
                       for split, limit in ((train_split, limit_train), (val_split, limit_val)))
@@ -89,8 +94,8 @@ def build_detection_splits(name: str, *, root: str | None, train_split: str, val
         val = read_voc(str(base), val_split, class_names=train.class_names, limit=limit_val, **policy)
     elif name == "yolo":
         base = _need_root(name, root, "ROOT/images/<split>/*.jpg, ROOT/labels/<split>/*.txt, ROOT/data.yaml")
-        train = read_yolo(str(base), train_split, limit=limit_train, **policy)
-        val = read_yolo(str(base), val_split, limit=limit_val, **policy)
+        train = read_yolo(str(base), train_split, limit=limit_train, masks=masks, **policy)
+        val = read_yolo(str(base), val_split, limit=limit_val, masks=masks, **policy)
     else:
         raise ValueError(f"data.name: unknown detection dataset {name!r}{did_you_mean(name, list(FORMATS))}; "
                          f"expected one of {', '.join(FORMATS)}")

@@ -95,7 +95,7 @@ def collate_detection(batch: list[tuple[Any, dict[str, Any]]], size_divisible: i
                       ) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, Any]]]:
     """Pad images into one [B, 3, H, W] tensor (H, W rounded up to ``size_divisible``) with a
     pixel mask [B, H, W] (True = padding, DETR's NestedTensor); targets stay a list, each with
-    ``size`` = (h, w) of its image after the transforms."""
+    ``size`` = (h, w) of its image after the transforms, and its ``masks`` where the data has them."""
     images = [img.as_subclass(torch.Tensor) for img, _ in batch]
     h = max(i.shape[-2] for i in images)
     w = max(i.shape[-1] for i in images)
@@ -110,4 +110,6 @@ def collate_detection(batch: list[tuple[Any, dict[str, Any]]], size_divisible: i
         targets.append({"boxes": target["boxes"].as_subclass(torch.Tensor), "labels": target["labels"],
                         "image_id": target["image_id"], "orig_size": target["orig_size"],
                         "size": torch.tensor([ih, iw])})
+        if "masks" in target:  # instance masks [N, ih, iw], unpadded: the boxes never reach the padding
+            targets[-1]["masks"] = target["masks"].as_subclass(torch.Tensor)
     return out, mask, targets

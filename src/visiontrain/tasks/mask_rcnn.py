@@ -1,0 +1,80 @@
+"""Mask R-CNN (He et al. 2017): Faster R-CNN with a mask branch, for instance segmentation.
+
+The network is torchvision's (``models/rcnn.py``: the same backbones, FPN, RPN and box head as the
+``rcnn`` task, plus the mask RoI pool, the four-convolution mask head and a mask logit map per
+class); the training recipe is the ``rcnn`` task's (seamseg's SGD, poly schedule with burn-in,
+norm-layer groups), whose keys this task takes as they are. What instance segmentation adds:
+
+- the data: the readers read each object's mask (COCO polygons or RLE, YOLO segmentation
+  polygons, fashion-mosaic's visible pixels) as compressed RLE, and the samples carry them as a
+  ``tv_tensors.Mask`` that every transform moves with the image and boxes
+  (``data/detection/masks.py``);
+- the loss: ``loss_mask``, the per-pixel binary cross-entropy of the mask of each positive RoI's
+  class against the ground-truth mask cropped to that RoI and resized to 28 x 28;
+- the evaluation: COCO mask AP (``mask_AP``, ``mask_AP50``, ... from ``iouType="segm"``) beside box
+  AP, through the same backend, with mask AP per class, from masks pasted into each original image
+  (``models.rcnn.paste_masks``) and written as compressed RLE.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from visiontrain.config import doc
+from visiontrain.engine.protocols.task import register_task
+from visiontrain.evaluation.coco import COCO_METRICS, coco_evaluation
+from visiontrain.tasks.rcnn import LOSSES, RcnnConfig, RcnnTask
+
+MASK_PREFIX = "mask_"  # the mask metrics: mask_AP, mask_AP50, ... beside the boxes' AP, AP50, ...
+
+
+@dataclass
+class MaskRcnnConfig(RcnnConfig):
+    name: str = doc("task name", "mask_rcnn")
+    mask_head_channels: int = doc("width of the mask head's convolutions", 256, minimum=1)
+    mask_head_layers: int = doc("3x3 convolutions in the mask head before its 2x upsampling", 4, minimum=1)
+    mask_threshold: float = doc("a pasted mask pixel belongs to the object where its probability is above this "
+                                "(evaluation, predict, previews)", 0.5, minimum=0)
+
+
+class MaskRcnnTask(RcnnTask):
+    name = "mask_rcnn"
+    reads_masks = True
+    default_loss_weights = {**{k: 1.0 for k in LOSSES}, "loss_mask": 1.0}
+    metric, mode = "mask_AP", "max"
+
+    def mask_head(self) -> Any:
+        from visiontrain.models.rcnn import MaskHead
+
+        return MaskHead(channels=self.cfg.task.mask_head_channels, layers=self.cfg.task.mask_head_layers)
+
+    def model_targets(self, targets: list[dict[str, Any]]) -> list[dict[str, torch.Tensor]]:
+        return [{**t, "masks": target["masks"]} for t, target in zip(super().model_targets(targets), targets)]
+
+    def in_original_image(self, det: dict[str, torch.Tensor], height: int, width: int,
+                          orig_size: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The boxes' frame change, and each detection's mask pasted into the original image at
+        its box: bool [N, H, W] at the original size."""
+        from visiontrain.models.rcnn import paste_masks
+
+        out = super().in_original_image(det, height, width, orig_size)
+        h, w = (int(v) for v in orig_size.tolist())  # host sync (evaluation and predict: the paste needs ints)
+        out["masks"] = paste_masks(det["masks"], out["boxes"], h, w, self.cfg.task.mask_threshold)
+        return out
+
+    def score(self, detections: list[dict]) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        """Box AP and its table (``DetectionTask.score``), then mask AP from the same detections'
+        masks: ``mask_AP``, ``mask_AP50``, ... and ``mask_AP`` / ``mask_AP50`` a class."""
+        metrics, per_class = super().score(detections)
+        result = coco_evaluation(self.val_set.coco_ground_truth(), detections, backend=self.cfg.eval.coco_backend,
+                                 iou_type="segm")
+        metrics = {**metrics, **{MASK_PREFIX + k: result.metrics[k] for k in COCO_METRICS}}
+        for name, row in result.per_class().items():
+            per_class[name] = {**per_class[name], "mask_AP": row["AP"], "mask_AP50": row["AP50"]}
+        self.kept_masks = (result.recall_thresholds, result.pr_curves(0.5))
+        return metrics, per_class
+
+
+register_task("mask_rcnn", MaskRcnnTask, MaskRcnnConfig)
