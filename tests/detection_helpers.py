@@ -1,11 +1,15 @@
 """Shared by the detection CLI tests: run the CLI in a subprocess, and a few-image fashion-mosaic
-laid out as a COCO dataset (``annotations/instances_<split>.json``, ``<split>/*.png``)."""
+laid out as a COCO dataset (``annotations/instances_<split>.json``, ``<split>/*.png``). And for the
+instance-mask tests: scenes of flat shapes, each painted in its class's colour, written as a COCO
+dataset with polygon ``segmentation``s (``masks_coco``) or as a YOLO segmentation dataset
+(``masks_yolo``), so a test can read every object's mask back from the image's pixels."""
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any, Sequence
 
 from procs import run_cli
 
@@ -30,4 +34,91 @@ def mosaic_coco(tmp_path_factory, train_images: int, val_images: int, classes: i
             data["annotations"] = [a for a in data["annotations"] if a["category_id"] in keep]
         (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(data))
         shutil.copytree(base / split, root / split)
+    return root
+
+
+# ------------------------------------------------------------------------------ instance masks
+
+MASK_CLASSES = ("red", "green", "blue")
+MASK_COLOURS = ((230, 40, 40), (40, 230, 40), (40, 40, 230))  # the colour of label 0, 1, 2
+MASK_BACKGROUND = (100, 100, 100)
+Scene = tuple[int, int, Sequence[tuple[int, Sequence[float]]]]  # (width, height, [(label, polygon in pixels)])
+#: Two wide and two tall images (two aspect-ratio groups) of shapes that touch neither each other nor the border.
+MASK_SCENES: tuple[Scene, ...] = (
+    (64, 48, ((0, (6, 6, 28, 6, 28, 24, 6, 24)), (1, (36, 8, 58, 40, 36, 40)))),
+    (72, 40, ((2, (40, 4, 66, 20, 40, 34)), (1, (4, 10, 30, 10, 30, 30, 4, 30)), (0, (34, 28, 38, 28, 38, 36)))),
+    (40, 60, ((0, (8, 30, 20, 42, 32, 30, 20, 52)), (2, (6, 4, 32, 4, 32, 22, 6, 22)))),
+    (36, 64, ((1, (4, 6, 30, 6, 18, 40)), (2, (4, 46, 30, 46, 30, 60, 4, 60)))),
+)
+
+
+def scene_masks(scene: Scene) -> Any:
+    """uint8 [N, H, W]: each polygon of ``scene`` rasterised as COCO rasterises it (pycocotools)."""
+    import numpy as np
+    from pycocotools import mask as coco_mask
+
+    width, height, objects = scene
+    rles = [coco_mask.frPyObjects([list(map(float, poly))], height, width)[0] for _, poly in objects]
+    return np.ascontiguousarray(coco_mask.decode(rles).transpose(2, 0, 1)) if rles else np.zeros((0, height, width))
+
+
+def scene_image(scene: Scene) -> Any:
+    """uint8 [H, W, 3]: the background, with each object's mask pixels in its label's colour."""
+    import numpy as np
+
+    width, height, objects = scene
+    pixels = np.empty((height, width, 3), np.uint8)
+    pixels[:] = MASK_BACKGROUND
+    for (label, _), mask in zip(objects, scene_masks(scene)):
+        pixels[mask.astype(bool)] = MASK_COLOURS[label]
+    return pixels
+
+
+def _polygon_box(poly: Sequence[float]) -> list[float]:
+    xs, ys = poly[0::2], poly[1::2]
+    return [min(xs), min(ys), max(xs) - min(xs), max(ys) - min(ys)]
+
+
+def masks_coco(root: Path, scenes: Sequence[Scene] = MASK_SCENES, splits: Sequence[str] = ("train", "val"),
+               extra: Sequence[dict[str, Any]] = ()) -> Path:
+    """``scenes`` as a COCO dataset under ``root`` (every split the same images, ``<split>/<i>.png``):
+    one annotation an object, its ``segmentation`` the polygon, its bbox the polygon's box; ``extra``
+    annotations (given whole: a test's crowd region or bad mask) are added to each split."""
+    from PIL import Image
+
+    (root / "annotations").mkdir(parents=True)
+    for split in splits:
+        (root / split).mkdir()
+        images, anns = [], []
+        for i, scene in enumerate(scenes, 1):
+            Image.fromarray(scene_image(scene)).save(root / split / f"{i}.png")
+            images.append({"id": i, "file_name": f"{i}.png", "width": scene[0], "height": scene[1]})
+            for label, poly in scene[2]:
+                anns.append({"id": len(anns) + 1, "image_id": i, "category_id": label + 1, "iscrowd": 0,
+                             "bbox": _polygon_box(poly), "segmentation": [list(poly)]})
+        cats = [{"id": c + 1, "name": n} for c, n in enumerate(MASK_CLASSES)]
+        (root / "annotations" / f"instances_{split}.json").write_text(
+            json.dumps({"images": images, "annotations": anns + list(extra), "categories": cats}))
+    return root
+
+
+def yolo_polygon_line(label: int, poly: Sequence[float], width: int, height: int) -> str:
+    """Ultralytics' segmentation line: ``class x1 y1 x2 y2 ...``, divided by the image width and height."""
+    return " ".join([str(label), *(repr(v / (width if k % 2 == 0 else height)) for k, v in enumerate(poly))])
+
+
+def masks_yolo(root: Path, scenes: Sequence[Scene] = MASK_SCENES, splits: Sequence[str] = ("train", "val")) -> Path:
+    """``scenes`` as a YOLO segmentation dataset under ``root`` (every split the same images): one
+    polygon line an object, in ``labels/<split>/<i>.txt``."""
+    from PIL import Image
+
+    for split in splits:
+        (root / "images" / split).mkdir(parents=True)
+        (root / "labels" / split).mkdir(parents=True)
+        for i, scene in enumerate(scenes, 1):
+            width, height, objects = scene
+            Image.fromarray(scene_image(scene)).save(root / "images" / split / f"{i}.png")
+            (root / "labels" / split / f"{i}.txt").write_text(
+                "".join(yolo_polygon_line(label, poly, width, height) + "\n" for label, poly in objects))
+    (root / "data.yaml").write_text(f"names: [{', '.join(MASK_CLASSES)}]\n")
     return root
