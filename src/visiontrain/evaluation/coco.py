@@ -64,17 +64,35 @@ def _quiet(verbose: bool) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
 
 
-def _ground_truth_copy(ground_truth: dict) -> dict:
+def _segmentation_area(segmentation: Any, image: dict) -> float:
+    """Pixels of a COCO ``segmentation`` (polygons, or RLE compressed or not) in its image, as
+    pycocotools rasterises it for mask IoU."""
+    height, width = int(image["height"]), int(image["width"])
+    if isinstance(segmentation, list):
+        rle = coco_mask.merge(coco_mask.frPyObjects(segmentation, height, width))
+    elif isinstance(segmentation.get("counts"), list):
+        rle = coco_mask.frPyObjects(segmentation, height, width)
+    else:
+        rle = segmentation
+    return float(coco_mask.area(rle))
+
+
+def _ground_truth_copy(ground_truth: dict, iou_type: str = "bbox") -> dict:
     """Copy the parts pycocotools writes into (COCOeval adds an ``ignore`` key to every gt
     annotation), and fill ``id`` / ``area`` / ``iscrowd`` where absent so minimal dicts work.
-    A missing ``area`` becomes the box area (COCO's own is the segmentation area)."""
+    A missing ``area`` becomes the box area for box AP, and the mask's pixels for mask AP (COCO's
+    own area is the segmentation's: it decides which of APs / APm / APl an object counts in)."""
+    images = {img["id"]: img for img in ground_truth.get("images", [])}
     anns = []
     for i, a in enumerate(ground_truth.get("annotations", [])):
         a = dict(a)
         a.setdefault("id", i + 1)
         a.setdefault("iscrowd", 0)
+        if iou_type == "segm" and "segmentation" not in a:
+            raise ValueError(f"mask AP: ground-truth annotation id {a['id']} has no 'segmentation'")
         if "area" not in a:
-            a["area"] = float(a["bbox"][2]) * float(a["bbox"][3])
+            a["area"] = (_segmentation_area(a["segmentation"], images[a["image_id"]]) if iou_type == "segm"
+                         else float(a["bbox"][2]) * float(a["bbox"][3]))
         anns.append(a)
     gt = dict(ground_truth)
     gt["annotations"] = anns
@@ -192,7 +210,7 @@ def coco_evaluation(ground_truth: dict, detections: Sequence[dict], *, verbose: 
     """
     COCO, COCOeval = coco_api(backend)
 
-    gt = _ground_truth_copy(ground_truth)
+    gt = _ground_truth_copy(ground_truth, iou_type)
     image_ids = {img["id"] for img in gt.get("images", [])}
     unknown = {d["image_id"] for d in detections} - image_ids
     if unknown:

@@ -1,7 +1,7 @@
 """What an evaluation looks like, as matplotlib Figures: a confusion matrix (classification's, or
 detection's with its background class), precision-recall curves per class, validation images with
-the predicted boxes drawn over the ground truth, and a contact sheet of classified images
-(`visiontrain predict --sheet`). Built with ``matplotlib.figure.Figure`` (no
+the predicted boxes (or instance masks) drawn over the ground truth, and a contact sheet of
+classified images (`visiontrain predict --sheet`). Built with ``matplotlib.figure.Figure`` (no
 pyplot state); the engine's plot hook writes them to RUN_DIR/plots/ and TensorBoard."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 
 from visiontrain.evaluation.fonts import use_fonts_with_glyphs
 from visiontrain.evaluation.panels import panel_grid
+from visiontrain.evaluation.previews import PALETTE, paint_masks
 
 MAX_TICK_LABELS = 40  # above this many classes the axes are left unlabelled (ImageNet's 1000)
 MAX_LEGEND = 20  # above this many classes the PR curves are not named one by one (COCO's 80)
@@ -80,13 +81,22 @@ def pr_curves_figure(recall: np.ndarray, curves: dict[str, np.ndarray], ap: dict
 
 @dataclass
 class ShownImage:
-    """One validation image and its boxes, all in the image's own pixel coordinates (XYXY)."""
+    """One validation image and its boxes, all in the image's own pixel coordinates (XYXY), with
+    the instance masks of both where there are masks (bool, at the image's size)."""
     image: torch.Tensor         # uint8 [3, H, W]
     gt_boxes: torch.Tensor      # [G, 4]
     gt_labels: list[int]
     boxes: torch.Tensor         # [P, 4] predictions, highest score first
     scores: list[float]
     labels: list[int]
+    gt_masks: np.ndarray | None = None   # [G, H, W]
+    masks: np.ndarray | None = None      # [P, H, W]
+
+
+def _prediction_label(ax: Any, box: Sequence[float], text: str, colour: str) -> None:
+    """A prediction's class and score on its box's top-left corner."""
+    ax.text(box[0], box[1], text, color="white", fontsize=6, va="bottom",
+            bbox=dict(facecolor=colour, alpha=0.7, pad=1, linewidth=0))
 
 
 def detections_figure(shown: list[ShownImage], class_names: Sequence[str], *, title: str) -> Any:
@@ -103,8 +113,25 @@ def detections_figure(shown: list[ShownImage], class_names: Sequence[str], *, ti
         for box, score, label in zip(s.boxes.tolist(), s.scores, s.labels):
             x1, y1, x2, y2 = box
             ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor="red", linewidth=1.2))
-            ax.text(x1, y1, f"{class_names[label]} {score:.2f}", color="white", fontsize=6, va="bottom",
-                    bbox=dict(facecolor="red", alpha=0.7, pad=1, linewidth=0))
+            _prediction_label(ax, box, f"{class_names[label]} {score:.2f}", "red")
+        ax.set_title(f"{len(s.gt_labels)} true, {len(s.labels)} predicted", fontsize=8)
+        ax.set_axis_off()
+    return use_fonts_with_glyphs(fig)
+
+
+def masks_figure(shown: list[ShownImage], class_names: Sequence[str], *, title: str) -> Any:
+    """Instance segmentation's view of the same images: each predicted mask filled semi-transparent
+    in its class's colour (``previews.paint_masks``, the colours of train_batch.png) with its class
+    and score, each ground-truth mask outlined in its class's colour over them, so that a mask
+    predicted right shows as a fill inside an outline of the same colour."""
+    fig, axes = panel_grid(len(shown), title=title, width=4.2, height=3.8)
+    for ax, s in zip(axes, shown):
+        pixels = s.image.permute(1, 2, 0).numpy() / 255.0
+        predicted = None if s.masks is None else s.masks[::-1]  # the highest score painted last, on top
+        pixels = paint_masks(paint_masks(pixels, predicted, s.labels[::-1]), s.gt_masks, s.gt_labels, outline=True)
+        ax.imshow(pixels, interpolation="nearest")
+        for box, score, label in zip(s.boxes.tolist(), s.scores, s.labels):
+            _prediction_label(ax, box, f"{class_names[label]} {score:.2f}", PALETTE[label % len(PALETTE)])
         ax.set_title(f"{len(s.gt_labels)} true, {len(s.labels)} predicted", fontsize=8)
         ax.set_axis_off()
     return use_fonts_with_glyphs(fig)

@@ -1,7 +1,8 @@
 """What a user looks at before trusting a run: images as the model receives them, with their
-labels and boxes, and the statistics of a detection training set's labels (Ultralytics'
-``train_batch*.jpg`` and ``labels.jpg``). A wrong label map, a transform that drops or shifts the
-boxes, or a class with ten boxes in all shows here before a week of GPU time is spent on it.
+labels, boxes and instance masks, and the statistics of a detection training set's labels
+(Ultralytics' ``train_batch*.jpg`` and ``labels.jpg``). A wrong label map, a transform that drops or
+shifts the boxes or masks, or a class with ten boxes in all shows here before a week of GPU time is
+spent on it.
 
 The batch is one RGB image composed with PIL, the labels a ``matplotlib.figure.Figure`` (no pyplot
 state), both from plain tensors and arrays: the tasks say what each image is, this module draws.
@@ -19,6 +20,49 @@ from visiontrain.evaluation.fonts import use_fonts_with_glyphs
 #: A colour per class, cycling: boxes of one class look alike across the images.
 PALETTE = ("#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6", "#bfef45",
            "#fabed4", "#469990", "#dcbeff", "#9a6324", "#800000", "#aaffc3", "#808000", "#000075")
+#: How much of a filled mask's class colour covers the image under it: the image stays readable.
+MASK_ALPHA = 0.45
+
+
+def class_rgb(label: int) -> np.ndarray:
+    """The class's ``PALETTE`` colour as RGB floats in [0, 1]."""
+    colour = PALETTE[int(label) % len(PALETTE)]
+    return np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)], np.float64) / 255.0
+
+
+def mask_outline(mask: np.ndarray, width: int = 1) -> np.ndarray:
+    """The pixels of a bool mask [h, w] within ``width`` pixels of its edge (a neighbour, up, down,
+    left or right, outside it or outside the image)."""
+    inner = np.asarray(mask, bool)
+    for _ in range(width):
+        padded = np.pad(inner, 1)
+        inner = inner & padded[:-2, 1:-1] & padded[2:, 1:-1] & padded[1:-1, :-2] & padded[1:-1, 2:]
+    return np.asarray(mask, bool) & ~inner
+
+
+def paint_masks(pixels: np.ndarray, masks: np.ndarray | None, labels: Sequence[int], *, outline: bool = False,
+                alpha: float = MASK_ALPHA) -> np.ndarray:
+    """An image ([H, W] or [H, W, 3] in [0, 1]) with instance masks (bool [N, h, w], one class index
+    each) drawn in their class colours: filled, the colour at ``alpha`` over the image (what a model
+    predicted), or ``outline``d opaque (the ground truth, left visible under a prediction). A mask
+    smaller than the image covers its top-left corner, where a padded batch holds the image before
+    its padding. Returns a new RGB [H, W, 3] array. An outline is 1 px wide per 300 px of the image's
+    longer side (at least 1), so that it stays visible in a figure's panel."""
+    rgb = np.repeat(pixels[..., None], 3, axis=-1) if pixels.ndim == 2 else pixels[..., :3]
+    rgb = np.array(rgb, np.float64)
+    if masks is None or not len(masks):
+        return rgb
+    masks = np.asarray(masks, bool)
+    h, w = masks.shape[-2:]
+    region = rgb[:h, :w]  # a view: painting it paints rgb
+    width = max(1, round(max(rgb.shape[:2]) / 300))
+    for mask, label in zip(masks, labels):
+        colour = class_rgb(label)
+        if outline:
+            region[mask_outline(mask, width)] = colour
+        else:
+            region[mask] = (1 - alpha) * region[mask] + alpha * colour
+    return rgb
 
 
 def display_pixels(image: torch.Tensor, mean: Sequence[float] | None = None,
@@ -41,18 +85,21 @@ def display_pixels(image: torch.Tensor, mean: Sequence[float] | None = None,
 @dataclass
 class Tile:
     """One image of a grid: its pixels ([H, W] or [H, W, 3] in [0, 1]), a caption, and boxes (XYXY in
-    the image's pixels) each with a class index into the figure's names."""
+    the image's pixels) each with a class index into the figure's names, and the boxes' instance
+    masks where the data has them (bool [N, h, w], drawn filled: ``paint_masks``)."""
     pixels: np.ndarray
     caption: str = ""
     boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
     labels: Sequence[int] = ()
+    masks: np.ndarray | None = None
 
 
 def tiles_image(rows: list[list[Tile]], *, title: str, class_names: Sequence[str] = (), cell: int = 160) -> np.ndarray:
     """The tiles (rows may differ in length: DINO's global and local crops) composed into one RGB
     uint8 image under ``title``: each scaled to fill a cell ``cell`` pixels wide
     (as tall as the tallest tile's aspect needs; nearest neighbour, so small inputs keep their
-    pixels), its caption above it, its boxes drawn in their class's colour with the class name.
+    pixels), its caption above it, its masks filled and its boxes drawn in their class's colour with
+    the class name.
     Drawn with PIL on one canvas, not as a matplotlib figure: a grid of axes took seconds at the
     start of every run."""
     from PIL import Image, ImageDraw
@@ -66,7 +113,8 @@ def tiles_image(rows: list[list[Tile]], *, title: str, class_names: Sequence[str
     for r, row in enumerate(rows):
         for c, tile in enumerate(row):
             x0, y0 = gap + c * (cell + gap), head + gap + r * (cell_h + caption + gap) + caption
-            pixels = np.clip(tile.pixels * 255.0 + 0.5, 0, 255).astype(np.uint8)
+            painted = paint_masks(tile.pixels, tile.masks, tile.labels) if tile.masks is not None else tile.pixels
+            pixels = np.clip(painted * 255.0 + 0.5, 0, 255).astype(np.uint8)
             h, w = pixels.shape[:2]
             scale = min(cell / w, cell_h / h)
             size = (max(1, round(w * scale)), max(1, round(h * scale)))

@@ -15,7 +15,7 @@ from torch import nn
 
 from visiontrain.config import doc
 from visiontrain.data.bad_data import listed
-from visiontrain.data.detection.masks import encode, rle_dict
+from visiontrain.data.detection.masks import decode, encode, rle_dict
 from visiontrain.data.detection.sources import detection_source
 from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD, NormalizeOnDevice
 from visiontrain.engine.protocols.task import Prediction, Task, TaskConfig, TaskData
@@ -172,12 +172,15 @@ class DetectionTask(Task):
         return result.metrics, per_class
 
     def preview_figures(self, batch: Any) -> dict[str, Any]:
-        """The first training batch with its boxes (padded as the model receives it), and the
-        training set's labels: boxes per class, their sizes and centres."""
+        """The first training batch with its boxes and, where the data has them, its instance masks
+        (padded as the model receives it), and the training set's labels: boxes per class, their
+        sizes and centres."""
         images, _, targets = batch[:3]
         n = min(PREVIEW_IMAGES, len(images))
         tiles = [Tile(display_pixels(images[i], IMAGENET_MEAN, IMAGENET_STD), boxes_caption(len(t["labels"])),
-                      t["boxes"].numpy(), t["labels"].tolist()) for i, t in enumerate(targets[:n])]
+                      t["boxes"].numpy(), t["labels"].tolist(),
+                      t["masks"].numpy().astype(bool) if "masks" in t else None)  # unpadded: the image's top-left
+                 for i, t in enumerate(targets[:n])]
         names = self.info["class_names"]
         title = f"first training batch as the model receives it ({n} of {len(images)} images, padded to " \
                 f"{images.shape[-1]} x {images.shape[-2]} px)"
@@ -190,7 +193,7 @@ class DetectionTask(Task):
     def eval_figures(self) -> dict[str, Any]:
         """From the last evaluation: the first validation images with their detections over the
         ground truth, the PR curves per class at IoU 0.5, and the confusion matrix with background."""
-        figures = {"val_detections": self.detections_figure()} if self.shown_detections is not None else {}
+        figures = self.validation_figures(self.shown_images()) if self.shown_detections is not None else {}
         kept = self.kept
         if kept is not None:
             figures["pr_curves"] = pr_curves_figure(
@@ -203,8 +206,10 @@ class DetectionTask(Task):
                       f"{true} true boxes, {predicted} predictions")
         return figures
 
-    def detections_figure(self) -> Any:
-        """The first validation images with the last evaluation's detections over the ground truth."""
+    def shown_images(self) -> list[ShownImage]:
+        """The first validation images with the last evaluation's detections on them (score >=
+        ``SHOWN_SCORE``, the highest first) and the ground truth; with both's instance masks where
+        the detections carry them (``collect_detections``' ``segmentation``, decoded)."""
         to_label = {c: i for i, c in enumerate(self.info["category_ids"])}
         shown = []
         for index in range(min(SHOWN_IMAGES, len(self.val_set))):
@@ -212,11 +217,20 @@ class DetectionTask(Task):
             dets = sorted((d for d in self.shown_detections or () if d["image_id"] == target["image_id"]
                            and d["score"] >= SHOWN_SCORE), key=lambda d: -d["score"])[:SHOWN_MAX_BOXES]
             boxes = torch.tensor([[x, y, x + w, y + h] for x, y, w, h in (d["bbox"] for d in dets)]).reshape(-1, 4)
-            shown.append(ShownImage(image.as_subclass(torch.Tensor), target["boxes"].as_subclass(torch.Tensor),
-                                    target["labels"].tolist(), boxes, [d["score"] for d in dets],
-                                    [to_label[d["category_id"]] for d in dets]))
+            item = ShownImage(image.as_subclass(torch.Tensor), target["boxes"].as_subclass(torch.Tensor),
+                              target["labels"].tolist(), boxes, [d["score"] for d in dets],
+                              [to_label[d["category_id"]] for d in dets])
+            if "masks" in target and all("segmentation" in d for d in dets):
+                h, w = image.shape[-2:]
+                item.gt_masks = target["masks"].numpy().astype(bool)
+                item.masks = decode([d["segmentation"]["counts"] for d in dets], h, w).astype(bool)
+            shown.append(item)
+        return shown
+
+    def validation_figures(self, shown: list[ShownImage]) -> dict[str, Any]:
+        """What ``eval_figures`` draws of the first validation images: the detections over the ground truth."""
         title = f"validation images: predictions with score >= {SHOWN_SCORE} (red), ground truth (green)"
-        return detections_figure(shown, self.info["class_names"], title=title)
+        return {"val_detections": detections_figure(shown, self.info["class_names"], title=title)}
 
     def export_metadata(self, info: dict[str, Any]) -> dict[str, Any]:
         """What every detector's exported file says about its input and labels; each detector adds

@@ -13,18 +13,23 @@ norm-layer groups), whose keys this task takes as they are. What instance segmen
   class against the ground-truth mask cropped to that RoI and resized to 28 x 28;
 - the evaluation: COCO mask AP (``mask_AP``, ``mask_AP50``, ... from ``iouType="segm"``) beside box
   AP, through the same backend, with mask AP per class, from masks pasted into each original image
-  (``models.rcnn.paste_masks``) and written as compressed RLE.
+  (``models.rcnn.paste_masks``) and written as compressed RLE;
+- the figures: ``val_masks`` (the first validation images with the predicted masks filled and the
+  ground truth's outlined) and ``mask_pr_curves`` beside the boxes' ``val_detections`` and ``pr_curves``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from visiontrain.config import doc
 from visiontrain.engine.protocols.task import register_task
 from visiontrain.evaluation.coco import COCO_METRICS, coco_evaluation
+from visiontrain.evaluation.figures import ShownImage, masks_figure, pr_curves_figure
+from visiontrain.tasks.detection import SHOWN_SCORE
 from visiontrain.tasks.rcnn import LOSSES, RcnnConfig, RcnnTask
 
 MASK_PREFIX = "mask_"  # the mask metrics: mask_AP, mask_AP50, ... beside the boxes' AP, AP50, ...
@@ -39,9 +44,18 @@ class MaskRcnnConfig(RcnnConfig):
                                 "(evaluation, predict, previews)", 0.5, minimum=0)
 
 
+@dataclass
+class KeptMaskCurves:
+    """What ``mask_pr_curves`` needs from the last evaluation (``MaskRcnnTask.score``)."""
+    recall: np.ndarray                    # [R] COCO's recall thresholds
+    curves: dict[str, np.ndarray]         # class name -> mask precision [R] at IoU 0.5 (classes with gt)
+    ap50: dict[str, float]                # class name -> mask AP50
+
+
 class MaskRcnnTask(RcnnTask):
     name = "mask_rcnn"
     reads_masks = True
+    kept_masks: KeptMaskCurves | None = None  # the last evaluation's mask PR curves
     default_loss_weights = {**{k: 1.0 for k in LOSSES}, "loss_mask": 1.0}
     metric, mode = "mask_AP", "max"
 
@@ -73,8 +87,27 @@ class MaskRcnnTask(RcnnTask):
         metrics = {**metrics, **{MASK_PREFIX + k: result.metrics[k] for k in COCO_METRICS}}
         for name, row in result.per_class().items():
             per_class[name] = {**per_class[name], "mask_AP": row["AP"], "mask_AP50": row["AP50"]}
-        self.kept_masks = (result.recall_thresholds, result.pr_curves(0.5))
+        self.kept_masks = KeptMaskCurves(result.recall_thresholds, result.pr_curves(0.5),
+                                         {name: row["mask_AP50"] for name, row in per_class.items()})
         return metrics, per_class
+
+    def eval_figures(self) -> dict[str, Any]:
+        """The boxes' figures (``DetectionTask.eval_figures``), ``val_masks`` (``validation_figures``)
+        and the mask PR curves per class at IoU 0.5, each class's mask AP50 in the legend."""
+        figures = super().eval_figures()
+        kept = self.kept_masks
+        if kept is not None:
+            figures["mask_pr_curves"] = pr_curves_figure(
+                kept.recall, kept.curves, kept.ap50, legend_title="mask AP50",
+                title=f"mask precision-recall at IoU 0.5, {len(kept.curves)} classes with ground truth")
+        return figures
+
+    def validation_figures(self, shown: list[ShownImage]) -> dict[str, Any]:
+        """The detections over the ground truth, and the same images with their masks: ``val_masks``."""
+        title = (f"validation images: predicted masks with score >= {SHOWN_SCORE} (filled), ground truth "
+                 f"(outlined), in class colours")
+        return {**super().validation_figures(shown),
+                "val_masks": masks_figure(shown, self.info["class_names"], title=title)}
 
 
 register_task("mask_rcnn", MaskRcnnTask, MaskRcnnConfig)
