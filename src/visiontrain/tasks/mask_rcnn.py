@@ -17,13 +17,15 @@ norm-layer groups), whose keys this task takes as they are. What instance segmen
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from visiontrain.config import doc
-from visiontrain.engine.protocols.task import register_task
+from visiontrain.engine.protocols.task import ExportSpec, register_task
 from visiontrain.evaluation.coco import COCO_METRICS, coco_evaluation
 from visiontrain.tasks.rcnn import LOSSES, RcnnConfig, RcnnTask
 
@@ -75,6 +77,31 @@ class MaskRcnnTask(RcnnTask):
             per_class[name] = {**per_class[name], "mask_AP": row["AP"], "mask_AP50": row["AP50"]}
         self.kept_masks = (result.recall_thresholds, result.pr_curves(0.5))
         return metrics, per_class
+
+    def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
+        """The rcnn export (the whole detector, free height and width, checked on two aspect ratios)
+        with a fourth output, ``masks`` [N, 1, M, M]: each detection's probabilities over its box,
+        for its class. The metadata says how to paste them into an image as ``paste_masks`` does,
+        so that a program without visiontrain gets the masks ``predict`` gives."""
+        from visiontrain.models.rcnn import MaskRcnnExport
+
+        spec = super().export_spec(model, info)
+        metadata = {**spec.metadata, "mask_threshold": self.cfg.task.mask_threshold, "mask_paste": MASK_PASTE,
+                    "output": f"{spec.metadata['output']}; masks [N, 1, M, M]: each detection's probability of "
+                              f"each of M x M cells over its box being the object (mask_paste makes them masks)"}
+        return dataclasses.replace(spec, module=MaskRcnnExport(model).eval(),
+                                   output_names=[*spec.output_names, "masks"], metadata=metadata,
+                                   dynamic_axes={**spec.dynamic_axes, "masks": {0: "detections"}})
+
+
+#: How an exported file's ``masks`` output becomes masks: torchvision's ``paste_masks_in_image``
+#: with one cell of padding (``models.rcnn.paste_masks``), in words, step by step.
+MASK_PASTE = ("for detection i, in the image the masks are wanted in (the original: scale its box there first, "
+              "as box_frame says): pad masks[i, 0] (M x M) with one cell of 0 on every side; grow box i about its "
+              "centre by (M + 2) / M (float32) and truncate its corners toward zero to integers x0, y0, x1, y1; "
+              "resize the padded map bilinearly (half-pixel centres: align_corners=false, no antialiasing) to "
+              "max(y1 - y0 + 1, 1) rows by max(x1 - x0 + 1, 1) columns; place it with its top-left corner at "
+              "(x0, y0), cropped to the image, on zeros; the mask is the pixels above mask_threshold")
 
 
 register_task("mask_rcnn", MaskRcnnTask, MaskRcnnConfig)
