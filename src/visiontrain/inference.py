@@ -9,7 +9,8 @@
 An image is a file path, a PIL image, a numpy uint8 array (H, W, 3) or a tensor [3, H, W] (uint8,
 or float in [0, 1]); a list of those or a tensor batch [B, 3, H, W] gives a list. A classifier gives
 its top-k classes with names, ids and probabilities; a detector its boxes (XYXY in the input
-image's own pixels), scores, labels and class names.
+image's own pixels), scores, labels and class names, and an instance segmenter (``mask_rcnn``)
+each detection's mask too (bool, at the input image's size).
 
 The checkpoint is restored by ``trained.load_trained``, the path ``validate`` and ``export`` take,
 and each image goes through the task's ``predict``, which prepares it with the validation set's own
@@ -70,15 +71,30 @@ class Detections:
     names: list[str]                # [N] class names
     category_ids: list[int]         # [N] the dataset's category ids (COCO's, for a COCO dataset)
     image_size: tuple[int, int]     # (height, width) of the input image
+    masks: torch.Tensor | None = None  # [N, H, W] bool at image_size, one a box (instance segmentation); else None
 
     def __len__(self) -> int:
         return len(self.scores)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"image_size": list(self.image_size), "detections": [
+        """JSON-ready: each detection's box, score and class, and with masks its ``segmentation``
+        as COCO's compressed RLE (``{"size": [h, w], "counts": str}``, pycocotools decodes it)."""
+        detections = [
             {"box": [round(v, 2) for v in box], "score": score, "class_id": label, "name": name, "category_id": cat}
             for box, score, label, name, cat in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist(),
-                                                    self.names, self.category_ids)]}
+                                                    self.names, self.category_ids)]
+        for detection, segmentation in zip(detections, self.segmentations()):
+            detection["segmentation"] = segmentation
+        return {"image_size": list(self.image_size), "detections": detections}
+
+    def segmentations(self) -> list[dict[str, Any]]:
+        """Each mask as COCO's compressed RLE, the ``segmentation`` of a COCO result; [] without masks."""
+        from visiontrain.data.detection.masks import encode, rle_dict
+
+        if self.masks is None:
+            return []
+        h, w = self.image_size
+        return [rle_dict(counts, h, w) for counts in encode(self.masks.cpu().numpy())]
 
 
 def _device(device: str | torch.device | None) -> torch.device:
@@ -176,6 +192,8 @@ class Predictor:
         order = pred["scores"].argsort(descending=True, stable=True)
         order = order[pred["scores"][order] >= minimum]
         boxes, scores, labels = pred["boxes"][order], pred["scores"][order], pred["labels"][order]
+        masks = pred["masks"][order] if "masks" in pred else None  # the same order and threshold as the boxes
         ids = self.info.get("category_ids") or list(range(len(self.class_names)))
         return Detections(boxes, scores, labels, [self.class_names[i] for i in labels.tolist()],
-                          [int(ids[i]) for i in labels.tolist()], (int(image.shape[-2]), int(image.shape[-1])))
+                          [int(ids[i]) for i in labels.tolist()], (int(image.shape[-2]), int(image.shape[-1])),
+                          masks)

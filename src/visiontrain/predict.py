@@ -1,8 +1,10 @@
 """`visiontrain predict`: a checkpoint's predictions on image files, through ``visiontrain.inference``.
 
-A detector's boxes are drawn on each image and written as COCO results (detections.json); a
-classifier's top-k classes are written to predictions.json, with an optional contact sheet
-(sheet.png: each input with its top class and probability)."""
+A detector's boxes are drawn on each image and written as COCO results (detections.json), an
+instance segmenter's masks too (filled in their class's colour under the boxes; each result's
+``segmentation`` as compressed RLE); a classifier's top-k classes are written to
+predictions.json, with an optional contact sheet (sheet.png: each input with its top class and
+probability)."""
 from __future__ import annotations
 
 import json
@@ -44,14 +46,33 @@ def output_names(images: list[str]) -> list[Path]:
     return names
 
 
+MASK_ALPHA = 0.5  # a drawn mask's opacity: the object under it stays visible
+
+
+def drawn_detections(pixels: torch.Tensor, det: Any) -> torch.Tensor:
+    """uint8 [3, H, W]: ``pixels`` with each detection's mask (when it has one) filled half-opaque in
+    its class's colour, then its box, class name and score in red over it."""
+    from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks
+
+    from visiontrain.evaluation.previews import PALETTE
+
+    if not len(det):  # torchvision warns on an empty box list; an image with nothing detected is a normal result
+        return pixels
+    if det.masks is not None:
+        colours = [PALETTE[label % len(PALETTE)] for label in det.labels.tolist()]
+        pixels = draw_segmentation_masks(pixels, det.masks.cpu(), alpha=MASK_ALPHA, colors=colours)
+    captions = [f"{name} {float(s):.2f}" for name, s in zip(det.names, det.scores)]
+    return draw_bounding_boxes(pixels, det.boxes, labels=captions, colors="red", width=2)
+
+
 def predict_images(predictor: Any, images: list[str], out: Path, *, score_threshold: float | None = None) -> int:
-    """Writes one drawing per input (boxes, class names, scores; named by :func:`output_names`) and
-    OUT/detections.json (COCO results format; image_id = position in the argument list, 1-based;
+    """Writes one drawing per input (masks, boxes, class names, scores; named by :func:`output_names`)
+    and OUT/detections.json (COCO results format; image_id = position in the argument list, 1-based;
     each result also names its input, ``file_name`` as given, and its drawing, ``drawn``, relative to
-    OUT). ``predictor``: a detection ``visiontrain.inference.Predictor``; ``score_threshold`` None:
-    the task's ``predict_threshold``. Returns the detection count."""
+    OUT; an instance segmenter's results carry their mask as ``segmentation``, COCO's compressed RLE
+    at the input's size). ``predictor``: a detection ``visiontrain.inference.Predictor``;
+    ``score_threshold`` None: the task's ``predict_threshold``. Returns the detection count."""
     ensure_torchvision()  # nothing before this point need have loaded torchvision (e.g. the rcnn task)
-    from torchvision.utils import draw_bounding_boxes
     from PIL import Image
 
     out.mkdir(parents=True, exist_ok=True)
@@ -59,11 +80,11 @@ def predict_images(predictor: Any, images: list[str], out: Path, *, score_thresh
     for image_id, (path, drawn_name) in enumerate(zip(images, output_names(images)), start=1):
         pixels = predictor.read(path)
         det = predictor(pixels, threshold=score_threshold)
-        results += [{**r, "file_name": str(path), "drawn": drawn_name.as_posix()} for r in
-                    to_coco_results(det.boxes, det.scores, det.labels, image_id, predictor.info["category_ids"])]
-        captions = [f"{name} {float(s):.2f}" for name, s in zip(det.names, det.scores)]
-        # torchvision warns on an empty box list; an image with nothing detected is a normal result
-        drawn = draw_bounding_boxes(pixels, det.boxes, labels=captions, colors="red", width=2) if len(det) else pixels
+        found = to_coco_results(det.boxes, det.scores, det.labels, image_id, predictor.info["category_ids"])
+        for result, segmentation in zip(found, det.segmentations()):
+            result["segmentation"] = segmentation
+        results += [{**r, "file_name": str(path), "drawn": drawn_name.as_posix()} for r in found]
+        drawn = drawn_detections(pixels, det)
         target = out / drawn_name
         target.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(drawn.permute(1, 2, 0).numpy()).save(target)

@@ -35,8 +35,8 @@ from torchvision.ops.feature_pyramid_network import LastLevelMaxPool  # noqa: E4
 from visiontrain.models import cached_torch_hub_weights  # noqa: E402
 from visiontrain.models.freezing import freeze_parameters  # noqa: E402
 
-__all__ = ["BACKBONES", "MaskHead", "PreparedFasterRCNN", "PreparedMaskRCNN", "RcnnExport", "build_faster_rcnn",
-           "fpn_levels", "paste_masks"]
+__all__ = ["BACKBONES", "MaskHead", "MaskRcnnExport", "PreparedFasterRCNN", "PreparedMaskRCNN", "RcnnExport",
+           "build_faster_rcnn", "fpn_levels", "paste_masks"]
 
 RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101")
 BACKBONES = (*RESNETS, "mobilenet_v3_large")
@@ -186,10 +186,26 @@ class RcnnExport(nn.Module):
         super().__init__()
         self.model, self.size_divisible = model, size_divisible
 
-    def forward(self, image: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def detections(self, image: Tensor) -> dict[str, Tensor]:
+        """torchvision's detections of the one image, padded here, in its own pixels."""
         h, w = image.shape[-2], image.shape[-1]
         k = self.size_divisible
         padded = nn.functional.pad(image, (0, (k - w % k) % k, 0, (k - h % k) % k))
         detections, _ = self.model(padded, [(h, w)])
-        det = detections[0]
+        return detections[0]
+
+    def forward(self, image: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        det = self.detections(image)
         return det["boxes"], det["labels"] - 1, det["scores"]
+
+
+class MaskRcnnExport(RcnnExport):
+    """``RcnnExport`` of a Mask R-CNN: the same three outputs, then ``masks`` [N, 1, M, M], each
+    detection's probabilities over an M x M grid of its box, for its own class (torchvision's
+    ``maskrcnn_inference``). Pasting them into an image (``paste_masks``) is left to the caller,
+    who wants them in the original image's pixels, not the resized input's: N maps of M x M cells
+    leave the graph, not N of the image's size."""
+
+    def forward(self, image: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # type: ignore[override]
+        det = self.detections(image)
+        return det["boxes"], det["labels"] - 1, det["scores"], det["masks"]

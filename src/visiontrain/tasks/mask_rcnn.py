@@ -19,14 +19,16 @@ norm-layer groups), whose keys this task takes as they are. What instance segmen
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from visiontrain.config import doc
-from visiontrain.engine.protocols.task import register_task
+from visiontrain.engine.protocols.task import ExportSpec, register_task
 from visiontrain.evaluation.coco import COCO_METRICS, coco_evaluation
 from visiontrain.evaluation.figures import ShownImage, masks_figure, pr_curves_figure
 from visiontrain.tasks.detection import SHOWN_SCORE
@@ -108,6 +110,31 @@ class MaskRcnnTask(RcnnTask):
                  f"(outlined), in class colours")
         return {**super().validation_figures(shown),
                 "val_masks": masks_figure(shown, self.info["class_names"], title=title)}
+
+    def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
+        """The rcnn export (the whole detector, free height and width, checked on two aspect ratios)
+        with a fourth output, ``masks`` [N, 1, M, M]: each detection's probabilities over its box,
+        for its class. The metadata says how to paste them into an image as ``paste_masks`` does,
+        so that a program without visiontrain gets the masks ``predict`` gives."""
+        from visiontrain.models.rcnn import MaskRcnnExport
+
+        spec = super().export_spec(model, info)
+        metadata = {**spec.metadata, "mask_threshold": self.cfg.task.mask_threshold, "mask_paste": MASK_PASTE,
+                    "output": f"{spec.metadata['output']}; masks [N, 1, M, M]: each detection's probability of "
+                              f"each of M x M cells over its box being the object (mask_paste makes them masks)"}
+        return dataclasses.replace(spec, module=MaskRcnnExport(model).eval(),
+                                   output_names=[*spec.output_names, "masks"], metadata=metadata,
+                                   dynamic_axes={**spec.dynamic_axes, "masks": {0: "detections"}})
+
+
+#: How an exported file's ``masks`` output becomes masks, as ``models.rcnn.paste_masks`` does it, in words.
+MASK_PASTE = ("for detection i, in the image the masks are wanted in (the original: scale its box there first, "
+              "as box_frame says), with box x0, y0, x1, y1: for each pixel column c from max(0, trunc(x0)) to "
+              "min(width, trunc(x1) + 1) - 1 and row r likewise, read masks[i, 0] (M x M) bilinearly at "
+              "u = (c + 0.5 - x0) / (x1 - x0) * M - 0.5, v = (r + 0.5 - y0) / (y1 - y0) * M - 0.5 "
+              "(torch.nn.functional.grid_sample with align_corners=false: cells beyond the grid read 0); "
+              "the mask is the pixels where that is above mask_threshold, and no pixel outside those columns "
+              "and rows")
 
 
 register_task("mask_rcnn", MaskRcnnTask, MaskRcnnConfig)

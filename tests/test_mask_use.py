@@ -1,0 +1,181 @@
+"""Using a Mask R-CNN checkpoint: ``Predictor`` returns masks at the input's size, `visiontrain
+predict` draws them and writes them as RLE, the ONNX export carries them with a recipe that
+docs/inference.md's onnxruntime script follows to the Python model's very masks, and `validate
+--split test` gives mask AP. One tiny checkpoint, trained once, serves every test."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from pycocotools import mask as coco_mask
+
+from detection_helpers import vt
+from visiontrain.inference import Detections, Predictor
+
+
+@pytest.fixture(scope="module")
+def mask_run(tmp_path_factory) -> Path:
+    """segment-mask-rcnn as shipped, two steps on 16 images, evaluated on 8: what is done with a
+    checkpoint is the subject, not what it learnt."""
+    run = tmp_path_factory.mktemp("mask") / "run"
+    proc = vt("fit", "segment-mask-rcnn", "trainer.max_steps=2", "data.limit_train=16", "data.limit_val=8",
+              "--run-dir", str(run))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run
+
+
+@pytest.fixture(scope="module")
+def predictor(mask_run) -> Predictor:
+    return Predictor.load(mask_run, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def val_paths(predictor) -> list[str]:
+    """The first validation images (landscape and portrait among them), at their own sizes."""
+    return [r.path for r in predictor.task.build_data().val.records[:3]]
+
+
+def decoded(segmentation: dict) -> np.ndarray:
+    """A COCO compressed RLE (``{"size", "counts": str}``) as a bool [H, W] mask, by pycocotools."""
+    return coco_mask.decode({"size": segmentation["size"], "counts": segmentation["counts"].encode()}).astype(bool)
+
+
+def test_predictor_masks_follow_the_boxes_and_are_those_of_evaluation(predictor, val_paths):
+    """Bool masks [N, H, W] at each input's own size, in the boxes' order and under the same score
+    threshold; equal to what ``predict_batch`` gives on the validation set's prepared item (the
+    evaluation's path); ``to_dict`` writes each as the RLE that decodes to it."""
+    from visiontrain.tasks.rcnn import collate_with_sizes
+
+    val = predictor.task.build_data().val
+    results = predictor(val_paths, threshold=0.0)
+    assert sum(map(len, results)) > 0
+    for i, result in enumerate(results):
+        h, w = val.records[i].height, val.records[i].width
+        assert isinstance(result, Detections) and result.image_size == (h, w)
+        assert result.masks.dtype == torch.bool and tuple(result.masks.shape) == (len(result), h, w)
+        images, mask, targets = collate_with_sizes([val[i]])
+        with torch.no_grad():
+            (want,) = predictor.task.predict_batch(predictor.model, images, mask, targets[0]["orig_size"][None])
+        order = want["scores"].argsort(descending=True, stable=True)
+        assert torch.equal(result.masks, want["masks"][order])
+        as_dict = result.to_dict()["detections"]
+        assert all(d["segmentation"]["size"] == [h, w] and isinstance(d["segmentation"]["counts"], str)
+                   for d in as_dict)
+        assert all(np.array_equal(decoded(d["segmentation"]), m.numpy()) for d, m in zip(as_dict, result.masks))
+    most, full = max(enumerate(results), key=lambda r: len(r[1]))
+    cut = float(full.scores[len(full) // 2])
+    strict = predictor(val_paths[most], threshold=cut)
+    assert 0 < len(strict) < len(full) and torch.equal(strict.masks, full.masks[:len(strict)])
+
+
+def test_a_box_detector_gives_no_masks():
+    from test_export import faster_rcnn
+
+    torch.manual_seed(0)
+    task, model, info = faster_rcnn()
+    image = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (3, 96, 128), dtype=np.uint8))
+    result = Predictor(task, model, info, device="cpu")(image, threshold=0.0)
+    assert len(result) > 0 and result.masks is None
+    assert all("segmentation" not in d for d in result.to_dict()["detections"])
+
+
+def test_predict_draws_the_masks_and_writes_them_as_rle(predictor, val_paths, tmp_path):
+    """detections.json: each result's ``segmentation`` is the Predictor's mask; the drawing: the
+    boxes as before, and under them each mask half-way between the image and its class's colour."""
+    from torchvision.utils import draw_bounding_boxes
+
+    from visiontrain.evaluation.previews import PALETTE
+    from visiontrain.predict import MASK_ALPHA, drawn_detections, predict_images
+
+    out = tmp_path / "out"
+    count = predict_images(predictor, val_paths, out, score_threshold=0.0)
+    written = json.loads((out / "detections.json").read_text())
+    results = predictor(val_paths, threshold=0.0)
+    assert count == len(written) == sum(map(len, results)) > 0
+    masks = [m for r in results for m in r.masks.numpy()]
+    assert all(np.array_equal(decoded(d["segmentation"]), m) for d, m in zip(written, masks))
+
+    image_id, result = max(enumerate(results), key=lambda r: int(r[1].masks.sum()))
+    pixels = predictor.read(val_paths[image_id])
+    drawn = torch.from_numpy(np.array(Image.open(out / written[sum(map(len, results[:image_id]))]["drawn"])))
+    assert torch.equal(drawn.permute(2, 0, 1), drawn_detections(pixels, result))
+    boxes_only = draw_bounding_boxes(pixels, result.boxes, colors="red", width=2,
+                                     labels=[f"{n} {float(s):.2f}" for n, s in zip(result.names, result.scores)])
+    untouched = (boxes_only == pixels).all(0)  # no box, no caption
+    covered = result.masks.sum(0)
+    assert torch.equal(drawn.permute(2, 0, 1)[:, untouched & (covered == 0)], pixels[:, untouched & (covered == 0)])
+    shown = 0
+    for mask, label in zip(result.masks, result.labels.tolist()):
+        alone = mask & (covered == 1) & untouched  # this mask only, no box over it
+        colour = torch.tensor(Image.new("RGB", (1, 1), PALETTE[label % len(PALETTE)]).getpixel((0, 0)))[:, None]
+        blend = pixels[:, alone] * (1 - MASK_ALPHA) + colour * MASK_ALPHA
+        assert ((drawn.permute(2, 0, 1)[:, alone] - blend).abs() <= 1).all()
+        shown += int(alone.sum())
+    assert shown > 0
+
+
+@pytest.fixture(scope="module")
+def mask_onnx(mask_run, tmp_path_factory) -> dict:
+    from visiontrain.export import export_checkpoint
+
+    return export_checkpoint(mask_run, "onnx", tmp_path_factory.mktemp("onnx") / "masks.onnx")
+
+
+def test_onnx_export_outputs_the_masks_and_says_how_to_paste_them(mask_onnx, predictor):
+    from test_export import onnx_metadata
+
+    t = predictor.task.cfg.task
+    assert mask_onnx["outputs"] == ["boxes", "labels", "scores", "masks"]
+    assert mask_onnx["dynamic_axes"]["image"] == {2: "height", 3: "width"}
+    assert mask_onnx["dynamic_axes"]["masks"] == {0: "detections"}
+    first, second = (shape["image"] for shape in mask_onnx["checked_inputs"])
+    assert first[2] / first[3] != second[2] / second[3]  # two aspect ratios run in onnxruntime
+    meta = onnx_metadata(mask_onnx["path"])
+    assert meta["task"] == "mask_rcnn" and meta["mask_threshold"] == t.mask_threshold
+    assert "(M + 2) / M" in meta["mask_paste"] and "masks [N, 1, M, M]" in meta["output"]
+
+
+def test_the_documented_mask_recipe_on_onnxruntime_gives_the_predictor_masks(mask_onnx, predictor, val_paths,
+                                                                             tmp_path):
+    """docs/inference.md's onnxruntime script (numpy: the metadata's mask_paste) on a landscape and
+    a portrait image that need no resize: the Predictor's boxes, scores and masks, pixel for pixel."""
+    from test_export import docs_script
+
+    script = tmp_path / "onnx_predict.py"
+    script.write_text(docs_script("onnx_predict.py"))
+    val_size = predictor.task.cfg.task.val_size
+    shapes = set()
+    for n, path in enumerate(val_paths):
+        image = Image.open(path).convert("RGB")
+        scale = val_size / min(image.size)
+        image = image.resize((round(image.width * scale), round(image.height * scale)), Image.BILINEAR)
+        image.save(tmp_path / f"{n}.png")
+        proc = subprocess.run([sys.executable, str(script), mask_onnx["path"], str(tmp_path / f"{n}.png"),
+                               "--threshold", "0", "--masks", str(tmp_path / f"{n}.npy")],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got, masks = json.loads(proc.stdout)["detections"], np.load(tmp_path / f"{n}.npy")
+        want = predictor(str(tmp_path / f"{n}.png"), threshold=0.0)
+        assert len(got) == len(want) and [d["class_id"] for d in got] == want.labels.tolist()
+        np.testing.assert_allclose(np.reshape([d["box"] for d in got], (-1, 4)), want.boxes.numpy(), atol=0.011)
+        np.testing.assert_allclose([d["score"] for d in got], want.scores.numpy(), atol=1e-5)
+        assert masks.dtype == bool and np.array_equal(masks, want.masks.numpy())
+        assert [d["mask_area"] for d in got] == want.masks.sum((1, 2)).tolist()
+        if len(want) and want.masks.any():
+            shapes.add(image.width > image.height)
+    assert shapes == {True, False}, "a landscape and a portrait image with masks"
+
+
+def test_validate_on_the_test_split_gives_mask_ap(mask_run, capsys):
+    from visiontrain.cli import main
+
+    assert main(["validate", str(mask_run), "--split", "test"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["split"] == "test" and result["data_split"] == "test"
+    assert all(0 <= result[k] <= 1 for k in ("AP50", "mask_AP", "mask_AP50", "mask_AP75"))
