@@ -1,6 +1,8 @@
 """Tiny datasets in the real on-disk layouts a user points ``data.root`` at (docs/datasets.md):
 COCO 2017, Pascal VOC, YOLO txt, and an ImageNet-style class folder. Used by the docs' tested
-commands and by the tests that run the full-scale recipes as shipped.
+commands and by the tests that run the full-scale recipes as shipped. Each COCO annotation carries
+its object's ``segmentation`` too (the filled box's pixels), so that instance segmentation trains on
+the same tree: polygons, and in each split one RLE (compressed in train, uncompressed in val).
 
 ``orientations`` stores the images as a phone stores its photos: turned, with the EXIF orientation
 tag that turns them upright again (image ``i`` takes ``orientations[i % len]``), while the
@@ -63,9 +65,28 @@ def _scene(i: int):
     return img, boxes
 
 
+def _segmentation(box: Sequence[int], height: int, width: int, rle: str | None = None) -> Any:
+    """The pixels of a filled box (x1, y1, x2, y2) as a COCO ``segmentation``: a polygon, or with
+    ``rle`` the same pixels as an RLE: ``compressed`` (string counts, as COCO results and the
+    embedded sets write them) or ``uncompressed`` (a list of runs, as COCO's files write crowd regions)."""
+    import numpy as np
+    from pycocotools import mask as coco_mask
+
+    x1, y1, x2, y2 = box
+    if rle is None:
+        return [[x1, y1, x2, y1, x2, y2, x1, y2]]
+    pixels = np.zeros((height, width), np.uint8)
+    pixels[y1:y2, x1:x2] = 1
+    if rle == "compressed":
+        return {"size": [height, width], "counts": coco_mask.encode(np.asfortranarray(pixels))["counts"].decode()}
+    flat = pixels.flatten(order="F")  # column-major runs, starting with a run of zeros
+    runs = np.diff(np.concatenate([[0], np.flatnonzero(np.diff(flat)) + 1, [flat.size]])).tolist()
+    return {"size": [height, width], "counts": [0] * int(flat[0]) + runs}
+
+
 def build_coco(root: Path, orientations: Sequence[int] | None = None) -> None:
     (root / "annotations").mkdir(parents=True)
-    for split, ids in zip(("train2017", "val2017"), SPLIT_IDS):
+    for split, ids, rle in zip(("train2017", "val2017"), SPLIT_IDS, ("compressed", "uncompressed")):
         (root / split).mkdir()
         images, anns = [], []
         for i in ids:
@@ -74,7 +95,9 @@ def build_coco(root: Path, orientations: Sequence[int] | None = None) -> None:
             images.append({"id": i + 1, "file_name": f"{i:06d}.jpg", "width": img.width, "height": img.height})
             for x1, y1, x2, y2, c in boxes:
                 anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": c + 1, "iscrowd": 0,
-                             "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1)})
+                             "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1),
+                             "segmentation": _segmentation((x1, y1, x2, y2), img.height, img.width,
+                                                           rle if not anns else None)})
         cats = [{"id": c + 1, "name": n} for c, n in enumerate(CLASSES)]
         (root / "annotations" / f"instances_{split}.json").write_text(
             json.dumps({"images": images, "annotations": anns, "categories": cats}))

@@ -32,6 +32,7 @@ def cases(coco: Path) -> dict[str, tuple[list[str], str]]:
                         "task.enc_layers=1", "task.dec_layers=1", "task.num_queries=5", "task.train_scales=[96]",
                         "task.val_size=96", "task.max_size=128"], "AP"),
         "detect-faster-rcnn": (det + RCNN_TINY[:-2], "AP"),
+        "segment-mask-rcnn": (det + RCNN_TINY[:-2], "mask_AP"),  # masks pasted per rank, RLE gathered to rank 0
         "detect-yolov3": (det + YOLO_TINY + ["task.size=64", "task.val_size=64", "task.multiscale_sizes=[64]"],
                           "AP"),
         "ssl-dino": (DINO_TINY + ["data.batch_size=16", "trainer.epochs=1", "data.limit_train=128",
@@ -56,7 +57,7 @@ def cases(coco: Path) -> dict[str, tuple[list[str], str]]:
 
 
 @pytest.mark.parametrize("case", ["classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3",
-                                  "ssl-dino", "classify-fashion fsdp", "ssl-dino fsdp"])
+                                  "segment-mask-rcnn", "ssl-dino", "classify-fashion fsdp", "ssl-dino fsdp"])
 def test_two_ranks_train_and_evaluate_like_one_process(case, coco_root, tmp_path):
     overrides, metric = cases(coco_root)[case]
     recipe = case.split()[0]

@@ -57,8 +57,10 @@ PAGES = sorted([*DOCS.glob("*.md"), *(DOCS / "recipes").glob("*.md")])
 BIN = Path(sys.executable).parent  # the venv's bin: visiontrain, python, torchrun
 
 FULL_RECIPES = ("classify-mobilevit-imagenet", "detect-detr-r50-coco", "detect-detr-fast-r50-coco",
-                "detect-faster-rcnn-r50-coco", "detect-yolov3-darknet53-voc", "ssl-dino-vits16-imagenet")
-SMALL_RECIPES = ("classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3", "ssl-dino")
+                "detect-faster-rcnn-r50-coco", "detect-yolov3-darknet53-voc", "segment-mask-rcnn-r50-coco",
+                "ssl-dino-vits16-imagenet")
+SMALL_RECIPES = ("classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3", "segment-mask-rcnn",
+                 "ssl-dino")
 OPTIONS = {"setup", "continue", "fit-args", "exit", "timeout", "prints"}
 DEFAULT_TIMEOUT = 300
 JOBS = int(os.environ.get("VISIONTRAIN_DOCS_JOBS", min(2, os.cpu_count() or 1)))

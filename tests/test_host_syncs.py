@@ -248,6 +248,19 @@ def test_faster_rcnn_step_reads_only_host_made_scalars(coco_root, monkeypatch):
         sync_report([s for s in counter.syncs if "torchvision/" not in s])
 
 
+def test_mask_rcnn_step_reads_only_host_made_scalars(coco_root, monkeypatch):
+    """segment-mask-rcnn's step reads what the Faster R-CNN step reads (the poolers' scales, above)
+    and nothing more: the mask targets travel with the boxes to torchvision's mask loss, which crops
+    them to the RoIs on the device; on CUDA every wait is torchvision's own."""
+    from test_rcnn import TINY
+
+    counter = count_detection("segment-mask-rcnn", TINY[:-2], coco_root, monkeypatch)
+    assert all("torchvision/ops/poolers.py" in where for _, where in counter.calls), \
+        [where for _, where in counter.calls if "poolers.py" not in where][:1]
+    assert all("torchvision/" in site for site in counter.syncs), \
+        sync_report([s for s in counter.syncs if "torchvision/" not in s])
+
+
 def test_dino_step_has_no_host_reads(monkeypatch):
     """ssl-dino's batched multi-crop: in the step on CUDA (``task.multicrop_in=auto``), in the
     loader on the CPU; the teacher (the EMA), the centre and the loss stay on the device either way."""

@@ -38,6 +38,7 @@ RUNS: dict[str, tuple[str | None, list[str]]] = {
     "detect-detr": (None, SMALL_DETECTION),
     "detect-faster-rcnn": (None, SMALL_DETECTION),
     "detect-yolov3": (None, SMALL_DETECTION),
+    "segment-mask-rcnn": (None, SMALL_DETECTION),
     "ssl-dino": (None, ["task.knn_bank=256", "data.limit_val=100"]),  # the k-NN bank is the train set
     "classify-mobilevit-imagenet": ("image-folder", ["data.batch_size=4", "data.image_size=64"]),
     "detect-detr-r50-coco": ("coco", ["task.pretrained_backbone=false", *DETECTION_SIZES, "task.crop_resize=[96]",
@@ -45,6 +46,7 @@ RUNS: dict[str, tuple[str | None, list[str]]] = {
     "detect-detr-fast-r50-coco": ("coco", ["task.pretrained_backbone=false", *DETECTION_SIZES, "task.crop_resize=[96]",
                                            "task.crop_min=64", "task.crop_max=96"]),
     "detect-faster-rcnn-r50-coco": ("coco", ["task.pretrained_backbone=false", *DETECTION_SIZES]),
+    "segment-mask-rcnn-r50-coco": ("coco", ["task.pretrained_backbone=false", *DETECTION_SIZES]),
     "detect-yolov3-darknet53-voc": ("voc", ["task.pretrained_backbone=false", "task.size=96", "task.val_size=96",
                                             "task.multiscale_sizes=[64,96,128]"]),
     "ssl-dino-vits16-imagenet": ("image-folder", ["data.batch_size=4", "data.eval_batch_size=8", "data.image_size=32",
@@ -140,9 +142,14 @@ def test_recipe_runs_as_shipped(recipe_runs, recipe):
     assert fmt.step_of(load_checkpoint(run_dir / "checkpoints" / "last.pt")) == STEPS
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == STEPS
 
-    # The first look: the first batch drawn (and a detector's labels), the model's size counted.
+    # Instance segmentation trains its mask branch and is scored on masks as well as boxes.
     kind = C.load_config(recipe, []).task.name
-    for name in ("train_batch", "labels") if kind in ("detr", "rcnn", "yolo") else ("train_batch",):
+    if kind == "mask_rcnn":
+        assert all(r["loss_mask"] >= 0 for r in rows if r["kind"] == "train"), rows
+        assert {"mask_AP", "mask_AP50", "AP"} <= set(evals[-1]), evals[-1]
+
+    # The first look: the first batch drawn (and a detector's labels), the model's size counted.
+    for name in ("train_batch", "labels") if kind in ("detr", "rcnn", "mask_rcnn", "yolo") else ("train_batch",):
         assert (run_dir / "plots" / f"{name}.png").stat().st_size > 10_000, name
     size = json.loads((run_dir / "model_summary.json").read_text())
     assert size["total"]["total"] == sum(m["total"] for m in size["modules"]) > 0

@@ -15,7 +15,8 @@ from visiontrain.engine.parallel.distributed import DistInfo
 from visiontrain.engine.step.source import stop_workers
 from worker_lock import LOCK, LargeItems, TakesTheLock, stack_unshared
 
-SMALL_RECIPES = ("classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3", "ssl-dino")
+SMALL_RECIPES = ("classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3", "segment-mask-rcnn",
+                 "ssl-dino")
 
 
 def first_batch_while_a_thread_holds_the_lock(start: str, timeout: float) -> torch.Tensor:
@@ -121,9 +122,12 @@ def test_every_small_recipe_loads_a_batch_with_each_start_method(recipe, start):
     data = build_task(cfg).build_data()
     source, _ = loaders(data, cfg, DistInfo(), torch.device("cpu"))
     assert source.loader.multiprocessing_context.get_start_method() == start
-    images = next(source.batches(0))[0]
-    images = images[0] if isinstance(images, list) else images  # DINO: a list of crops, each [B, C, H, W]
+    batch = next(source.batches(0))
+    images = batch[0][0] if isinstance(batch[0], list) else batch[0]  # DINO: a list of crops, each [B, C, H, W]
     assert len(images) == cfg.data.batch_size
+    if cfg.task.name == "mask_rcnn":  # the masks (compressed RLE in the dataset) come back decoded, one a box
+        shapes = [(tuple(t["masks"].shape), (len(t["boxes"]), *t["hw"])) for t in batch[2]]
+        assert all(got == want for got, want in shapes), shapes
     source.close()
 
 
