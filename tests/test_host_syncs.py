@@ -273,15 +273,3 @@ def test_dino_step_has_no_host_reads(monkeypatch):
     assert counter.calls == [], counter.calls[0][1]
     assert counter.syncs == [], sync_report(counter.syncs)
 
-
-def test_mask_rcnn_step_reads_only_what_faster_rcnn_reads(coco_root, monkeypatch):
-    """The mask branch adds its targets (each positive RoI's ground-truth mask, cropped and resized
-    by roi_align on the device) and its loss: no read of its own on the host, and on CUDA no wait
-    outside torchvision (whose R-CNN waits by design: test_faster_rcnn_step_reads_only_host_made_scalars)."""
-    from test_rcnn import TINY
-
-    counter = count_detection("segment-mask-rcnn", TINY[:-2] + ["task.mask_head_channels=16"], coco_root, monkeypatch)
-    assert all("torchvision/ops/poolers.py" in where for _, where in counter.calls), \
-        [where for _, where in counter.calls if "poolers.py" not in where][:1]
-    assert all("torchvision/" in site for site in counter.syncs), \
-        sync_report([s for s in counter.syncs if "torchvision/" not in s])
