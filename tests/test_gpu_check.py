@@ -45,7 +45,8 @@ def test_the_dry_run_passes_every_stage_and_writes_its_figures(tmp_path):
         assert r["engine_images_per_s"] > 0 and r["raw_images_per_s"] > 0 and r["gflop_per_step"] > 0, r
 
     recipes = {r["recipe"]: r for r in stages["recipes"]["records"]}
-    assert set(recipes) == {"classify-fashion", "ssl-dino", "detect-yolov3", "detect-detr", "detect-faster-rcnn"}
+    assert set(recipes) == {"classify-fashion", "ssl-dino", "detect-yolov3", "detect-detr", "detect-faster-rcnn",
+                            "segment-mask-rcnn"}
     for r in recipes.values():
         assert r["real"]["samples_per_s"] > 0 and r["synthetic"]["synthetic"] is True, r
         assert 0 <= r["data_wait_share"] <= 1

@@ -138,7 +138,7 @@ def test_onnx_export_outputs_the_masks_and_says_how_to_paste_them(mask_onnx, pre
     assert first[2] / first[3] != second[2] / second[3]  # two aspect ratios run in onnxruntime
     meta = onnx_metadata(mask_onnx["path"])
     assert meta["task"] == "mask_rcnn" and meta["mask_threshold"] == t.mask_threshold
-    assert "(M + 2) / M" in meta["mask_paste"] and "masks [N, 1, M, M]" in meta["output"]
+    assert "grid_sample with align_corners=false" in meta["mask_paste"] and "masks [N, 1, M, M]" in meta["output"]
 
 
 def test_the_documented_mask_recipe_on_onnxruntime_gives_the_predictor_masks(mask_onnx, predictor, val_paths,

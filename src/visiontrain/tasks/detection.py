@@ -63,7 +63,8 @@ def predictions_and_truths(records: list[Any], detections: list[dict], category_
                            ) -> tuple[list[dict], list[dict]]:
     """COCO-format results and the dataset's records as per-image arrays in the records' order:
     predictions ``{boxes XYXY, scores, labels}`` (contiguous labels) and ground truth ``{boxes,
-    labels, difficult}``, the inputs of ``voc_map`` and ``detection_confusion``."""
+    labels, difficult}`` (COCO's crowd regions count as difficult: matched, never missed), the inputs
+    of ``voc_map`` and ``detection_confusion``."""
     label_of = {c: i for i, c in enumerate(category_ids)}
     per_image: dict[int, list[dict]] = {}
     for d in detections:
@@ -75,7 +76,8 @@ def predictions_and_truths(records: list[Any], detections: list[dict], category_
         preds.append({"boxes": np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], 1),
                       "scores": np.array([d["score"] for d in dets], dtype=np.float64),
                       "labels": np.array([label_of[d["category_id"]] for d in dets], dtype=np.int64)})
-        gts.append({"boxes": r.boxes, "labels": r.labels, "difficult": r.difficult})
+        ignored = r.difficult if r.crowd is None else r.crowd | (False if r.difficult is None else r.difficult)
+        gts.append({"boxes": r.boxes, "labels": r.labels, "difficult": ignored})  # crowd: ignored as difficult
     return preds, gts
 
 
