@@ -24,8 +24,10 @@ def mask_run(tmp_path_factory) -> Path:
     """segment-mask-rcnn as shipped, two steps on 16 images, evaluated on 8: what is done with a
     checkpoint is the subject, not what it learnt."""
     run = tmp_path_factory.mktemp("mask") / "run"
+    # task.box_score_thresh=0: a two-step model scores most boxes below the recipe's 0.05, and the
+    # tests need detections (and masks) on landscape and portrait images alike
     proc = vt("fit", "segment-mask-rcnn", "trainer.max_steps=2", "data.limit_train=16", "data.limit_val=8",
-              "--run-dir", str(run))
+              "task.box_score_thresh=0.0", "--run-dir", str(run))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run
 
@@ -37,8 +39,8 @@ def predictor(mask_run) -> Predictor:
 
 @pytest.fixture(scope="module")
 def val_paths(predictor) -> list[str]:
-    """The first validation images (landscape and portrait among them), at their own sizes."""
-    return [r.path for r in predictor.task.build_data().val.records[:3]]
+    """The first six validation images (landscape and portrait among them), at their own sizes."""
+    return [r.path for r in predictor.task.build_data().val.records[:6]]
 
 
 def decoded(segmentation: dict) -> np.ndarray:
@@ -144,7 +146,7 @@ def test_onnx_export_outputs_the_masks_and_says_how_to_paste_them(mask_onnx, pre
 def test_the_documented_mask_recipe_on_onnxruntime_gives_the_predictor_masks(mask_onnx, predictor, val_paths,
                                                                              tmp_path):
     """docs/inference.md's onnxruntime script (numpy: the metadata's mask_paste) on a landscape and
-    a portrait image that need no resize: the Predictor's boxes, scores and masks, pixel for pixel."""
+    a portrait image that need no resize: the Predictor's boxes, scores and masks."""
     from test_export import docs_script
 
     script = tmp_path / "onnx_predict.py"
@@ -165,11 +167,38 @@ def test_the_documented_mask_recipe_on_onnxruntime_gives_the_predictor_masks(mas
         assert len(got) == len(want) and [d["class_id"] for d in got] == want.labels.tolist()
         np.testing.assert_allclose(np.reshape([d["box"] for d in got], (-1, 4)), want.boxes.numpy(), atol=0.011)
         np.testing.assert_allclose([d["score"] for d in got], want.scores.numpy(), atol=1e-5)
-        assert masks.dtype == bool and np.array_equal(masks, want.masks.numpy())
-        assert [d["mask_area"] for d in got] == want.masks.sum((1, 2)).tolist()
+        # The boxes and probabilities agree to float rounding, not exactly, and the paste samples each
+        # mask at its box's exact corners; this two-step model's probabilities sit near the threshold
+        # everywhere, so edge pixels flip, a few in a hundred (the paste itself, exactly:
+        # test_documented_paste_is_paste_masks)
+        want_masks = want.masks.numpy()
+        differ, union = (masks != want_masks).sum((1, 2)), (masks | want_masks).sum((1, 2))
+        assert masks.dtype == bool and masks.shape == want_masks.shape and differ.sum() <= 0.03 * union.sum()
+        assert [d["mask_area"] for d in got] == masks.sum((1, 2)).tolist()
         if len(want) and want.masks.any():
             shapes.add(image.width > image.height)
     assert shapes == {True, False}, "a landscape and a portrait image with masks"
+
+
+def test_documented_paste_is_paste_masks(tmp_path):
+    """The numpy paste of docs/inference.md (the metadata's mask_paste in code) gives paste_masks'
+    masks pixel for pixel: boxes inside, across the edge and outside the image, a box under a pixel."""
+    import runpy
+
+    from test_export import docs_script
+    from visiontrain.models.rcnn import paste_masks
+
+    script = tmp_path / "onnx_predict.py"
+    script.write_text(docs_script("onnx_predict.py"))
+    paste_mask = runpy.run_path(str(script))["paste_mask"]
+    gen = torch.Generator().manual_seed(0)
+    probabilities = torch.nn.functional.avg_pool2d(torch.rand(6, 1, 28, 28, generator=gen), 5, 1, 2)
+    probabilities = (probabilities - 0.5) * 8 + 0.5  # spread around the threshold, so edges are everywhere
+    boxes = torch.tensor([[3.3, 4.7, 40.2, 30.9], [-5.5, 10.1, 20.0, 59.6], [50.2, 40.4, 80.0, 70.0],
+                          [10.0, 10.0, 10.6, 10.4], [0.0, 0.0, 64.0, 48.0], [70.0, 50.0, 90.0, 60.0]])
+    want = paste_masks(probabilities, boxes, 48, 64, 0.4).numpy()
+    got = [paste_mask(p[0].numpy(), b.numpy(), 48, 64, 0.4) for p, b in zip(probabilities, boxes)]
+    assert want.any() and all(np.array_equal(g, w) for g, w in zip(got, want))
 
 
 def test_validate_on_the_test_split_gives_mask_ap(mask_run, capsys):

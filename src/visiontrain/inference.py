@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from visiontrain.data.detection.masks import encode, rle_dict
 from visiontrain.data.images import image_tensor
 from visiontrain.engine.protocols.task import Prediction, PredictUnsupported, Task
 from visiontrain.trained import load_trained
@@ -89,8 +90,6 @@ class Detections:
 
     def segmentations(self) -> list[dict[str, Any]]:
         """Each mask as COCO's compressed RLE, the ``segmentation`` of a COCO result; [] without masks."""
-        from visiontrain.data.detection.masks import encode, rle_dict
-
         if self.masks is None:
             return []
         h, w = self.image_size

@@ -17,6 +17,7 @@ import torch
 from visiontrain._tv_compat import ensure_torchvision
 from visiontrain.evaluation.coco import to_coco_results
 from visiontrain.evaluation.figures import image_sheet
+from visiontrain.evaluation.previews import PALETTE
 
 
 def output_names(images: list[str]) -> list[Path]:
@@ -53,8 +54,6 @@ def drawn_detections(pixels: torch.Tensor, det: Any) -> torch.Tensor:
     """uint8 [3, H, W]: ``pixels`` with each detection's mask (when it has one) filled half-opaque in
     its class's colour, then its box, class name and score in red over it."""
     from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks
-
-    from visiontrain.evaluation.previews import PALETTE
 
     if not len(det):  # torchvision warns on an empty box list; an image with nothing detected is a normal result
         return pixels

@@ -28,7 +28,6 @@ from typing import Any, Literal, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
-from pycocotools import mask as coco_mask
 
 from visiontrain.config import ConfigError, doc, extend_section
 
@@ -67,6 +66,8 @@ def _quiet(verbose: bool) -> contextlib.AbstractContextManager:
 def _segmentation_area(segmentation: Any, image: dict) -> float:
     """Pixels of a COCO ``segmentation`` (polygons, or RLE compressed or not) in its image, as
     pycocotools rasterises it for mask IoU."""
+    from pycocotools import mask as coco_mask  # pycocotools' masks are read only where masks are scored
+
     height, width = int(image["height"]), int(image["width"])
     if isinstance(segmentation, list):
         rle = coco_mask.merge(coco_mask.frPyObjects(segmentation, height, width))
@@ -186,6 +187,8 @@ def _result_annotations(detections: Sequence[dict], iou_type: str = "bbox") -> l
     polygon ``loadRes`` adds to each box (box AP never reads it, and at 100 results per image it is a
     share of the time one can see) and without the masks where boxes are scored."""
     if iou_type == "segm":
+        from pycocotools import mask as coco_mask  # as in _segmentation_area
+
         missing = sum("segmentation" not in d for d in detections)
         if missing:
             raise ValueError(f"mask AP: {missing} of {len(detections)} detections have no 'segmentation'")

@@ -3,7 +3,8 @@
 Labels are the categories sorted by id, made contiguous (0..C-1); ``category_ids`` keeps the
 original ids so results can be written back in COCO format. Crowd annotations (``iscrowd=1``) are
 left out, as DETR and torchvision's references do: they mark regions, not countable objects, and
-are not bad data (where masks are read they are kept, flagged, as COCO's evaluation's ignore regions). Every image file is opened once here (``visiontrain.data.image_check``: its header
+are not bad data (where masks are read they are kept, flagged, as COCO's evaluation's ignore
+regions). Every image file is opened once here (``visiontrain.data.image_check``: its header
 and that it is whole), so a missing, unreadable or truncated file is found when the dataset is built
 rather than hours into training; the checks run on a small thread pool because on network file
 systems they are latency-bound (118k files for COCO train). Category names are taken without the
