@@ -32,14 +32,16 @@ Writes DIR/gpu_check.json (every stage: status, seconds, results), DIR/summary.t
 a stage) and DIR/stages.log (every stage's own output).
 
 On the GPU machine: its own python3 (3.12, torch 2.11, torchvision 0.26, timm) runs the source tree
-(PYTHONPATH=src), nothing is installed from the network. Two things the checks need are not there
-and travel with the working tree in an ignored folder named in the call's carry list:
-pycocotools (the detection evaluation) as a wheel, and Fashion-MNIST's four idx files (every small
+(PYTHONPATH=src), nothing is installed from the network. What the checks need and it lacks travels
+with the working tree in an ignored folder named in the call's carry list: pycocotools and
+faster-coco-eval (the detection evaluation) as wheels, and Fashion-MNIST's four idx files (every small
 recipe's data), as `data.root`-free runs find them under $VISIONTRAIN_DATA_CACHE/FashionMNIST/raw:
 
     mkdir -p .gpu/whl .gpu/data/FashionMNIST/raw && cp /usr/share/datasets/fashion-mnist/*.gz .gpu/data/FashionMNIST/raw/
     pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
         --platform manylinux2014_x86_64 -d .gpu/whl pycocotools==2.0.11
+    pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
+        --platform manylinux_2_28_x86_64 -d .gpu/whl faster-coco-eval==1.8.0   # eval.coco_backend's default
     # then, there:
     pip install -q --no-index --no-deps --target /tmp/site .gpu/whl/*.whl
     PYTHONPATH=src:/tmp/site python benchmarks/gpu_check.py --out "$OUT" --data .gpu/data

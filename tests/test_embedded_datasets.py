@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from pycocotools import mask as coco_mask
 
 from visiontrain.data.datasets import fashion_mnist
 from visiontrain.data.detection import embedded
@@ -44,8 +45,9 @@ def load(root: Path, split: str) -> dict:
     return json.loads((root / "annotations" / f"{split}.json").read_text())
 
 
-def check_coco(root: Path, split: str, names: list[str]) -> dict:
-    """Valid COCO whose image sizes match the files and whose boxes lie inside their images."""
+def check_coco(root: Path, split: str, names: list[str], masks: bool = True) -> dict:
+    """Valid COCO whose image sizes match the files, whose boxes lie inside their images and whose
+    masks are the objects' visible pixels inside those boxes."""
     coco = load(root, split)
     assert coco["categories"] == [{"id": i + 1, "name": n} for i, n in enumerate(names)]
     images = {im["id"]: im for im in coco["images"]}
@@ -58,7 +60,14 @@ def check_coco(root: Path, split: str, names: list[str]) -> dict:
         im = images[a["image_id"]]
         x, y, w, h = a["bbox"]
         assert w > 0 and h > 0 and x >= 0 and y >= 0 and x + w <= im["width"] and y + h <= im["height"]
-        assert a["area"] == w * h and a["iscrowd"] == 0 and 1 <= a["category_id"] <= len(names)
+        assert a["iscrowd"] == 0 and 1 <= a["category_id"] <= len(names)
+        if not masks:  # neon-trees: boxes only
+            assert a["area"] == w * h and "segmentation" not in a
+            continue
+        # the visible pixels as a compressed RLE: their count is the area, their tight box the bbox
+        rle = a["segmentation"]
+        assert rle["size"] == [im["height"], im["width"]] and a["area"] == coco_mask.area(rle) > 0
+        assert coco_mask.toBbox(rle).tolist() == [x, y, w, h]
     return coco
 
 
@@ -191,7 +200,7 @@ def test_neon_trees(tmp_path):
     assert sum(len(b) for b in source.values()) == 61 + 37 + 279 + 574
     root = build_neon_trees(tmp_path)
     assert root.name == "neon-trees-t400-s0-v0.25"
-    cocos = {s: check_coco(root, s, ["Tree"]) for s in ("train", "val")}
+    cocos = {s: check_coco(root, s, ["Tree"], masks=False) for s in ("train", "val")}
     names = {s: [im["file_name"] for im in c["images"]] for s, c in cocos.items()}
     assert not set(names["train"]) & set(names["val"])
     assert len(names["train"]) + len(names["val"]) == 1 + 1 + 4 * 3 + 6 * 7   # 56 tiles, none dropped
