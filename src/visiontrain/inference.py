@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from visiontrain.data.detection.masks import encode, rle_dict
+from visiontrain.data.detection.masks import segmentations
 from visiontrain.data.images import image_tensor
 from visiontrain.engine.protocols.task import Prediction, PredictUnsupported, Task
 from visiontrain.trained import load_trained
@@ -90,10 +90,7 @@ class Detections:
 
     def segmentations(self) -> list[dict[str, Any]]:
         """Each mask as COCO's compressed RLE, the ``segmentation`` of a COCO result; [] without masks."""
-        if self.masks is None:
-            return []
-        h, w = self.image_size
-        return [rle_dict(counts, h, w) for counts in encode(self.masks.cpu().numpy())]
+        return [] if self.masks is None else segmentations(self.masks.cpu().numpy())
 
 
 def _device(device: str | torch.device | None) -> torch.device:

@@ -17,7 +17,7 @@ import torch
 from visiontrain._tv_compat import ensure_torchvision
 from visiontrain.evaluation.coco import to_coco_results
 from visiontrain.evaluation.figures import image_sheet
-from visiontrain.evaluation.previews import PALETTE
+from visiontrain.evaluation.previews import MASK_ALPHA, PALETTE
 
 
 def output_names(images: list[str]) -> list[Path]:
@@ -47,12 +47,10 @@ def output_names(images: list[str]) -> list[Path]:
     return names
 
 
-MASK_ALPHA = 0.5  # a drawn mask's opacity: the object under it stays visible
-
-
 def drawn_detections(pixels: torch.Tensor, det: Any) -> torch.Tensor:
-    """uint8 [3, H, W]: ``pixels`` with each detection's mask (when it has one) filled half-opaque in
-    its class's colour, then its box, class name and score in red over it."""
+    """uint8 [3, H, W]: ``pixels`` with each detection's mask (when it has one) filled in its class's
+    colour at ``previews.MASK_ALPHA`` (as train_batch.png and val_masks.png fill them), then its box,
+    class name and score in red over it."""
     from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks
 
     if not len(det):  # torchvision warns on an empty box list; an image with nothing detected is a normal result

@@ -15,7 +15,7 @@ from torch import nn
 
 from visiontrain.config import doc
 from visiontrain.data.bad_data import listed
-from visiontrain.data.detection.masks import decode, encode, rle_dict
+from visiontrain.data.detection.masks import decode, segmentations
 from visiontrain.data.detection.sources import detection_source
 from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD, NormalizeOnDevice
 from visiontrain.engine.protocols.task import Prediction, Task, TaskConfig, TaskData
@@ -142,9 +142,8 @@ class DetectionTask(Task):
                                           pred["labels"].cpu(), target["image_id"],  # host sync
                                           self.info["category_ids"])
                 if "masks" in pred:  # instance masks at the original size: COCO's compressed RLE
-                    h, w = pred["masks"].shape[-2:]
-                    for result, counts in zip(results, encode(pred["masks"].cpu().numpy())):  # host sync
-                        result["segmentation"] = rle_dict(counts, h, w)
+                    for result, segmentation in zip(results, segmentations(pred["masks"].cpu().numpy())):  # host sync
+                        result["segmentation"] = segmentation
                 detections += results
         gathered = data.gather(detections, dst=0)
         if gathered is None:

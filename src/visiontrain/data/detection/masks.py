@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 from pycocotools import mask as coco_mask
 
-__all__ = ["compressed_runs", "decode", "encode", "mask_area", "polygon_rle", "rle_dict", "segmentation_rle"]
+__all__ = ["compressed_runs", "decode", "encode", "mask_area", "polygon_rle", "rle_dict", "segmentation_rle",
+           "segmentations"]
 
 
 def encode(masks: np.ndarray) -> list[str]:
@@ -50,6 +51,13 @@ def mask_area(counts: str, height: int, width: int) -> float:
 def rle_dict(counts: str, height: int, width: int) -> dict[str, Any]:
     """A compressed RLE as COCO writes it in JSON (``segmentation`` of results and ground truth)."""
     return {"size": [int(height), int(width)], "counts": counts}
+
+
+def segmentations(masks: np.ndarray) -> list[dict[str, Any]]:
+    """Bool or uint8 masks [N, H, W] as COCO ``segmentation`` dicts (compressed RLE, ``rle_dict``):
+    what a result in COCO's format carries, in ``detections.json`` and in evaluation alike."""
+    height, width = np.shape(masks)[-2:]
+    return [rle_dict(counts, height, width) for counts in encode(masks)]
 
 
 def polygon_rle(polygons: Sequence[Sequence[float]], height: int, width: int) -> tuple[str | None, str]:
