@@ -13,6 +13,7 @@
     visiontrain compare RUN_DIR RUN_DIR ... [--out FILE.png] [--metrics M ...]
     visiontrain report RUN_DIR [--out FILE.html]
     visiontrain shard RECIPE|FILE [k=v ...] --out DIR [--shard-size 1GB]
+    visiontrain tune RECIPE|FILE --space SPACE.yaml --trials N --study-dir DIR [k=v ...] [--jobs K] [--pruner P]
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import yaml
 from visiontrain import config as C
 from visiontrain.commands import (cmd_benchmark, cmd_compare, cmd_consolidate, cmd_export, cmd_fit, cmd_predict,
                                   cmd_preview, cmd_recipes, cmd_report, cmd_shard, cmd_show_config,
-                                  cmd_validate)
+                                  cmd_tune, cmd_validate)
 from visiontrain.engine.state.write_failure import WriteError
 from visiontrain.exit_codes import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_PEER_LOST, EXIT_USAGE
 from visiontrain.launch import command_line, import_user_module
@@ -92,6 +93,37 @@ def _add_training_commands(sub: Any) -> None:
                      help="val: the split validated during training; test: data.test_split, which training never "
                           "touched (detection datasets)")
     val.set_defaults(fn=cmd_validate)
+    _add_tune(sub)
+
+
+def _add_tune(sub: Any) -> None:
+    tune = sub.add_parser("tune", help="search a recipe's settings with Optuna: each trial a fit in the study dir, "
+                                       "the study in a database that outlives the tuner (docs/tuning.md)")
+    tune.add_argument("recipe", help="built-in recipe name or path to a YAML file")
+    tune.add_argument("overrides", nargs="*", help="key=value overrides applied to every trial")
+    tune.add_argument("--space", required=True, help="YAML file: config keys and their distributions, e.g. "
+                                                     "'optim.lr: {log: [1.0e-4, 1.0e-2]}'")
+    tune.add_argument("--trials", type=int, required=True, help="the study's number of trials, all tuners together "
+                                                                "(a restarted tuner runs only those missing)")
+    tune.add_argument("--study-dir", required=True, help="the study's directory: its trials' run dirs, study.db "
+                                                         "(unless --storage), study.json, trials.csv, best.yaml, "
+                                                         "plots and report.html")
+    tune.add_argument("--storage", help="an SQLAlchemy URL of the study's database, shared by tuners on several "
+                                        "machines (postgresql://USER:PASSWORD@HOST/DB); default "
+                                        "sqlite:///STUDY_DIR/study.db")
+    tune.add_argument("--study-name", help="the study's name in the storage (default: the study dir's name)")
+    tune.add_argument("--jobs", type=int, default=1, help="trials run at once by this tuner, each with its share "
+                                                          "of the CPU threads")
+    tune.add_argument("--pruner", default="median", choices=["median", "halving", "none"],
+                      help="stop trials that fall behind at an evaluation: median (of earlier trials at that step, "
+                           "after 2 trials) or halving (successive halving)")
+    tune.add_argument("--metric", help="the objective (default: the recipe's eval.metric, else the task's); sets "
+                                       "eval.metric in every trial")
+    tune.add_argument("--seed", type=int, help="the sampler's seed, offset by the trials the study already has (a "
+                                               "continued study draws new values); give two tuners sharing a "
+                                               "study different seeds, or none. The trials' own seed is the "
+                                               "recipe's")
+    tune.set_defaults(fn=cmd_tune)
 
 
 def _add_model_commands(sub: Any) -> None:

@@ -27,6 +27,8 @@ from visiontrain.exit_codes import EXIT_USAGE
 from visiontrain.launch import end_with_launcher, exec_torchrun
 from visiontrain.report import write_report
 from visiontrain.stop_signals import Preempted, ignore_stop_signals
+from visiontrain.tuning import TuneSettings, prepare, run_search
+from visiontrain.tuning_outputs import after_trial, summary_text, write_outputs
 
 
 def print_json(value: Any) -> None:
@@ -330,4 +332,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     path, plots = write_report(args.run_dir, args.out)
     print_json({"run_dir": args.run_dir, "report": str(path), "plots": plots, "bytes": path.stat().st_size})
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    settings = TuneSettings(recipe=args.recipe, space=args.space, trials=args.trials, study_dir=Path(args.study_dir),
+                            overrides=list(args.overrides), storage=args.storage, study_name=args.study_name,
+                            jobs=args.jobs, pruner=args.pruner, metric=args.metric, seed=args.seed,
+                            imports=list(args.imports))
+    search = prepare(settings)  # a bad space, key, value or study: an error before any trial starts
+    search.after_trial = lambda trial, outcome, run_dir: after_trial(search, trial, outcome, run_dir)
+    try:
+        run_search(search)
+    finally:
+        summary = write_outputs(search, plots=True)
+        print(summary_text(search, summary), file=sys.stderr)
+    print_json({"study_dir": str(settings.study_dir), "study": summary["study"], "counts": summary["counts"],
+                "best": summary["best"], "report": str(settings.study_dir / REPORT_FILE)})
     return 0

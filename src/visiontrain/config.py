@@ -290,11 +290,12 @@ def _data_defaults() -> dict[str, Any]:
     return out
 
 
-def load_config(recipe: str, overrides: list[str] | None = None) -> Config:
+def load_config(recipe: str, overrides: list[str] | None = None, *, source: str = "command line") -> Config:
     """Load a built-in recipe name or YAML path, apply `key=value` overrides, validate.
 
     The recipe is validated on its own first, so an error names where the bad key came from: the
-    file, or the command line (a mistyped override is not the recipe's fault)."""
+    file, or the overrides' ``source`` (a mistyped override is not the recipe's fault; ``tune`` names
+    its search-space file)."""
     path = resolve_recipe_path(recipe)
     try:
         tree = yaml.safe_load(path.read_text()) or {}
@@ -307,7 +308,7 @@ def load_config(recipe: str, overrides: list[str] | None = None) -> Config:
         return cfg
     for key, value in parse_overrides(overrides):
         _set_dotted(tree, key, value)
-    return config_from_dict(tree, source=f"command line (over {path.name})")
+    return config_from_dict(tree, source=f"{source} (over {path.name})")
 
 
 def config_to_dict(cfg: Config) -> dict:

@@ -1,0 +1,188 @@
+"""`visiontrain tune` through the CLI on scikit-learn's digits: the space's checks, pruning, the study's
+files, best.yaml, a SIGKILLed tuner continued by the same command, two tuners sharing one study,
+MLflow. Every trial is a real `visiontrain fit` of classify-fashion."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from procs import FAULTHANDLER_ENV, alive, descendants, finish, run_cli, wait_for
+from visiontrain import cli
+
+# digits: the offline dataset on which a trial takes seconds. Batches of 16 make a trial long enough
+# (about 270 steps) for a tuner to stop it part-way (the pruning and kill tests need that).
+TRIAL = ["data.name=digits", "data.batch_size=16", "trainer.epochs=3"]
+LR_SPACE = "optim.lr: {categorical: [0.003, 1.0e-06]}\n"
+# CI installs the extra (VISIONTRAIN_REQUIRE_MLFLOW=1): there a missing one fails the study's fixture
+HAS_MLFLOW = importlib.util.find_spec("mlflow") is not None or os.environ.get("VISIONTRAIN_REQUIRE_MLFLOW") == "1"
+SPACE = "optim.lr: {log: [1.0e-3, 1.0e-2]}\ntask.drop_rate: {float: [0.0, 0.3]}\n"
+
+
+def tune_args(study: Path, space: Path, trials: int, *extra: str) -> list[str]:
+    return ["tune", "classify-fashion", "--space", str(space), "--trials", str(trials), "--study-dir", str(study),
+            *TRIAL, *extra]
+
+
+def space_file(tmp_path: Path, text: str, name: str = "space.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def start_tuner(args: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **FAULTHANDLER_ENV}
+    return subprocess.Popen([sys.executable, "-m", "visiontrain", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+
+
+def study_json(study: Path) -> dict:
+    return json.loads((study / "study.json").read_text())
+
+
+def eval_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+    return [r["step"] for r in rows if r.get("kind") == "eval"]
+
+
+@pytest.mark.parametrize("text, extra, message", [
+    ("optim.lrr: {log: [1.0e-3, 1.0e-2]}\n", [], "unknown config key 'optim.lrr'; did you mean optim.lr"),
+    ("optim.lr: {uniform: [0.1, 0.2]}\n", [], "optim.lr: expected a mapping with one of float, log, int, categorical"),
+    ("optim.lr: {float: [0.2, 0.1]}\n", [], "optim.lr: expected low < high, got [0.2, 0.1]"),
+    ("optim.lr: {log: [0.0, 0.1]}\n", [], "a log-uniform range must be above 0"),
+    ("optim.lr: {float: [0.1, 0.2], steps: 3}\n", [], "unknown option steps"),
+    ("data.eval_batch_size: {float: [8.5, 16.5]}\n", [], "data.eval_batch_size: expected int"),
+    ("task.drop_rate: {categorical: []}\n", [], "categorical expects a non-empty list"),
+    (SPACE, ["optim.lr=0.01"], "optim.lr is searched here and set on the command line"),
+])
+def test_a_bad_space_is_one_line_before_any_trial(tmp_path, capsys, text, extra, message):
+    space = space_file(tmp_path, text)
+    study = tmp_path / "study"
+    code = cli.main(tune_args(study, space, 2, *extra))
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and message in err and str(space) in err, err
+    assert not study.exists()  # nothing ran, nothing was made
+
+
+def test_a_study_continues_only_its_own_search(tmp_path, capsys):
+    from visiontrain.tuning import TuneSettings, prepare
+
+    study = tmp_path / "study"
+    first = space_file(tmp_path, SPACE)
+    prepare(TuneSettings("classify-fashion", str(first), 2, study, list(TRIAL)))
+    other = space_file(tmp_path, "optim.lr: {log: [1.0e-4, 1.0e-2]}\n", "other.yaml")
+    code = cli.main(tune_args(study, other, 2))
+    err = capsys.readouterr().err
+    assert code == 2 and "was started with another space" in err and "another --study-dir" in err, err
+
+
+@pytest.fixture(scope="module")
+def pruned_study(tmp_path_factory) -> Path:
+    """Three trials, the third with an lr of 1e-6 (the sampler's seed 6 draws good, good, bad): the
+    median pruner stops it at its first evaluation. MLflow records each trial."""
+    root = tmp_path_factory.mktemp("tune")
+    space = space_file(root, LR_SPACE)
+    tracking = ["logging.mlflow=true"] if HAS_MLFLOW else []
+    proc = run_cli(*tune_args(root / "study", space, 3, "--seed", "6", *tracking), timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root / "study"
+
+
+def test_the_worst_trial_is_pruned_with_its_checkpoint_written(pruned_study):
+    summary = study_json(pruned_study)
+    assert summary["counts"] == {"complete": 2, "pruned": 1}
+    states = {r["number"]: (r["state"], r["params"]["optim.lr"]) for r in summary["trials"]}
+    assert states == {0: ("complete", 0.003), 1: ("complete", 0.003), 2: ("pruned", 1e-06)}
+    run = pruned_study / "trials" / "trial-0002"
+    record = json.loads((run / "trial.json").read_text())
+    first_eval = [s for s in eval_steps(run) if s > 0][0]
+    assert record["state"] == "pruned" and record["pruned_at_step"] == first_eval
+    assert (run / "checkpoints" / "last.pt").is_file()
+    assert max(eval_steps(run)) < max(eval_steps(pruned_study / "trials" / "trial-0000"))  # stopped early
+
+
+def test_the_study_files_and_best_yaml_train_to_the_best_trial(pruned_study, tmp_path):
+    summary = study_json(pruned_study)
+    best = summary["best"]
+    assert best["number"] in (0, 1) and best["value"] == max(r["value"] for r in summary["trials"][:2])
+    rows = (pruned_study / "trials.csv").read_text().splitlines()
+    assert rows[0].startswith("trial,state,top1,optim.lr") and len(rows) == 4
+    for name in ("history", "parallel_coordinates"):
+        assert (pruned_study / "plots" / f"{name}.png").stat().st_size > 10_000
+    page = (pruned_study / "report.html").read_text()
+    assert "trials/trial-0002/report.html" in page and "importances" in page  # drawn, or why not
+    proc = run_cli("fit", str(pruned_study / "best.yaml"), "--run-dir", str(tmp_path / "best"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    trained = json.loads((tmp_path / "best" / "summary.json").read_text())
+    evals = [json.loads(line) for line in (tmp_path / "best" / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["top1"] for r in evals if r["kind"] == "eval") == best["value"]
+    assert trained["final"]["top1"] > 50
+
+
+@pytest.mark.skipif(not HAS_MLFLOW, reason="needs the MLflow extra: pip install 'visiontrain[mlflow]'")
+def test_each_trial_is_a_run_of_the_study_in_mlflow(pruned_study):
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{pruned_study / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("study")
+    runs = client.search_runs([experiment.experiment_id])
+    tags = sorted((r.info.run_name, r.data.tags["visiontrain.tune.state"]) for r in runs)
+    assert tags == [("trial-0000", "complete"), ("trial-0001", "complete"), ("trial-0002", "pruned")]
+
+
+def test_a_sigkilled_tuner_is_continued_by_the_same_command(tmp_path):
+    space = space_file(tmp_path, SPACE)
+    study = tmp_path / "study"
+    args = tune_args(study, space, 3, "--seed", "0", "--pruner", "none")  # every trial runs to its end
+    tuner = start_tuner(args)
+    second = study / "trials" / "trial-0001"
+    wait_for(lambda: any(s > 0 for s in eval_steps(second)), "trial 1's first evaluation", tuner)
+    trial_procs = descendants(tuner.pid)
+    os.kill(tuner.pid, signal.SIGKILL)
+    finish(tuner, 30)
+    end = time.monotonic() + 60
+    while alive(trial_procs) and time.monotonic() < end:  # each trial writes its last.pt and ends
+        time.sleep(0.2)
+    assert not alive(trial_procs)
+    assert (second / "checkpoints" / "last.pt").is_file()
+    cut = max(eval_steps(second))
+
+    proc = run_cli(*args, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "trial 1: its tuner (pid" in proc.stderr and "trial 2 resumes trial 1" in proc.stderr
+    summary = study_json(study)
+    assert summary["counts"] == {"complete": 3}
+    rows = {r["number"]: r for r in summary["trials"]}
+    assert sorted(rows) == [0, 2, 3] and rows[2]["resumes"] == 1  # 1 failed, resumed first as 2; never counted
+    assert rows[2]["run_dir"] == "trials/trial-0001" and len({r["run_dir"] for r in rows.values()}) == 3
+    launches = json.loads((second / "provenance.json").read_text())["launches"]
+    assert len(launches) == 2 and launches[1]["step"] > 0 and launches[1]["resumed_from"].endswith("last.pt")
+    assert eval_steps(second) == sorted(set(eval_steps(second))) and max(eval_steps(second)) > cut
+
+
+def test_two_tuners_share_one_study(tmp_path):
+    import optuna
+
+    space = space_file(tmp_path, SPACE)
+    study = tmp_path / "study"
+    args = tune_args(study, space, 4, "--pruner", "none")  # every trial runs to its end
+    tuners = [start_tuner([*args, "--jobs", "2"]), start_tuner(args)]
+    outs = [finish(t, 400) for t in tuners]
+    assert [t.returncode for t in tuners] == [0, 0], [o[1][-2000:] for o in outs]
+    summary = study_json(study)
+    assert summary["counts"] == {"complete": 4}
+    assert len({r["run_dir"] for r in summary["trials"]}) == 4
+    loaded = optuna.load_study(study_name="study", storage=f"sqlite:///{study / 'study.db'}")
+    pids = {t.user_attrs["tuner"]["pid"] for t in loaded.trials if t.state.name == "COMPLETE"}
+    assert pids == {t.pid for t in tuners}
