@@ -7,8 +7,8 @@
 #
 # Idempotent: a stamp of pyproject.toml + constraints.txt (one per set of extras) skips pip when
 # nothing changed. torch is installed first and pinned through constraints.txt so that no package
-# can pull in a CUDA build of torch on a CPU-only machine. `test` also installs the mlflow extra,
-# so the suite tests the MLflow tracker for real; `fit` does not need it.
+# can pull in a CUDA build of torch on a CPU-only machine. `test` also installs the mlflow and tune
+# extras, so the suite tests the MLflow tracker and `visiontrain tune` for real; `fit` needs neither.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -20,10 +20,10 @@ if [ ! -x "$venv/bin/python" ]; then
   "$py" -m venv "$venv"
 fi
 extras=test
-if [ "${1:-}" = test ]; then extras=test,mlflow; fi
+if [ "${1:-}" = test ]; then extras=test,mlflow,tune; fi
 stamp="$venv/.visiontrain-stamp-${extras//,/-}"
 want="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
-full="$venv/.visiontrain-stamp-test-mlflow"  # a venv set up for the tests has everything fit needs
+full="$venv/.visiontrain-stamp-test-mlflow-tune"  # a venv set up for the tests has everything fit needs
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] && [ "$(cat "$full" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing packages (torch first, then the rest under constraints.txt)"
   torch_pin="$(grep -E '^torch==' constraints.txt)"

@@ -23,7 +23,7 @@ def test_the_dry_run_passes_every_stage_and_writes_its_figures(tmp_path):
     assert env["cuda_available"] is False and env["torch"].startswith("2.") and env["pycocotools"] is True
 
     tests, = stages["tests"]["records"]
-    assert tests["failed"] == 0 and tests["passed"] >= 30, tests  # the cuda-marked tests, run here on the CPU
+    assert tests["failed"] == 0 and tests["passed"] >= 15, tests  # two files' cuda-marked tests, here on the CPU
 
     fsdp = {r["run"]: r for r in stages["fsdp"]["records"]}
     assert set(fsdp) == {"fsdp", "unsharded"}

@@ -176,7 +176,8 @@ def test_two_tuners_share_one_study(tmp_path):
 
     space = space_file(tmp_path, SPACE)
     study = tmp_path / "study"
-    args = tune_args(study, space, 4, "--pruner", "none")  # every trial runs to its end
+    # every trial runs to its end; batches of 64: no trial here needs stopping part-way
+    args = tune_args(study, space, 4, "--pruner", "none", "data.batch_size=64")
     tuners = [start_tuner([*args, "--jobs", "2"]), start_tuner(args)]
     outs = [finish(t, 400) for t in tuners]
     assert [t.returncode for t in tuners] == [0, 0], [o[1][-2000:] for o in outs]

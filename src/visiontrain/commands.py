@@ -27,8 +27,6 @@ from visiontrain.exit_codes import EXIT_USAGE
 from visiontrain.launch import end_with_launcher, exec_torchrun
 from visiontrain.report import write_report
 from visiontrain.stop_signals import Preempted, ignore_stop_signals
-from visiontrain.tuning import TuneSettings, prepare, run_search
-from visiontrain.tuning_outputs import after_trial, summary_text, write_outputs
 
 
 def print_json(value: Any) -> None:
@@ -336,6 +334,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from visiontrain.tuning import TuneSettings, prepare, run_search
+    from visiontrain.tuning_outputs import after_trial, summary_text, write_outputs
+
     settings = TuneSettings(recipe=args.recipe, space=args.space, trials=args.trials, study_dir=Path(args.study_dir),
                             overrides=list(args.overrides), storage=args.storage, study_name=args.study_name,
                             jobs=args.jobs, pruner=args.pruner, metric=args.metric, seed=args.seed,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -117,9 +118,18 @@ def tracking_overrides(cfg: C.Config, s: TuneSettings) -> list[str]:
     return out
 
 
-def open_study(s: TuneSettings, objective: Objective, space: list[Param], overrides: list[str]) -> Any:
-    import optuna
+def require_optuna() -> Any:
+    """The optuna module, or a ConfigError that says how to install it."""
+    try:
+        import optuna
+    except ImportError as err:
+        raise C.ConfigError(f"visiontrain tune needs Optuna, which cannot be imported ({err}): "
+                            f"pip install 'visiontrain[tune]'") from None
+    return optuna
 
+
+def open_study(s: TuneSettings, objective: Objective, space: list[Param], overrides: list[str]) -> Any:
+    optuna = require_optuna()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the tuner says what happens, once
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     # the heartbeat is recorded by this module's jobs (``Heartbeat``), not by Study.optimize
@@ -147,8 +157,6 @@ def open_study(s: TuneSettings, objective: Objective, space: list[Param], overri
 def same_search(study: Any, s: TuneSettings, definition: dict[str, Any]) -> None:
     """A study continues only the search it was started with: another recipe, override, metric or
     space would mix trials of two searches in one ranking."""
-    import json
-
     stored = study.user_attrs.get("search")
     here = json.loads(json.dumps(definition))  # as stored: tuples become lists
     if stored is None:

@@ -21,7 +21,7 @@ from visiontrain.engine.records.run_log import dumps_json
 from visiontrain.engine.state.run_files import METRICS_FILE, MLFLOW_RUN_FILE, REPORT_FILE
 from visiontrain.engine.state.checkpoint import write_run_file
 from visiontrain.report import CSS, _duration, _figure, _fmt, write_report
-from visiontrain.tuning import (FAILURE_ATTR, RESUMES_ATTR, RUN_DIR_ATTR, SURPLUS_ATTR, Search, counted)
+from visiontrain.tuning import FAILURE_ATTR, RESUMES_ATTR, RUN_DIR_ATTR, Search, counted
 from visiontrain.tuning_space import override
 from visiontrain.tuning_trial import Outcome
 
