@@ -172,18 +172,30 @@ def test_a_sigkilled_tuner_is_continued_by_the_same_command(tmp_path):
 
 
 def test_two_tuners_share_one_study(tmp_path):
+    """As on two machines: each tuner its own study dir, one --storage, started at the same moment."""
     import optuna
 
     space = space_file(tmp_path, SPACE)
-    study = tmp_path / "study"
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
     # every trial runs to its end; batches of 64: no trial here needs stopping part-way
-    args = tune_args(study, space, 4, "--pruner", "none", "data.batch_size=64")
-    tuners = [start_tuner([*args, "--jobs", "2"]), start_tuner(args)]
+    shared = ["--storage", storage, "--study-name", "shared", "--pruner", "none", "data.batch_size=64"]
+    tuners = [start_tuner([*tune_args(tmp_path / "a", space, 4, *shared), "--jobs", "2"]),
+              start_tuner(tune_args(tmp_path / "b", space, 4, *shared))]
     outs = [finish(t, 400) for t in tuners]
     assert [t.returncode for t in tuners] == [0, 0], [o[1][-2000:] for o in outs]
-    summary = study_json(study)
-    assert summary["counts"] == {"complete": 4}
-    assert len({r["run_dir"] for r in summary["trials"]}) == 4
-    loaded = optuna.load_study(study_name="study", storage=f"sqlite:///{study / 'study.db'}")
-    pids = {t.user_attrs["tuner"]["pid"] for t in loaded.trials if t.state.name == "COMPLETE"}
-    assert pids == {t.pid for t in tuners}
+    loaded = optuna.load_study(study_name="shared", storage=storage)
+    done = [t for t in loaded.trials if t.state.name == "COMPLETE"]
+    assert len(done) == 4 and {t.user_attrs["tuner"]["pid"] for t in done} == {t.pid for t in tuners}
+    counts = [study_json(tmp_path / name)["counts"] for name in ("a", "b")]  # each shows the whole study,
+    assert {"complete": 4} in counts and all(sum(c.values()) == 4 for c in counts)  # as it was when it ended
+    assert study_json(tmp_path / "a")["storage"] == storage
+    runs = {t.number: t.user_attrs["run_dir"] for t in done}
+    assert sum((tmp_path / d / r / "trial.json").is_file() for d in "ab" for r in runs.values()) == 4
+
+
+def test_a_storage_that_cannot_be_opened_is_one_line(tmp_path, capsys):
+    space = space_file(tmp_path, SPACE)
+    code = cli.main(tune_args(tmp_path / "s", space, 2, "--storage", "postgresql://me:secret@127.0.0.1:1/none"))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "--storage postgresql://me:***@127.0.0.1:1/none: cannot open" in err and "secret" not in err

@@ -41,6 +41,8 @@ STUDY_DB, TRIALS_DIR = "study.db", "trials"
 HEARTBEAT_S, GRACE_S = 20, 120
 #: How long a resumed trial waits for the fit of its interrupted attempt to write last.pt and end.
 FREE_WAIT_S = 300
+#: Attempts to open the storage (see ``connect``).
+CONNECT_TRIES = 4
 PRUNERS = ("median", "halving", "none")
 #: Optuna's attributes of a trial, as this module keeps them.
 RUN_DIR_ATTR, RESUMES_ATTR, TUNER_ATTR, SURPLUS_ATTR, FAILURE_ATTR = "run_dir", "resumes", "tuner", "surplus", "failure"
@@ -142,8 +144,7 @@ def open_study(s: TuneSettings, objective: Objective, space: list[Param], overri
     # Tuners started at once on one machine would all create the database's tables: one at a time.
     with open(s.study_dir / ".study.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
-                                             grace_period=GRACE_S, heartbeat_stale_trial_callback=resume_later)
+        storage = connect(optuna, url, kwargs)
         study = optuna.create_study(storage=storage, study_name=s.name(), direction=objective.direction,
                                     sampler=optuna.samplers.TPESampler(seed=s.seed), pruner=pruner,
                                     load_if_exists=True)
@@ -152,6 +153,33 @@ def open_study(s: TuneSettings, objective: Objective, space: list[Param], overri
         same_search(study, s, {"recipe": s.recipe, "overrides": overrides, "metric": objective.metric,
                                "mode": objective.mode, "space": [dataclasses.asdict(p) for p in space]})
     return study
+
+
+def connect(optuna: Any, url: str, engine_kwargs: dict[str, Any] | None) -> Any:
+    """The study's storage. Tuners on several machines that start at once against a new database
+    all create its tables, and the ones that lose the race get an error: they try again, and find
+    the tables made. A URL that still cannot be opened is a ConfigError naming it (no password)."""
+    import sqlalchemy.exc
+
+    for attempt in range(CONNECT_TRIES):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S,
+                                              grace_period=GRACE_S, heartbeat_stale_trial_callback=resume_later)
+        except (sqlalchemy.exc.SQLAlchemyError, ImportError) as err:
+            if attempt == CONNECT_TRIES - 1 or isinstance(err, ImportError):  # a missing driver stays missing
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise C.ConfigError(f"--storage {safe_url(url)}: cannot open the study's database: {first}") from None
+            time.sleep(1.0 + attempt)
+    raise AssertionError("unreachable")
+
+
+def safe_url(url: str) -> str:
+    """A storage URL without its password (postgresql://user:secret@host/db), as it is printed and written."""
+    head, sep, tail = url.partition("://")
+    if "@" in tail and ":" in tail.split("@", 1)[0]:
+        user = tail.split("@", 1)[0].split(":", 1)[0]
+        return f"{head}{sep}{user}:***@{tail.split('@', 1)[1]}"
+    return url
 
 
 def same_search(study: Any, s: TuneSettings, definition: dict[str, Any]) -> None:
@@ -164,7 +192,7 @@ def same_search(study: Any, s: TuneSettings, definition: dict[str, Any]) -> None
         return
     changed = [k for k in here if stored.get(k) != here[k]]
     if changed:
-        raise C.ConfigError(f"study {s.name()!r} in {s.storage_url()} was started with another {', '.join(changed)} "
+        raise C.ConfigError(f"study {s.name()!r} in {safe_url(s.storage_url())} was started with another {', '.join(changed)} "
                             f"({', '.join(f'{k}: {stored.get(k)!r}' for k in changed)}): continue it with the same "
                             f"command, or start a new study (another --study-dir or --study-name)")
 

@@ -21,7 +21,7 @@ from visiontrain.engine.records.run_log import dumps_json
 from visiontrain.engine.state.run_files import METRICS_FILE, MLFLOW_RUN_FILE, REPORT_FILE
 from visiontrain.engine.state.checkpoint import write_run_file
 from visiontrain.report import CSS, _duration, _figure, _fmt, write_report
-from visiontrain.tuning import FAILURE_ATTR, RESUMES_ATTR, RUN_DIR_ATTR, Search, counted
+from visiontrain.tuning import FAILURE_ATTR, RESUMES_ATTR, RUN_DIR_ATTR, Search, counted, safe_url
 from visiontrain.tuning_space import override
 from visiontrain.tuning_trial import Outcome
 
@@ -64,7 +64,7 @@ def write_outputs(search: Search, *, plots: bool) -> dict[str, Any]:
     rows = trial_rows(search)
     best = best_row(search, rows)
     states = [r["state"] for r in rows]
-    summary = {"study": s.name(), "storage": _safe_url(s.storage_url()), "recipe": s.recipe,
+    summary = {"study": s.name(), "storage": safe_url(s.storage_url()), "recipe": s.recipe,
                "overrides": s.overrides, "space": s.space, "metric": search.objective.metric,
                "direction": search.objective.direction, "trials_wanted": s.trials,
                "counts": {state: states.count(state) for state in sorted(set(states))},
@@ -77,15 +77,6 @@ def write_outputs(search: Search, *, plots: bool) -> dict[str, Any]:
         figures = write_plots(search)
         write_run_file(root, REPORT_FILE, study_page(search, summary, figures))
     return summary
-
-
-def _safe_url(url: str) -> str:
-    """A storage URL without its password (postgresql://user:secret@host/db)."""
-    head, sep, tail = url.partition("://")
-    if "@" in tail and ":" in tail.split("@", 1)[0]:
-        user = tail.split("@", 1)[0].split(":", 1)[0]
-        return f"{head}{sep}{user}:***@{tail.split('@', 1)[1]}"
-    return url
 
 
 def _table_csv(search: Search, rows: list[dict[str, Any]]) -> str:
