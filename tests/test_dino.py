@@ -116,7 +116,9 @@ def test_batched_multicrop_makes_the_same_views_in_the_loader_and_in_the_step():
 
 
 def test_recipe_schedules_reach_the_teacher_the_temperature_and_the_decayed_group():
-    cfg = cfg_of("trainer.epochs=4", "schedules.task.teacher_temp.warmup=3")
+    # the recipe's temperature is 0.04 throughout (its warm-up starts where it ends): 0.07 makes the
+    # warm-up's per-epoch steps visible
+    cfg = cfg_of("trainer.epochs=4", "schedules.task.teacher_temp.warmup=3", "task.teacher_temp=0.07")
     trainer = Trainer(cfg, build_task(cfg), None)
     clock, weights = trainer.clock, {}
     total, per_epoch = clock.total_steps, clock.steps_per_epoch
@@ -312,7 +314,7 @@ def test_dino_needs_the_ema_teacher():
 
 def test_recipes_load():
     small = C.load_config("ssl-dino")
-    assert small.schedules["task.teacher_temp"].warmup_start == 0.04 and small.task.teacher_temp == 0.07
+    assert small.schedules["task.teacher_temp"].warmup_start == 0.04 and small.task.teacher_temp == 0.04
     big = C.load_config("ssl-dino-vits16-imagenet", ["data.root=/data/imagenet"])
     t = big.task
     assert (t.backbone, t.out_dim, t.local_crops, t.global_crop_size, t.local_crop_size) == \

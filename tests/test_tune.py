@@ -18,8 +18,8 @@ from procs import FAULTHANDLER_ENV, alive, descendants, finish, run_cli, wait_fo
 from visiontrain import cli
 
 # digits: the offline dataset on which a trial takes seconds. Batches of 16 make a trial long enough
-# (about 270 steps) for a tuner to stop it part-way (the pruning and kill tests need that).
-TRIAL = ["data.name=digits", "data.batch_size=16", "trainer.epochs=3"]
+# (about 180 steps) for a tuner to stop it part-way (the pruning and kill tests need that).
+TRIAL = ["data.name=digits", "data.batch_size=16", "trainer.epochs=2"]
 LR_SPACE = "optim.lr: {categorical: [0.003, 1.0e-06]}\n"
 # CI installs the extra (VISIONTRAIN_REQUIRE_MLFLOW=1): there a missing one fails the study's fixture
 HAS_MLFLOW = importlib.util.find_spec("mlflow") is not None or os.environ.get("VISIONTRAIN_REQUIRE_MLFLOW") == "1"
@@ -94,7 +94,8 @@ def pruned_study(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("tune")
     space = space_file(root, LR_SPACE)
     tracking = ["logging.mlflow=true"] if HAS_MLFLOW else []
-    proc = run_cli(*tune_args(root / "study", space, 3, "--seed", "6", *tracking), timeout=400)
+    # 4 epochs: the pruned trial is stopped after its first, well before its end
+    proc = run_cli(*tune_args(root / "study", space, 3, "--seed", "6", "trainer.epochs=4", *tracking), timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root / "study"
 
@@ -199,3 +200,28 @@ def test_a_storage_that_cannot_be_opened_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "--storage postgresql://me:***@127.0.0.1:1/none: cannot open" in err and "secret" not in err
+
+
+def test_evaluations_are_reported_by_their_number_not_their_step(tmp_path):
+    """Trials of different batch sizes evaluate at different steps after the same epochs: the pruner
+    compares them at the evaluation's number. The one at step 0 (the initialisation) is not reported."""
+    from visiontrain.tuning_trial import Objective, Watch
+
+    class Trial:
+        def __init__(self):
+            self.reports = []
+
+        def report(self, value, step):
+            self.reports.append((value, step))
+
+        def should_prune(self):
+            return False
+
+    rows = [{"kind": "eval", "step": s, "epoch": 0, "time": 0.0, "top1": v, "ema/top1": v - 1}
+            for s, v in ((0, 10.0), (117, 80.0), (234, 85.0))]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"kind": "ev')
+    trial = Trial()
+    watch = Watch(trial, tmp_path, Objective("top1", "max"), lambda step, value: None)
+    assert watch.read() is False and watch.read() is False  # a second read reports nothing again
+    assert trial.reports == [(80.0, 1), (85.0, 2)] and watch.value == 85.0
+    assert Objective("top1", "min").of_row(rows[1]) == 79.0  # the better of the model's and the EMA's

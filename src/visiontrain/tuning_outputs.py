@@ -44,7 +44,7 @@ def trial_rows(search: Search) -> list[dict[str, Any]]:
         rows.append({"number": t.number, "state": t.state.name.lower(), "value": t.value,
                      "params": {p.key: p.value_of(params[p.key]) for p in search.space if p.key in params},
                      "run_dir": t.user_attrs.get(RUN_DIR_ATTR), "seconds": seconds,
-                     "last_step": t.last_step, "resumes": t.user_attrs.get(RESUMES_ATTR),
+                     "evaluations": t.last_step, "resumes": t.user_attrs.get(RESUMES_ATTR),
                      "failure": t.user_attrs.get(FAILURE_ATTR)})
     return rows
 
@@ -83,11 +83,11 @@ def _table_csv(search: Search, rows: list[dict[str, Any]]) -> str:
     keys = [p.key for p in search.space]
     text = io.StringIO()
     out = csv.writer(text)
-    out.writerow(["trial", "state", search.objective.metric, *keys, "seconds", "last_step", "run_dir",
+    out.writerow(["trial", "state", search.objective.metric, *keys, "seconds", "evaluations", "run_dir",
                       "resumes", "failure"])
     for r in rows:
         out.writerow([r["number"], r["state"], r["value"], *(r["params"].get(k) for k in keys), r["seconds"],
-                      r["last_step"], r["run_dir"], r["resumes"], r["failure"]])
+                      r["evaluations"], r["run_dir"], r["resumes"], r["failure"]])
     return text.getvalue()
 
 

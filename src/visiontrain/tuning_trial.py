@@ -128,7 +128,11 @@ def trial_env(threads: int | None) -> dict[str, str]:
 class Watch:
     """Follows a running trial: its evaluation rows go to Optuna's ``trial.report`` (the ones after
     training started: an evaluation at step 0 measures the initialisation, not the settings), and
-    the pruner is asked after each."""
+    the pruner is asked after each.
+
+    A row is reported at its number among them (1, 2, ...), not at its optimizer step: trials whose
+    batch size differs evaluate at different steps after the same epochs, and the pruner compares
+    trials at equal report steps."""
 
     def __init__(self, trial: Any, run_dir: Path, objective: Objective,
                  on_eval: Callable[[int, float], None]) -> None:
@@ -147,7 +151,7 @@ class Watch:
                 continue
             self.values[step] = value
             if step > 0:
-                self.trial.report(value, step)
+                self.trial.report(value, sum(s > 0 for s in self.values))
                 self.on_eval(step, value)
                 if self.pruned_at is None and self.trial.should_prune():
                     self.pruned_at = step
