@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from visiontrain import config as C
 from visiontrain.engine.protocols.task import registered_task
+from visiontrain.engine.state.run_files import MLFLOW_DB_FILE
 from visiontrain.engine.state.run_lock import RunDirBusy, check_free
 from visiontrain.stop_signals import STOP_SIGNALS, Preempted
 from visiontrain.tuning_space import Param, check_against, override, read_space
@@ -114,7 +115,7 @@ def tracking_overrides(cfg: C.Config, s: TuneSettings) -> list[str]:
         return []
     out = []
     if cfg.logging.mlflow_uri is None:
-        out.append(f"logging.mlflow_uri=sqlite:///{(s.study_dir / 'mlflow.db').absolute()}")
+        out.append(f"logging.mlflow_uri=sqlite:///{(s.study_dir / MLFLOW_DB_FILE).absolute()}")
     if cfg.logging.mlflow_experiment is None:
         out.append(f"logging.mlflow_experiment={s.name()}")
     return out
@@ -192,9 +193,10 @@ def same_search(study: Any, s: TuneSettings, definition: dict[str, Any]) -> None
         return
     changed = [k for k in here if stored.get(k) != here[k]]
     if changed:
-        raise C.ConfigError(f"study {s.name()!r} in {safe_url(s.storage_url())} was started with another {', '.join(changed)} "
-                            f"({', '.join(f'{k}: {stored.get(k)!r}' for k in changed)}): continue it with the same "
-                            f"command, or start a new study (another --study-dir or --study-name)")
+        was = ", ".join(f"{k}: {stored.get(k)!r}" for k in changed)
+        raise C.ConfigError(f"study {s.name()!r} in {safe_url(s.storage_url())} was started with another "
+                            f"{', '.join(changed)} ({was}): continue it with the same command, or start a new "
+                            f"study (another --study-dir or --study-name)")
 
 
 # ---------------------------------------------------------------------- trials whose tuner died

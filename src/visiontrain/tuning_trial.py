@@ -31,13 +31,13 @@ from visiontrain.exit_codes import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF
 #: In each trial's run dir: the fit's console output (appended across resumes).
 TRIAL_LOG = "fit.log"
 #: How often the tuner looks at a running trial's metrics (seconds).
-POLL_S = 1.0
+POLL_S = 0.5
 #: prctl option: the signal a process gets when the thread that started it dies (linux/prctl.h).
 PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 COMPLETE, PRUNED, FAILED, INTERRUPTED, USAGE = "complete", "pruned", "failed", "interrupted", "usage"
-EXIT_NAMES = {EXIT_NONFINITE: "a non-finite loss", EXIT_OUT_OF_MEMORY: "out of memory",
+WHY_EXITED = {EXIT_NONFINITE: "a non-finite loss", EXIT_OUT_OF_MEMORY: "out of memory",
               EXIT_PREEMPTED: "stopped by a signal", EXIT_INTERRUPTED: "stopped by Ctrl-C"}
 
 
@@ -198,5 +198,5 @@ def _outcome(code: int, process: TrialProcess, watch: Watch, stopping: threading
         return Outcome(USAGE, None, code, process.last_line())
     if code < 0:
         return Outcome(FAILED, watch.value, code, f"killed by {signal.Signals(-code).name}")
-    why = EXIT_NAMES.get(code, f"exit status {code}")
+    why = WHY_EXITED.get(code, f"exit status {code}")
     return Outcome(FAILED, watch.value, code, f"{why}: {process.last_line()}")
