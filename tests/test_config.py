@@ -44,7 +44,7 @@ def test_load_builtin_recipe_values_from_yaml() -> None:
     assert cfg.task.model == raw["task"]["model"] == "plain_cnn" and cfg.task.model_args == {}
     assert cfg.optim.name == "adamw" and cfg.optim.lr == 0.003 and cfg.optim.weight_decay == 0.05
     assert cfg.data.batch_size == 256 and cfg.trainer.epochs == 14
-    assert cfg.data.augment == "flip" and cfg.trainer.precision == "bf16"
+    assert cfg.data.augment == "flip" and cfg.trainer.precision == "auto"
     assert cfg.schedules["lr"] == ScheduleConfig(shape="cosine", warmup=0.3, unit="run", warmup_shape="cosine",
                                                  warmup_start=1.2e-4, end=1.2e-8)
     # keys the recipe leaves out keep their dataclass defaults
@@ -198,15 +198,21 @@ def test_list_recipes() -> None:
     assert names == sorted(p.stem for p in C.RECIPES_DIR.glob("*.yaml"))
 
 
+#: The recipes that ship a precision other than auto, each with its reason in a comment beside it.
+WRITES_ITS_PRECISION = {"detect-faster-rcnn", "segment-mask-rcnn"}
+
+
 @pytest.mark.parametrize("recipe", C.list_recipes())
 def test_every_builtin_recipe_loads(recipe: str) -> None:
     cfg = load_config(recipe)
+    text = (C.RECIPES_DIR / f"{recipe}.yaml").read_text()
     tree = C.config_to_dict(cfg)
     for key in REQUIRED:
         dotted(tree, key)
     assert type(cfg.seed) is int and type(cfg.optim.lr) is float and cfg.optim.lr > 0
     assert type(cfg.data.batch_size) is int and cfg.data.batch_size > 0
-    assert cfg.trainer.precision in ("fp32", "bf16", "fp16")
+    # the hardware chooses (engine/step/precision.py), unless the recipe says why it does not
+    assert cfg.trainer.precision == "auto" or (recipe in WRITES_ITS_PRECISION and "fp32, not auto: " in text)
     assert type(cfg.task) is registered_task(cfg.task.name).config_class
 
 

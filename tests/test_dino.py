@@ -269,7 +269,7 @@ def test_mid_epoch_resume_is_bit_exact_with_the_centre(tmp_path, multicrop):
 
 def test_ssl_dino_as_shipped_resumes_bit_exact(tmp_path):
     """ssl-dino's data path as shipped (the batched multi-crop made in its one forkserver worker on
-    the CPU, bf16), cut after step 4's checkpoint and resumed: the student, the teacher and the
+    the CPU, in the precision auto chooses here), cut after step 4's checkpoint and resumed: the student, the teacher and the
     centre equal an uninterrupted run's bit for bit, so every batch's views were drawn again from
     its seed."""
     cfg = C.load_config("ssl-dino", [
@@ -281,7 +281,7 @@ def test_ssl_dino_as_shipped_resumes_bit_exact(tmp_path):
         "checkpoint.every=2", "checkpoint.unit=steps"])
     d = cfg.data
     assert (cfg.task.multicrop, d.num_workers, d.worker_start, cfg.trainer.precision) == \
-        ("batched", 1, "forkserver", "bf16")
+        ("batched", 1, "forkserver", "auto")
     full, resumed = fit_and_crash_resume(cfg, tmp_path, crash_at=4)
     assert resumed.step == full.step == 6
     assert_bit_identical(dino_state(full), dino_state(resumed))
@@ -323,7 +323,7 @@ def test_recipes_load():
         ("image-folder", 64, 100, 5e-4, 256)
     assert big.schedules["lr"].warmup == 10 and big.schedules["lr"].end == 1e-6
     assert big.schedules["task.teacher_temp"].warmup == 30 and big.schedules["ema_decay"].end == 1.0
-    assert big.trainer.precision == "fp16" and big.trainer.sync_bn
+    assert big.trainer.precision == "auto" and big.trainer.sync_bn
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,22 @@
-"""bf16, and the checkpoint files a run keeps (fp16 overflow skips: tests/reliability/test_faults.py)."""
+"""The precision a run computes in (trainer.precision=auto by what the device computes natively), bf16,
+and the checkpoint files a run keeps (fp16 overflow skips: tests/reliability/test_faults.py)."""
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
 from toy_task import ToyTask, toy_config
+from visiontrain.config import ConfigError
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
 from visiontrain.engine.state.weights import load_init_weights
+from visiontrain.engine.step import precision
 
 
 def test_bf16_trains_and_logs_fp32_values(run_dir):
-    import json
-
     t = Trainer(cfg := toy_config(trainer__precision="bf16", trainer__max_steps=8), ToyTask(cfg), run_dir)
     t.fit()
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if '"train"' in l]
@@ -20,16 +24,85 @@ def test_bf16_trains_and_logs_fp32_values(run_dir):
     assert t.run.scaler is None
 
 
-def test_bf16_on_a_cpu_without_bf16_instructions_says_fp32_is_faster(run_dir, monkeypatch, capsys):
-    from visiontrain.engine.step import precision
+CPU = torch.device("cpu")
 
-    cpu = torch.device("cpu")
-    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
-    assert precision.precision_note("bf16", cpu) is None
-    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
-    assert precision.precision_note("fp32", cpu) is None and precision.precision_note("fp16", cpu) is None
-    Trainer(cfg := toy_config(trainer__precision="bf16", trainer__max_steps=1), ToyTask(cfg), run_dir)
-    assert "trainer.precision=bf16: this CPU has no native bf16" in capsys.readouterr().out
+
+def fake_cpu(monkeypatch, **caps: bool) -> None:
+    """This CPU as one with the instruction sets named (the capability is faked, not the CPU)."""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"cpu_name": "Test CPU", **caps})
+
+
+def fake_gpu(monkeypatch, *, bf16: bool) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
+
+
+@pytest.mark.parametrize("caps, chosen, why", [
+    ({"avx512_bf16": True}, "bf16", "Test CPU has AVX512_BF16"),
+    ({"amx_bf16": True, "amx_tile": True}, "bf16", "Test CPU has AMX_BF16"),
+    ({"bf16": True}, "bf16", "Test CPU has BF16"),  # Arm's BF16 extension (Graviton 3)
+    ({"avx512_f": True, "avx2": True}, "fp32", "Test CPU has no AVX512_BF16 or AMX_BF16, so bf16 is emulated"),
+    ({"avx2": True}, "fp32", "Test CPU has no AVX512_BF16 or AMX_BF16, so bf16 is emulated"),
+])
+def test_auto_on_a_cpu_is_bf16_only_where_it_is_native(monkeypatch, caps, chosen, why):
+    fake_cpu(monkeypatch, **caps)
+    choice = precision.choose_precision("auto", CPU)
+    assert (choice.precision, choice.requested, choice.why) == (chosen, "auto", why)
+    assert choice.line() == f"precision: {chosen}, chosen by trainer.precision=auto: {why}"
+
+
+def test_auto_on_a_gpu_is_bf16_else_fp16_with_the_scaler_else_fp32_when_sharded(monkeypatch):
+    gpu = torch.device("cuda", 0)
+    fake_gpu(monkeypatch, bf16=True)
+    assert precision.choose_precision("auto", gpu).record() == {
+        "precision": "bf16", "requested": "auto", "why": "Test GPU computes bf16"}
+    assert precision.choose_precision("auto", gpu, sharded=True).precision == "bf16"
+    fake_gpu(monkeypatch, bf16=False)  # a V100
+    assert precision.choose_precision("auto", gpu).record() == {
+        "precision": "fp16", "requested": "auto", "why": "Test GPU has no bf16; fp16 with a gradient scaler instead"}
+    assert precision.make_scaler("fp16", CPU) is not None and precision.make_scaler("bf16", CPU) is None
+    sharded = precision.choose_precision("auto", gpu, sharded=True)
+    assert sharded.precision == "fp32" and "sharded model cannot use fp16's gradient scaler" in sharded.why
+    with pytest.raises(ConfigError, match="distributed.strategy=fsdp with trainer.precision=fp16"):
+        precision.choose_precision("fp16", gpu, sharded=True)
+    assert precision.choose_precision("auto", torch.device("mps")).precision == "fp32"  # support unknown
+
+
+def test_a_forced_precision_is_kept_and_an_emulated_one_says_so(monkeypatch):
+    fake_cpu(monkeypatch, avx2=True)
+    assert precision.choose_precision("fp32", CPU).line() == "precision: fp32, as trainer.precision sets: full precision"
+    emulated = precision.choose_precision("bf16", CPU)
+    assert emulated.precision == "bf16" and emulated.line() == (
+        "precision: bf16, as trainer.precision sets: Test CPU has no AVX512_BF16 or AMX_BF16, so bf16 is emulated: "
+        "slower than fp32 here; trainer.precision=auto picks fp32 on it")
+    assert "fp16 is emulated" in precision.choose_precision("fp16", CPU).why
+    fake_cpu(monkeypatch, avx512_bf16=True)
+    assert precision.choose_precision("bf16", CPU).why == "Test CPU has AVX512_BF16"
+
+
+def test_a_torch_without_get_capabilities_asks_its_two_x86_checks(monkeypatch):
+    monkeypatch.delattr(torch.cpu, "get_capabilities")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert precision.choose_precision("auto", CPU).why == "this CPU has AMX_BF16"
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert precision.choose_precision("auto", CPU).precision == "fp32"
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_run_says_and_records_what_auto_chose(tmp_path, monkeypatch, capsys, native):
+    fake_cpu(monkeypatch, avx512_bf16=native)
+    cfg = toy_config(trainer__precision="auto", trainer__max_steps=2)
+    t = Trainer(cfg, ToyTask(cfg), tmp_path / "run")
+    t.fit()
+    chosen = "bf16" if native else "fp32"
+    record = precision.choose_precision("auto", CPU).record()
+    assert t.step_fn.precision == record["precision"] == chosen
+    out = capsys.readouterr().out
+    assert out.count("precision: ") == 1 and f"precision: {chosen}, chosen by trainer.precision=auto" in out
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["precision"] == record
+    launch, = json.loads((tmp_path / "run" / "provenance.json").read_text())["launches"]
+    assert launch["precision"] == record
 
 
 def test_periodic_and_k_best_checkpoints(run_dir):

@@ -85,7 +85,8 @@ def run_benchmark(cfg: Config, task: Task, *, steps: int, warmup: int, synthetic
     else:
         memory = {"peak_host_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     return {"steps": steps, "warmup": warmup, "synthetic": synthetic, "device": str(trainer.device),
-            "batch_size": d.batch_size, "accum_steps": t.accum_steps, "precision": t.precision,
+            "batch_size": d.batch_size, "accum_steps": t.accum_steps,
+            "precision": trainer.run.precision.precision,
             "samples_per_s": samples / wall, "step_ms": 1e3 * wall / steps,
             "data_wait_ms": 1e3 * timer.data_s / steps, "compute_ms": 1e3 * (wall - timer.data_s) / steps,
             **{k: round(v, 1) for k, v in memory.items()}}

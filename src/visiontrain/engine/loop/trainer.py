@@ -68,11 +68,11 @@ class Trainer:
         self._measure = [part for part in parts if not part.keeps]  # then the epoch moves on, then:
         self._keep = [part for part in parts if part.keeps]
         self.loss_weights = dict(task.loss_weights)
-        self.step_fn = step_type(run.model, task.losses, run.optimizer, device=run.device, precision=t.precision,
-                                 scaler=run.scaler, clip_grad=t.clip_grad, clip_mode=t.clip_mode,
-                                 channels_last=t.channels_last, after_backward=self.hooks.callbacks("after_backward"),
-                                 recorder=self.recorder, mask_nonfinite=t.nonfinite == "skip",
-                                 on_device=task.device_transform(),
+        self.step_fn = step_type(run.model, task.losses, run.optimizer, device=run.device,
+                                 precision=run.precision.precision, scaler=run.scaler, clip_grad=t.clip_grad,
+                                 clip_mode=t.clip_mode, channels_last=t.channels_last,
+                                 after_backward=self.hooks.callbacks("after_backward"), recorder=self.recorder,
+                                 mask_nonfinite=t.nonfinite == "skip", on_device=task.device_transform(),
                                  fixed_weights=not any(k.startswith("loss.") for k in run.scalars.schedules),
                                  placed=prefetches(run.device, cfg.data.prefetch_to_device))
         for note in run.notes:

@@ -57,7 +57,7 @@ def read_provenance(run_dir: str | Path) -> dict[str, Any]:
 
 
 def record_launch(run_dir: Path, launch: Launch, *, step: int, resumed_from: str | None, world_size: int,
-                  packages: tuple[str, ...] = ()) -> dict[str, Any]:
+                  packages: tuple[str, ...] = (), precision: dict[str, str] | None = None) -> dict[str, Any]:
     """Append this launch to RUN_DIR/provenance.json and return the whole record. A file that
     cannot be read (edited by hand) is kept aside as provenance-unreadable.json, not overwritten."""
     from visiontrain.engine.state.checkpoint import write_run_file  # torch: kept out of the readers' imports
@@ -68,15 +68,17 @@ def record_launch(run_dir: Path, launch: Launch, *, step: int, resumed_from: str
         os.replace(run_dir / PROVENANCE_FILE, run_dir / "provenance-unreadable.json")
         record = {}
     entry = describe_launch(launch, step=step, resumed_from=resumed_from, world_size=world_size,
-                            packages=packages)
+                            packages=packages, precision=precision)
     record = {"launches": [*record.get("launches", []), entry]}
     write_run_file(run_dir, PROVENANCE_FILE, json.dumps(record, indent=2) + "\n")
     return record
 
 
 def describe_launch(launch: Launch, *, step: int, resumed_from: str | None, world_size: int,
-                    packages: tuple[str, ...] = ()) -> dict[str, Any]:
-    """One launch's entry: what was run, from which code, on which machine."""
+                    packages: tuple[str, ...] = (), precision: dict[str, str] | None = None) -> dict[str, Any]:
+    """One launch's entry: what was run, from which code, on which machine. ``precision``: what
+    ``trainer.precision`` resolved to on this machine and why (a resumed ``auto`` run may compute in
+    another precision on another machine; each launch says its own)."""
     return {
         "started": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "recipe": launch.recipe, "command": launch.command, "overrides": list(launch.overrides),
@@ -84,7 +86,7 @@ def describe_launch(launch: Launch, *, step: int, resumed_from: str | None, worl
         "cwd": os.getcwd(), "git": git_state(Path.cwd()),
         "versions": package_versions((*PACKAGES, *packages)),
         "host": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-        "gpus": gpu_names(), "world_size": world_size,
+        "gpus": gpu_names(), "world_size": world_size, "precision": precision,
     }
 
 

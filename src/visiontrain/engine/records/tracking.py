@@ -57,12 +57,12 @@ def status_of(err: BaseException) -> str:
 
 
 def start_tracking(trackers: list[Tracker], run_dir: Path, launch: Launch, config: dict[str, Any], *, step: int,
-                   resumed_from: str | None, world_size: int) -> None:
+                   resumed_from: str | None, world_size: int, precision: dict[str, str] | None = None) -> None:
     """At the start of ``fit`` on rank 0: this launch appended to provenance.json (with the versions
     of the trackers' packages), then each tracker started with the config, the provenance and the
     step the run starts at."""
     record = record_launch(run_dir, launch, step=step, resumed_from=resumed_from, world_size=world_size,
-                           packages=tuple(p for t in trackers for p in t.packages))
+                           packages=tuple(p for t in trackers for p in t.packages), precision=precision)
     for tracker in trackers:
         tracker.start(config, record, step)
 
@@ -128,7 +128,8 @@ class TrackRun(Hook):
         t = self.trainer
         if t.run.writes:
             start_tracking(self.trackers, t.run.run_dir, self.launch, config_to_dict(t.cfg), step=t.step,
-                           resumed_from=t.resumed_from, world_size=t.dist.world_size)
+                           resumed_from=t.resumed_from, world_size=t.dist.world_size,
+                           precision=t.run.precision.record())
 
     def after_train(self) -> None:
         if self.ends:

@@ -47,9 +47,6 @@ def distribute(model: nn.Module, ema: Any, cfg: Config, task: Any, dist_info: Di
     FSDP shards ``model`` (and the EMA copy) in place: build the optimizer after this."""
     if not uses_fsdp(cfg, dist_info):
         return wrap_ddp(model, dist_info, device, find_unused_parameters=task.find_unused_parameters), None, None
-    if cfg.trainer.precision == "fp16":
-        raise ValueError("distributed.strategy=fsdp with trainer.precision=fp16: the gradient scaler does not "
-                         "handle sharded gradients; use trainer.precision=bf16")
     units = shard_model(model, dist_info, device, cfg.distributed, [ema.module] if ema is not None else [])
     return model, ShardedCheckpoints(ckpt_dir, dist_info), units
 

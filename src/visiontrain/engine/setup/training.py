@@ -27,7 +27,7 @@ from visiontrain.engine.state.weights import load_init_weights
 from visiontrain.engine.step.accumulation import make_clock, samples_per_step
 from visiontrain.engine.step.ema import ModelEma
 from visiontrain.engine.step.param_groups import build_optimizer, build_param_groups, check_coverage
-from visiontrain.engine.step.precision import make_scaler, precision_note
+from visiontrain.engine.step.precision import PrecisionChoice, choose_precision, make_scaler
 from visiontrain.engine.step.scalars import ScheduledScalars
 from visiontrain.engine.step.schedules import StepClock, scale_lr_by_batch
 from visiontrain.engine.step.source import TrainSource
@@ -55,6 +55,7 @@ class TrainingRun(EvalRun):
     model: nn.Module | None = None           # what the step calls: DDP/FSDP-wrapped, compiled when asked
     source: TrainSource | None = None        # the training data (engine.step.source): batches of an epoch, its state
     optimizer: torch.optim.Optimizer | None = None
+    precision: PrecisionChoice | None = None  # trainer.precision resolved on this device, and why
     scaler: Any = None                       # fp16's GradScaler, else None
     sharded: ShardedCheckpoints | None = None  # FSDP: model, EMA and optimizer checkpoint sharded
     base_lr: float = 0.0
@@ -97,6 +98,7 @@ def build_training(cfg: Config, task: Task, run_dir: Path | None, *, resume: boo
     """A fresh run starts from the task's pretrained parts, then ``--init``; a resumed one will load
     its checkpoint over whatever this builds, so it skips both."""
     dist, device = start_process(cfg)
+    precision = choose_precision(cfg.trainer.precision, device, sharded=uses_fsdp(cfg, dist))
     writes = dist.is_main and run_dir is not None
     stale = prepare_run_dir(run_dir) if writes else []
     seed_everything(cfg.seed)
@@ -126,8 +128,7 @@ def build_training(cfg: Config, task: Task, run_dir: Path | None, *, resume: boo
     bases = {"lr": base_lr, "weight_decay": o.weight_decay, "momentum": o.momentum, "ema_decay": cfg.ema.decay,
              "bn_momentum": 0.1}
     scalars = ScheduledScalars(cfg.schedules, bases, clock, optimizer, model, task, ema)
-    if note := precision_note(cfg.trainer.precision, device):
-        notes.append(note)
+    notes.append(precision.line())
     if stale:
         notes.append(f"removed {len(stale)} temporary files an interrupted write left: {', '.join(stale)}")
     if units is not None:
@@ -136,8 +137,8 @@ def build_training(cfg: Config, task: Task, run_dir: Path | None, *, resume: boo
         notes.append(f"frozen {len(frozen)} parameter tensors")
     return TrainingRun(cfg, task, dist, device, data.info, model, ema and ema.module, val_loader, run_dir=run_dir,
                        ema=ema, model=wrapped,
-                       source=source, optimizer=optimizer,
-                       scaler=make_scaler(cfg.trainer.precision, device), sharded=sharded, base_lr=base_lr,
+                       source=source, optimizer=optimizer, precision=precision,
+                       scaler=make_scaler(precision.precision, device), sharded=sharded, base_lr=base_lr,
                        clock=clock, scalars=scalars, notes=notes)
 
 

@@ -113,7 +113,7 @@ def out_of_memory_message(err: BaseException, *, phase: str, cfg: Any, device: t
     else:
         todo = (f"lower data.batch_size (now {d.batch_size} per process) and raise trainer.accum_steps "
                 f"(now {t.accum_steps}) by the same factor to keep the global batch and the lr")
-        if t.precision == "fp32":
+        if t.precision == "fp32" or (t.precision == "auto" and device.type == "cpu"):  # auto: fp32 there too
             todo += ", or set trainer.precision=bf16"
         if getattr(cfg.distributed, "strategy", "ddp") == "ddp":
             todo += ", or with several GPUs shard the model (distributed.strategy=fsdp)"

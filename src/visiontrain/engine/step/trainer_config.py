@@ -16,7 +16,11 @@ class TrainerConfig:
     epochs: int = doc("number of epochs", 1, minimum=1)
     max_steps: int | None = doc("stop after this many optimizer steps (mid-epoch is fine)", None, minimum=1)
     log_every: int = doc("optimizer steps between log points (the only host syncs)", 50, minimum=1)
-    precision: Literal["fp32", "bf16", "fp16"] = doc("autocast dtype; fp16 adds a GradScaler", "fp32")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = doc(
+        "auto: bf16 where the device computes it natively (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), "
+        "fp16 with a GradScaler on a CUDA GPU without bf16, fp32 otherwise; said at start-up and recorded in "
+        "provenance.json and summary.json. fp32 | bf16 | fp16 force the autocast dtype (fp16 adds a GradScaler)",
+        "auto")
     accum_steps: int = doc("micro-batches per optimizer step (gradient accumulation)", 1, minimum=1)
     accum_after_epoch: int = doc("use accum_steps from this epoch on; before it 1", 0, minimum=0)
     clip_grad: float | None = doc("gradient clipping threshold (None = off)", None)
