@@ -2,8 +2,11 @@
 
 ``tests/fixtures/format1/`` holds what this script wrote when it ran on that commit's source:
 ``last.pt``, the checkpoint the interrupted run left at step ``CHECKPOINT_AT`` (mid-epoch 1), and
-``final.pt``, the uninterrupted run's final model and EMA weights. ``tests/test_checkpoint_format.py``
-resumes the first with today's code and compares its end with the second, bit for bit.
+``final.pt``, the uninterrupted run's final model and EMA weights, both made on a CPU with AVX-512.
+``tests/test_checkpoint_format.py`` resumes the first with today's code and compares its end with the
+second within float rounding (today's run computes on whatever CPU runs the suite). Its bit-exact check
+makes the same two runs now, on the machine that runs it, and resumes a format-1 copy of the cut run's
+checkpoint (:func:`straight_and_cut`).
 
 The toy task with every kind of state a checkpoint holds: AdamW moments, an EMA, a cosine lr with
 warmup, dropout and random noise in the data (the RNG streams and the batch seeds), a task state
@@ -37,7 +40,9 @@ def final_weights(trainer: Any) -> dict[str, dict[str, torch.Tensor]]:
     return {"model": trainer.raw_model.state_dict(), "ema": trainer.ema.module.state_dict()}
 
 
-def make(out: Path) -> None:
+def straight_and_cut(tmp: Path) -> tuple[dict[str, dict[str, torch.Tensor]], Path]:
+    """The run made twice under the code imported: straight through (its final weights), and killed
+    as step ``CRASH_AT`` starts (the path of the last.pt it left, that of step ``CHECKPOINT_AT``)."""
     from toy_task import ToyTask, toy_config
     from visiontrain.engine.loop.trainer import Trainer
     from visiontrain.engine.protocols.hooks import Hook
@@ -52,18 +57,23 @@ def make(out: Path) -> None:
 
     torch.set_num_threads(1)
     cfg = toy_config(**OVERRIDES)
+    full = Trainer(cfg, ToyTask(cfg), tmp / "full")
+    full.fit()
+    assert full.step == TOTAL_STEPS
+    cut = Trainer(cfg, ToyTask(cfg), tmp / "cut", hooks=[CrashAt()])
+    try:
+        cut.fit()
+    except Crash:
+        pass
+    return final_weights(full), tmp / "cut" / "checkpoints" / "last.pt"
+
+
+def make(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        full = Trainer(cfg, ToyTask(cfg), Path(tmp) / "full")
-        full.fit()
-        assert full.step == TOTAL_STEPS
-        torch.save(final_weights(full), out / "final.pt")
-        cut = Trainer(cfg, ToyTask(cfg), Path(tmp) / "cut", hooks=[CrashAt()])
-        try:
-            cut.fit()
-        except Crash:
-            pass
-        shutil.copy(Path(tmp) / "cut" / "checkpoints" / "last.pt", out / "last.pt")
+        final, last = straight_and_cut(Path(tmp))
+        torch.save(final, out / "final.pt")
+        shutil.copy(last, out / "last.pt")
     assert torch.load(out / "last.pt", weights_only=True)["progress"]["step"] == CHECKPOINT_AT
 
 

@@ -150,11 +150,14 @@ def test_two_ranks_equal_one_process_with_twice_the_batch_only_without_batchnorm
             distributed__strategy=strategy, **common)
         two = torch.load(tmp_path / f"{strategy}.pt")["model"]
         weights = max((two[k].float() - one[k].float()).abs().max().item() for k in one)
-        loss = abs(first_loss(tmp_path / strategy) - first_loss(tmp_path / "one"))
+        loss = abs(first_loss(tmp_path / strategy) / first_loss(tmp_path / "one") - 1)  # relative
         if batchnorm:
             assert loss > 1e-3 and weights > 1e-3, (strategy, loss, weights)
         else:
-            assert loss < 1e-6 and weights < 1e-5, (strategy, loss, weights)
+            # Float rounding only (two partial sums of 16 for one of 32). Measured on three kinds of
+            # CPU (an AMD EPYC under ATEN_CPU_CAPABILITY=avx2 and =default, an AVX-512 Xeon): the loss
+            # 0 to 9.7e-8 relative, the weights 1.5e-8 to 3.0e-8. Ten times the largest.
+            assert loss < 1e-6 and weights < 3e-7, (strategy, loss, weights)
 
 
 def test_the_docs_state_when_two_ranks_equal_one_process():
