@@ -31,6 +31,11 @@ ensure_torchvision()
 
 sys.path.insert(0, str(Path(__file__).parent))
 import toy_task  # noqa: E402,F401  (registers the "toy" task used by engine tests)
+
+if os.environ.get("VISIONTRAIN_TOLERANCE_LOG"):  # what each float tolerance absorbed here (tests/tolerance_log.py)
+    import tolerance_log  # noqa: E402
+
+    tolerance_log.install(os.environ["VISIONTRAIN_TOLERANCE_LOG"])
 from devices import check_required_device  # noqa: E402
 
 check_required_device()
