@@ -11,21 +11,31 @@ Its checkpoints are ``engine.state.sharded``'s.
 from __future__ import annotations
 
 import re
+import sys
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from visiontrain.engine.parallel.distributed import DistInfo, DistributedConfig
 
 
+def _dtensor() -> type | None:
+    """torch's DTensor class once something has imported it (FSDP does), else None: no tensor can be
+    one before that. Importing ``torch.distributed.tensor`` costs 1.3 s of every process's start-up
+    on a 2-core machine, so a run that shards nothing never does."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
 def local(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (shares its storage; call under no_grad to write into it), else t."""
-    return t.to_local() if isinstance(t, DTensor) else t
+    dtensor = _dtensor()
+    return t.to_local() if dtensor is not None and isinstance(t, dtensor) else t
 
 
 def is_sharded(tensors: list[torch.Tensor]) -> bool:
-    return any(isinstance(t, DTensor) for t in tensors)
+    dtensor = _dtensor()
+    return dtensor is not None and any(isinstance(t, dtensor) for t in tensors)
 
 
 def block_units(model: nn.Module) -> list[str]:
