@@ -165,7 +165,7 @@ def stage_env(args: argparse.Namespace, out: Results) -> None:
     record[f"matmul_{n}_{str(dtype).removeprefix('torch.')}_tflops"] = round(tflops, 1 if tflops > 10 else 4)
     # The small recipes' detection set, built here while the tests run, not inside a timed stage
     from visiontrain.data.detection.embedded import build_fashion_mosaic
-    from visiontrain.data.detection.splits import data_cache_dir
+    from visiontrain.data.cache_dir import data_cache_dir
 
     t0 = time.perf_counter()
     build_fashion_mosaic(data_cache_dir())

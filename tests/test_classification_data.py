@@ -4,6 +4,7 @@ ensure_torchvision()
 
 import pickle  # noqa: E402
 from collections import Counter  # noqa: E402
+from importlib.metadata import version  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -44,6 +45,31 @@ def test_digits_split_sizes_determinism_and_stratification():
     # normalised with the train split's statistics
     xs = torch.stack([x for x, _ in a.train.__getitems__(list(range(len(a.train))))])
     assert abs(xs.mean().item()) < 1e-4 and abs(xs.std().item() - 1) < 1e-3
+
+
+def test_the_digits_split_is_kept_once_and_read_back_without_scikit_learn(tmp_path, monkeypatch):
+    """The first process makes the split with scikit-learn and keeps it in the data cache dir; the next
+    reads those arrays back exactly, and never imports scikit-learn (3 s of a process's start-up)."""
+    import subprocess
+    import sys
+
+    from visiontrain.data.datasets import classification as cls
+
+    monkeypatch.setenv("VISIONTRAIN_DATA_CACHE", str(tmp_path))
+    cls.digits_split.cache_clear()
+    try:
+        made = cls.digits_split()
+        assert [p.name for p in tmp_path.iterdir()] == [
+            f"digits-split-{version('scikit-learn')}-{cls.DIGITS_VAL_FRACTION}-{cls.DIGITS_SPLIT_SEED}.npz"]
+        for mine, sklearns in zip(made, cls._split_digits()):
+            assert mine.dtype == sklearns.dtype and np.array_equal(mine, sklearns)
+        read = subprocess.run([sys.executable, "-c", (
+            "import sys; from visiontrain.data.datasets.classification import digits_split; s = digits_split(); "
+            "print(sum(int(a.sum()) for a in s), 'sklearn' in sys.modules)")], capture_output=True, text=True,
+            check=True)
+        assert read.stdout.split() == [str(sum(int(a.sum()) for a in made)), "False"]
+    finally:
+        cls.digits_split.cache_clear()
 
 
 def test_digits_limits_and_resize():

@@ -21,14 +21,19 @@ never flipped (a flipped digit is another glyph).  All randomness comes from tor
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import tempfile
 from dataclasses import dataclass
+from importlib.metadata import version
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from visiontrain.data.cache_dir import data_cache_dir
 from visiontrain.data.datasets.fashion_mnist import CLASS_NAMES, load_fashion_mnist
 from visiontrain.data.datasets.in_memory import check_augment, make_in_memory_pair
 from visiontrain.data.eval_transform import EvalTransform
@@ -58,8 +63,30 @@ class ClassificationData:
 def digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(train_images uint8 [N,8,8] 0..16, train_labels, val_images, val_labels)``: fixed, stratified.
 
-    Cached: the arrays are shared between callers; copy before modifying.
+    Made once per machine by scikit-learn and kept in the data cache dir (an .npz of plain arrays,
+    named by scikit-learn's version and the split's fraction and seed): importing scikit-learn costs
+    a process about 3 s, which every rank and every run on the digits would pay again.
+    Cached in memory too: the arrays are shared between callers; copy before modifying.
     """
+    cached = data_cache_dir() / f"digits-split-{version('scikit-learn')}-{DIGITS_VAL_FRACTION}-{DIGITS_SPLIT_SEED}.npz"
+    try:
+        with np.load(cached) as arrays:  # no pickles: allow_pickle stays False
+            return tuple(arrays[name] for name in _DIGITS_ARRAYS)
+    except (OSError, KeyError, ValueError):
+        pass
+    split = _split_digits()
+    with contextlib.suppress(OSError):  # a cache that cannot be written costs the next process 3 s, no more
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=cached.parent, suffix=".tmp", delete=False) as tmp:
+            np.savez(tmp, **dict(zip(_DIGITS_ARRAYS, split)))
+        os.replace(tmp.name, cached)
+    return split
+
+
+_DIGITS_ARRAYS = ("train_images", "train_labels", "val_images", "val_labels")
+
+
+def _split_digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 

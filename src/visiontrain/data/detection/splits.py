@@ -1,11 +1,11 @@
 """``data.name`` -> (train, val) DetectionDatasets, for every detection format and embedded set."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from visiontrain.data.bad_data import check_skipped_share, class_difference
+from visiontrain.data.cache_dir import data_cache_dir
 from visiontrain.data.detection import embedded
 from visiontrain.data.detection.base import IMAGE_REASONS, DetectionDataset
 from visiontrain.data.detection.coco import read_coco
@@ -17,11 +17,6 @@ from visiontrain.typed_config import did_you_mean
 
 FORMATS = ("coco", "voc", "yolo", "fashion-mosaic", "neon-trees")
 MASK_FORMATS = ("coco", "yolo", "fashion-mosaic")  # the sources with instance masks (polygons or RLE)
-
-
-def data_cache_dir() -> Path:
-    """Where embedded datasets are built: $VISIONTRAIN_DATA_CACHE or ~/.cache/visiontrain/datasets."""
-    return Path(os.environ.get("VISIONTRAIN_DATA_CACHE", Path.home() / ".cache" / "visiontrain" / "datasets"))
 
 
 def _need_root(name: str, root: str | None, layout: str) -> Path:
