@@ -9,9 +9,12 @@ test set data.num_workers=0. tests/test_recipes.py runs every recipe as shipped;
 something else (a loss, a resume, a reader) may load in-process (data.num_workers=0) for speed, and
 says so.
 """
+import fcntl
 import os
+import shutil
 import sys
 from pathlib import Path
+from typing import Callable
 
 # Every test process (and the subprocesses the CLI tests start) uses the same thread count:
 # bit-exact comparisons between two runs need identical reduction orders.
@@ -51,32 +54,58 @@ def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
-# One tiny trained checkpoint per family, shared by the export and inference tests (session scope:
-# trained once however many modules ask). Their subject is what is done with a checkpoint, so the
+@pytest.fixture(scope="session")
+def shared_dir(tmp_path_factory) -> Path:
+    """A directory every pytest-xdist worker of this session sees (the parent of each worker's own
+    base temp); the main process's base temp when the suite runs in one process."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def build_once(shared: Path, name: str, build: Callable[[Path], None]) -> Path:
+    """``shared/name``, built by ``build(path)`` by the first worker of the session that asks, under a
+    file lock; the others wait for it and use the same directory. A fixture trained once per
+    session, not once per worker. Its users read it, or copy it before they change it."""
+    done, lock = shared / name / ".built", shared / f"{name}.lock"
+    shared.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if not done.is_file():
+            if (shared / name).exists():
+                shutil.rmtree(shared / name)  # a build that failed part-way in another worker
+            build(shared / name)
+            done.touch()
+    return shared / name
+
+
+# One tiny trained checkpoint per family, shared by the export and inference tests (built once a
+# session, whichever worker asks first). Their subject is what is done with a checkpoint, so the
 # runs are as short and small as a checkpoint allows.
 @pytest.fixture(scope="session")
-def classify_checkpoint(tmp_path_factory) -> Path:
+def classify_checkpoint(shared_dir) -> Path:
     """A 2-step classify-fashion fit on digits, with an EMA."""
     from detection_helpers import vt
 
-    run = tmp_path_factory.mktemp("cls") / "run"
-    proc = vt("fit", "classify-fashion", "data.name=digits", "trainer.max_steps=2", "schedules.lr.warmup=0",
-              "ema.enabled=true", "--run-dir", str(run))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run / "checkpoints" / "last.pt"
+    def fit(out: Path) -> None:
+        proc = vt("fit", "classify-fashion", "data.name=digits", "trainer.max_steps=2", "schedules.lr.warmup=0",
+                  "ema.enabled=true", "--run-dir", str(out / "run"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return build_once(shared_dir, "classify-checkpoint", fit) / "run" / "checkpoints" / "last.pt"
 
 
 @pytest.fixture(scope="session")
-def rcnn_checkpoint(tmp_path_factory) -> Path:
+def rcnn_checkpoint(shared_dir) -> Path:
     """A 2-step Faster R-CNN fit on a 4/2-image fashion-mosaic laid out as COCO; a smaller network,
     loaded in-process and a one-step burn-in, because the subject is what is done with its checkpoint."""
-    from detection_helpers import mosaic_coco, vt
+    from detection_helpers import mosaic_coco_at, vt
 
-    root = mosaic_coco(tmp_path_factory, 4, 2)
-    run = tmp_path_factory.mktemp("rcnn") / "run"
-    proc = vt("fit", "detect-faster-rcnn", "data.name=coco", f"data.root={root}", "data.batch_size=2",
-              "data.num_workers=0", "task.fpn_channels=32", "task.representation_size=64", "task.train_scales=[96]",
-              "task.val_size=96", "task.max_size=128", "trainer.max_steps=2", "schedules.lr.warmup=1",
-              "--run-dir", str(run))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run / "checkpoints" / "last.pt"
+    def fit(out: Path) -> None:
+        root = mosaic_coco_at(out / "mosaic", out / "coco", 4, 2)
+        proc = vt("fit", "detect-faster-rcnn", "data.name=coco", f"data.root={root}", "data.batch_size=2",
+                  "data.num_workers=0", "task.fpn_channels=32", "task.representation_size=64",
+                  "task.train_scales=[96]", "task.val_size=96", "task.max_size=128", "trainer.max_steps=2",
+                  "schedules.lr.warmup=1", "--run-dir", str(out / "run"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return build_once(shared_dir, "rcnn-checkpoint", fit) / "run" / "checkpoints" / "last.pt"

@@ -21,11 +21,16 @@ def vt(*args: str) -> subprocess.CompletedProcess:
 
 def mosaic_coco(tmp_path_factory, train_images: int, val_images: int, classes: int | None = None) -> Path:
     """A small fashion-mosaic as COCO; ``classes`` keeps only the first N categories (and their boxes)."""
+    return mosaic_coco_at(tmp_path_factory.mktemp("mosaic"), tmp_path_factory.mktemp("coco"), train_images,
+                          val_images, classes)
+
+
+def mosaic_coco_at(cache: Path, root: Path, train_images: int, val_images: int, classes: int | None = None) -> Path:
+    """``mosaic_coco`` built in ``cache`` and laid out as COCO in ``root``."""
     from visiontrain.data.detection.embedded import build_fashion_mosaic
 
-    base = build_fashion_mosaic(tmp_path_factory.mktemp("mosaic"), train_images=train_images, val_images=val_images)
-    root = tmp_path_factory.mktemp("coco")
-    (root / "annotations").mkdir()
+    base = build_fashion_mosaic(cache, train_images=train_images, val_images=val_images)
+    (root / "annotations").mkdir(parents=True)
     for split in ("train", "val"):
         data = json.loads((base / "annotations" / f"{split}.json").read_text())
         if classes is not None:

@@ -23,8 +23,8 @@ from visiontrain.exit_codes import EXIT_PREEMPTED
 from procs import FAULTHANDLER_ENV, finish
 
 ARGS = ["classify-fashion", "data.name=digits", "data.batch_size=16", "data.augment=basic", "data.num_workers=1",
-        "trainer.epochs=12", "trainer.log_every=5", "trainer.threads=1", "trainer.progress=plain",
-        "checkpoint.every=1", "eval.every=4", "task.drop_rate=0.2", "optim.lr=0.003"]
+        "trainer.epochs=3", "trainer.log_every=5", "trainer.threads=1", "trainer.progress=plain",
+        "checkpoint.every=1", "eval.every=1", "task.drop_rate=0.2", "optim.lr=0.003"]
 
 
 def start(run_dir: Path, *options: str, overrides: tuple[str, ...] = ()) -> subprocess.Popen:
@@ -125,7 +125,7 @@ def test_stop_signal_writes_last_and_resume_is_exact(uninterrupted, tmp_path):
     assert (out + err).count("stopped by") == 1, err[-3000:]  # said once
     state = load_checkpoint(run / "checkpoints" / "last.pt")  # the newest checkpoint loads
     stopped_at = fmt.step_of(state)
-    assert 60 <= stopped_at < 12 * (1437 // 16)
+    assert 60 <= stopped_at < 3 * (1437 // 16)
     assert not (run / "model.safetensors").exists()  # the run did not finish
 
     resumed = start(run, "--resume", "auto")
@@ -141,18 +141,18 @@ def test_two_ranks_agree_to_stop_at_a_log_point_and_resume_exactly(tmp_path):
     next log point, each rank writes its shards of last.pt, and the resumed run equals an
     uninterrupted one. Under FSDP: the agreement does not depend on the strategy, and a replicated
     last.pt at a stop is the single-process test's (DDP writes it the same way, from rank 0)."""
-    FOUR = ("trainer.epochs=4", "distributed.strategy=fsdp")
+    TWO = ("trainer.epochs=2", "distributed.strategy=fsdp")
     full = tmp_path / "full"
-    proc = start(full, "--nproc", "2", overrides=FOUR)
+    proc = start(full, "--nproc", "2", overrides=TWO)
     _, err = finish(proc, 240)
     assert proc.returncode == 0, err[-3000:]
 
     run = tmp_path / "run"
-    proc, out, err = signalled(run, 30, signal.SIGTERM, "--nproc", "2", overrides=FOUR)
+    proc, out, err = signalled(run, 30, signal.SIGTERM, "--nproc", "2", overrides=TWO)
     assert proc.returncode != 0 and "stopped by SIGTERM" in out + err, err[-3000:]
     stopped_at = fmt.step_of(load_checkpoint(run / "checkpoints" / "last.pt"))
-    assert stopped_at % 5 == 0 and 30 <= stopped_at < 4 * (1437 // 32)  # a log point (log_every=5)
-    proc = start(run, "--nproc", "2", "--resume", "auto", overrides=FOUR)
+    assert stopped_at % 5 == 0 and 30 <= stopped_at < 2 * (1437 // 32)  # a log point (log_every=5)
+    proc = start(run, "--nproc", "2", "--resume", "auto", overrides=TWO)
     out, err = finish(proc, 240)
     assert proc.returncode == 0, err[-3000:]
     a, b = load_file(str(full / "model.safetensors")), load_file(str(run / "model.safetensors"))

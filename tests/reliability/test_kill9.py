@@ -1,4 +1,4 @@
-"""kill -9 at 24 seeded moments: inside training steps, evaluations, checkpoint writes (part-way
+"""kill -9 at 12 seeded moments (each kind twice): inside training steps, evaluations, checkpoint writes (part-way
 through the bytes, just before and just after the rename) and metrics lines. After every kill the
 newest checkpoint on disk loads; `--resume auto` then finishes with weights bit-identical to an
 uninterrupted run, and metrics.jsonl holds each logged step once, as that run's does."""
@@ -29,7 +29,8 @@ CONFIG = dict(task__noise=True, task__dropout=0.1, data__batch_size=16, trainer_
               eval__every=8, eval__unit="steps", checkpoint__every=5, checkpoint__unit="steps")
 # how many of each event one process sees at most before the moment (a resumed process has fewer left)
 MOMENTS = {"step": 20, "eval": 2, "save-write": 4, "save-before-rename": 4, "save-after-rename": 4, "log": 6}
-CHAINS, KILLS_PER_CHAIN = 4, 6
+# each chain kills once at every kind of moment, in a seeded order: every kind is hit in both chains
+CHAINS, KILLS_PER_CHAIN = 2, len(MOMENTS)
 
 
 def launch(recipe: Path, run_dir: Path, spec: dict) -> subprocess.CompletedProcess:
@@ -46,8 +47,9 @@ def logged(run_dir: Path) -> list[tuple[str, int, float]]:
 def chain(recipe: Path, run_dir: Path, seed: int) -> list[str]:
     """Kill, check, resume ... KILLS_PER_CHAIN times, then let it finish. Returns the moments killed."""
     rng, killed = random.Random(seed), []
+    phases = rng.sample(sorted(MOMENTS), len(MOMENTS))
     while len(killed) < KILLS_PER_CHAIN:
-        phase = rng.choice(sorted(MOMENTS))
+        phase = phases[len(killed)]
         spec = {"phase": phase, "n": rng.randint(1, MOMENTS[phase]), "fraction": rng.random()}
         proc = launch(recipe, run_dir, spec)
         if proc.returncode == 0:
@@ -67,13 +69,13 @@ def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_weights(tmp_path):
     recipe = tmp_path / "toy.yaml"
     recipe.write_text(C.dump_config(toy_config(**CONFIG)))
     with ThreadPoolExecutor(2) as pool:  # two processes at a time on the 2 cores
-        reference = pool.submit(launch, recipe, tmp_path / "whole", {"phase": "none"})
-        chains = list(pool.map(lambda i: chain(recipe, tmp_path / f"chain{i}", seed=i), range(CHAINS)))
-    assert reference.result().returncode == 0, reference.result().stderr[-2000:]
+        chains = pool.map(lambda i: chain(recipe, tmp_path / f"chain{i}", seed=i), range(CHAINS))
+        reference = launch(recipe, tmp_path / "whole", {"phase": "none"})
+        chains = list(chains)
+    assert reference.returncode == 0, reference.stderr[-2000:]
     kills = [k for c in chains for k in c]
-    assert len(kills) >= 20, chains
-    assert {k.split("#")[0] for k in kills} >= {"step", "eval", "save-write", "save-before-rename",
-                                                "save-after-rename"}, kills
+    assert len(kills) >= 10, chains  # a late moment may come after the run has ended: at most one a chain
+    assert {k.split("#")[0] for k in kills} == set(MOMENTS), kills
     whole = tmp_path / "whole"
     for i in range(CHAINS):
         run = tmp_path / f"chain{i}"
