@@ -6,6 +6,8 @@ fault handlers print every thread's Python stack to stderr, and the test fails w
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -34,6 +36,19 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
             out, err = proc.communicate()
         pytest.fail(f"{' '.join(map(str, proc.args))} still running after {timeout:.0f} s; stacks at the "
                     f"abort:\n--- stdout (tail)\n{(out or '')[-3000:]}\n--- stderr (tail)\n{(err or '')[-12000:]}")
+
+
+def cli_here(*args: str) -> subprocess.CompletedProcess:
+    """``visiontrain ARGS`` in this process (``cli.main``, the CLI from its entry point on), its stdout
+    and stderr captured: for a command that trains nothing and loads in-process (validate, predict,
+    export of a run with ``data.num_workers=0``), where a process of its own would spend 5-8 s
+    importing torch and the engine before the few hundred milliseconds the test is about."""
+    from visiontrain import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(list(args))
+    return subprocess.CompletedProcess(["visiontrain", *args], code, out.getvalue(), err.getvalue())
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,

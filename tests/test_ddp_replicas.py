@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from detection_helpers import vt
-from procs import FAULTHANDLER_ENV, finish
+from procs import FAULTHANDLER_ENV, cli_here, finish
 
 # 256 digits / (2 ranks x 32) = 4 steps an epoch, 32 in all; an evaluation after each epoch.
 # ema.*: an EMA is the subject (a fast one, so that the ranks' own BatchNorm averages show);
@@ -123,7 +123,7 @@ def test_a_killed_ddp_run_with_ema_and_batchnorm_resumes_to_the_straight_runs_ro
     # losses of other batches (each rank batches its own shard), hence 1e-6 relative (measured: 6e-8;
     # with each rank's own buffers 2e-4).
     final = json.loads((straight / "summary.json").read_text())["final"]
-    proc = vt("validate", str(straight / "checkpoints" / "last.pt"))
+    proc = cli_here("validate", str(straight / "checkpoints" / "last.pt"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     validated = json.loads(proc.stdout.strip().splitlines()[-1])
     for key in ("loss", "top1", "ema/loss", "ema/top1"):

@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 
 from detection_helpers import mosaic_coco, vt
+from procs import cli_here
 from visiontrain import config as C
 
 
@@ -54,8 +55,8 @@ def test_detect_detr_smoke_fit(fitted):
 def test_predict_draws_boxes_and_writes_coco_results(fitted, coco_root, tmp_path):
     images = sorted((coco_root / "val").glob("*.png"))[:2]
     out = tmp_path / "pred"
-    proc = vt("predict", str(fitted / "checkpoints" / "last.pt"), *map(str, images), "--out", str(out),
-              "--threshold", "0")
+    proc = cli_here("predict", str(fitted / "checkpoints" / "last.pt"), *map(str, images), "--out", str(out),
+                    "--threshold", "0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     for img in images:
         drawn = Image.open(out / f"{img.stem}.png")

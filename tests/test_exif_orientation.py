@@ -17,7 +17,7 @@ from PIL import Image, ImageFile
 
 from dataset_trees import (ALL_ORIENTATIONS, build_coco, build_image_folder, build_voc, build_yolo, save_photo,
                            upright_copy)
-from detection_helpers import vt
+from procs import cli_here
 from visiontrain import config as C
 from visiontrain.data.detection.images import BadAnnotationError, image_size
 from visiontrain.data.images import image_tensor, open_rgb
@@ -199,7 +199,7 @@ def test_predictor_and_predict_give_boxes_in_the_upright_frame(rcnn_checkpoint, 
         torch.testing.assert_close(got.boxes, want.boxes, atol=0, rtol=0)
 
     out = tmp_path / "out"
-    proc = vt("predict", str(rcnn_checkpoint), str(photo), str(upright), "--out", str(out), "--threshold", "0")
+    proc = cli_here("predict", str(rcnn_checkpoint), str(photo), str(upright), "--out", str(out), "--threshold", "0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads((out / "detections.json").read_text())
     by_image = [[(r["category_id"], r["bbox"]) for r in rows if r["image_id"] == n] for n in (1, 2)]
@@ -211,7 +211,7 @@ def test_predictor_and_predict_give_boxes_in_the_upright_frame(rcnn_checkpoint, 
 def test_a_classifier_and_its_sheet_see_photos_upright(classify_checkpoint, photo_pair, tmp_path):
     photo, upright = photo_pair
     out = tmp_path / "out"
-    proc = vt("predict", str(classify_checkpoint), str(photo), str(upright), "--out", str(out), "--sheet")
+    proc = cli_here("predict", str(classify_checkpoint), str(photo), str(upright), "--out", str(out), "--sheet")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads((out / "predictions.json").read_text())
     assert rows[0]["top"] == rows[1]["top"]

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from detection_helpers import vt
+from procs import cli_here
 from visiontrain import config as C
 from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.inference import Classification, Detections, Predictor
@@ -110,7 +110,8 @@ def test_every_input_kind_gives_the_same_classes(classifier, tmp_path):
 def test_cli_classification_json_and_sheet_match_the_api(classifier, classify_checkpoint, tmp_path):
     images = [noise_png(tmp_path / "a.png", 20, 30, 1), noise_png(tmp_path / "b.png", 12, 12, 2)]
     out = tmp_path / "out"
-    proc = vt("predict", str(classify_checkpoint), *map(str, images), "--out", str(out), "--top-k", "3", "--sheet")
+    proc = cli_here("predict", str(classify_checkpoint), *map(str, images), "--out", str(out), "--top-k", "3",
+                    "--sheet")
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary == {"out": str(out), "images": 2, "predictions": str(out / "predictions.json"),
@@ -146,7 +147,7 @@ def test_detector_gives_the_cli_boxes_and_the_evaluation_paths(detector, rcnn_ch
         assert result.names == [detector.class_names[i] for i in result.labels.tolist()]
 
     out = tmp_path / "out"
-    proc = vt("predict", str(rcnn_checkpoint), *paths, "--out", str(out), "--threshold", "0")
+    proc = cli_here("predict", str(rcnn_checkpoint), *paths, "--out", str(out), "--threshold", "0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     cli = json.loads((out / "detections.json").read_text())
     api = [r for n, d in enumerate(results, 1)

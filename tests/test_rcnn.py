@@ -11,6 +11,7 @@ from PIL import Image
 from torch import nn
 
 from detection_helpers import mosaic_coco, vt
+from procs import cli_here
 from visiontrain import config as C
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.engine.step.schedules import StepClock, build_schedule
@@ -62,8 +63,8 @@ def test_smoke_fit_logs_the_four_losses_and_evaluates(fitted):
 def test_predict_returns_boxes_in_original_pixels(fitted, coco_root, tmp_path):
     images = sorted((coco_root / "val").glob("*.png"))[:2]
     out = tmp_path / "pred"
-    proc = vt("predict", str(fitted / "checkpoints" / "last.pt"), *map(str, images), "--out", str(out),
-              "--threshold", "0")
+    proc = cli_here("predict", str(fitted / "checkpoints" / "last.pt"), *map(str, images), "--out", str(out),
+                    "--threshold", "0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     dets = json.loads((out / "detections.json").read_text())
     assert dets, "an untrained detector still scores proposals above box_score_thresh 0.05"

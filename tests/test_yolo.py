@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from detection_helpers import mosaic_coco, vt
+from procs import cli_here
 from test_host_syncs import ALL_ON, run_counted
 from visiontrain import config as C
 from visiontrain.engine.loop.trainer import Trainer
@@ -338,8 +339,8 @@ def test_predict_with_the_checkpoint(fitted, coco_root, tmp_path):
     from PIL import Image
 
     images = sorted((coco_root / "val").glob("*.png"))[:2]
-    proc = vt("predict", str(fitted / "checkpoints" / "last.pt"), *map(str, images), "--out", str(tmp_path),
-              "--threshold", "0")
+    proc = cli_here("predict", str(fitted / "checkpoints" / "last.pt"), *map(str, images), "--out",
+                    str(tmp_path), "--threshold", "0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     dets = json.loads((tmp_path / "detections.json").read_text())
     assert dets and all(0 < len([d for d in dets if d["image_id"] == i]) <= 100 for i in (1, 2))
@@ -352,7 +353,8 @@ def test_predict_with_the_checkpoint(fitted, coco_root, tmp_path):
 def test_cli_exports_the_checkpoint_to_onnx_and_checks_it_in_onnxruntime(fitted, tmp_path):
     import onnxruntime as ort
 
-    proc = vt("export", str(fitted / "checkpoints" / "last.pt"), "--format", "onnx", "--out", str(tmp_path / "y.onnx"))
+    proc = cli_here("export", str(fitted / "checkpoints" / "last.pt"), "--format", "onnx", "--out",
+                    str(tmp_path / "y.onnx"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["max_abs_diff"] < 1e-3 and result["inputs"] == {"images": [2, 3, 96, 96]}
