@@ -91,6 +91,8 @@ class Stage:
 
 def child_env(args: argparse.Namespace) -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "CI": "true"}  # CI: plain log lines, no progress bar
+    if args.dry_run:  # its stages share the CPU side by side: one thread each, not a pool each per core
+        env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
     if args.data:
         env["VISIONTRAIN_DATA_CACHE"] = str(Path(args.data).resolve())
@@ -173,45 +175,97 @@ def stage_env(args: argparse.Namespace, out: Results) -> None:
     out.add(record)
 
 
+# The dry run's `tests` stage runs this rehearsal, not the suite's cuda-marked tests (on the CPU the
+# suite runs every one of those anyway): what it proves is the stage, with one test of each outcome it
+# counts, and one without the mark that fails should `-m cuda` ever stop deselecting it.
+REHEARSAL = {"conftest.py": '''
+def pytest_configure(config):  # (tests/conftest.py registers the mark for the suite)
+    config.addinivalue_line("markers", "cuda: a code path that differs on a GPU")
+''', "test_rehearsal.py": '''"""Written by benchmarks/gpu_check.py --dry-run: its tests stage's rehearsal."""
+import pytest
+
+
+@pytest.mark.cuda
+def test_a_cuda_test_passes():
+    pass
+
+
+@pytest.mark.cuda
+def test_a_cuda_test_skips():
+    pytest.skip("the rehearsal's skip")
+
+
+@pytest.mark.cuda
+def test_a_failure_is_reported():
+    assert 1 == 2, "the rehearsal's planted failure"
+
+
+def test_an_unmarked_test_is_deselected():
+    raise AssertionError("ran without the cuda mark: pytest -m cuda did not deselect it")
+'''}
+REHEARSAL_COUNTS = {"exit": 1, "tests": 3, "passed": 1, "failed": 1, "skipped": 1}
+
+
 def stage_tests(args: argparse.Namespace, out: Results) -> None:
+    """`pytest -m cuda` over the suite on the GPU, its JUnit file read back as counts and failures.
+    The dry run runs the same on REHEARSAL, and passes when exactly its planted outcomes come back."""
+    junit = Path(args.work) / "tests.xml"
+    if args.dry_run:
+        rehearsal = Path(args.work) / "rehearsal"
+        rehearsal.mkdir()
+        for name, text in REHEARSAL.items():
+            (rehearsal / name).write_text(text)
+        workers, targets, env = ["-n", "0"], [str(rehearsal)], {}
+    else:
+        workers, targets, env = ["-n", "4", "--dist", "loadfile"], ["tests"], {"VISIONTRAIN_REQUIRE_CUDA": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", *workers,
+           f"--junitxml={junit}", *targets]
+    rc, output = run_logged(cmd, args, left(args) - 5, **env)
+    record: dict[str, Any] = {"exit": rc, "tail": output.strip().splitlines()[-1:], **junit_counts(junit)}
+    out.add(record)
+    if not args.dry_run:
+        if rc != 0:
+            raise SystemExit(rc)
+        return
+    reported = [f["test"].rsplit("::", 1)[-1] for f in record.get("failures", [])
+                if "planted failure" in f["message"]]
+    if {k: record.get(k) for k in REHEARSAL_COUNTS} != REHEARSAL_COUNTS or reported != ["test_a_failure_is_reported"]:
+        raise SystemExit(f"the rehearsal's outcomes should be {REHEARSAL_COUNTS} with its planted failure "
+                         f"reported; they were {record}")
+
+
+def junit_counts(junit: Path) -> dict[str, Any]:
+    """Tests, passed, failed (failures and errors), skipped, and each failure's test and message, from
+    pytest's JUnit XML; nothing when pytest wrote none (it was killed, or failed before collecting)."""
     import xml.etree.ElementTree as ET
 
-    junit = Path(args.work) / "tests.xml"
-    workers = ["-n", "0"] if args.dry_run else ["-n", "4", "--dist", "loadfile"]
-    # The dry run proves the stage (pytest, its JUnit file, the counts) on two files' cuda-marked tests:
-    # on the CPU every one of them runs in the suite anyway.
-    files = ["tests/test_engine.py", "tests/test_prefetch.py"] if args.dry_run else ["tests"]
-    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", *workers,
-           f"--junitxml={junit}", *files]
-    env = {} if args.dry_run else {"VISIONTRAIN_REQUIRE_CUDA": "1"}
-    rc, output = run_logged(cmd, args, left(args) - 5, **env)
-    record: dict[str, Any] = {"exit": rc, "tail": output.strip().splitlines()[-1:]}
-    if junit.is_file():
-        cases = list(ET.parse(junit).getroot().iter("testcase"))
-        failed = []
-        for case in cases:
-            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-            if bad is not None:
-                failed.append({"test": f"{case.get('classname')}::{case.get('name')}",
-                               "message": (bad.get("message") or "")[:3000]})
-        skipped = [c for c in cases if c.find("skipped") is not None]
-        record.update(tests=len(cases), failed=len(failed), skipped=len(skipped),
-                      passed=len(cases) - len(failed) - len(skipped), failures=failed)
-    out.add(record)
-    if rc != 0:
-        raise SystemExit(rc)
+    if not junit.is_file():
+        return {}
+    cases = list(ET.parse(junit).getroot().iter("testcase"))
+    failed = []
+    for case in cases:
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if bad is not None:
+            failed.append({"test": f"{case.get('classname')}::{case.get('name')}",
+                           "message": (bad.get("message") or "")[:3000]})
+    skipped = [c for c in cases if c.find("skipped") is not None]
+    return {"tests": len(cases), "failed": len(failed), "skipped": len(skipped),
+            "passed": len(cases) - len(failed) - len(skipped), "failures": failed}
 
 
-FSDP_RUN = ["classify-fashion", "task.model=resnet18", "data.name=digits", "data.limit_val=64", "trainer.log_every=1",
+FSDP_RUN = ["classify-fashion", "task.model=resnet18", "data.name=digits", "trainer.log_every=1",
             "eval.every=0", "checkpoint.every=0", "trainer.precision=bf16", "trainer.nonfinite=raise",
             "trainer.plots=false"]
+# (steps, batch, images of the run's final evaluation). The dry run's: a second step, from the first
+# one's update, on a batch of 4 (bf16 is emulated, slowly, on a CPU without AVX512-BF16)
+FSDP_SIZES = {"gpu": (30, 64, 64), "dry": (2, 4, 8)}
 
 
 def stage_fsdp(args: argparse.Namespace, out: Results) -> None:
     """FSDP2 with bf16 autocast on a ResNet, one process, beside the same run unsharded. On the
     CPU (gloo) the sharded one's strided convolutions went non-finite (docs/distributed.md)."""
-    steps = 4 if args.dry_run else 30
-    common = [*FSDP_RUN, f"trainer.max_steps={steps}", f"data.batch_size={16 if args.dry_run else 64}"]
+    steps, batch, val_images = FSDP_SIZES["dry" if args.dry_run else "gpu"]
+    common = [*FSDP_RUN, f"data.limit_val={val_images}", f"trainer.max_steps={steps}", f"data.batch_size={batch}"]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
     runs = {"fsdp": [*torchrun, "-m", "visiontrain", "fit", *common, "distributed.strategy=fsdp"],
             "unsharded": [sys.executable, "-m", "visiontrain", "fit", *common]}
@@ -244,9 +298,25 @@ def nonfinite_tensors(path: Path) -> list[str]:
 THROUGHPUT = {  # (model, image size, batch, compiled)
     "gpu": [("resnet50", 224, 128, False), ("vit_base_patch16_224", 224, 128, False), ("detr_r50", 800, 8, False),
             ("resnet50", 224, 128, True), ("vit_base_patch16_224", 224, 128, True)],
-    "dry": [("resnet18", 64, 16, False), ("vit_tiny_patch16_224", 64, 16, False), ("detr_small", 160, 8, False),
-            ("resnet18", 32, 16, True)],
+    # each of the GPU's kinds of case (a timm CNN, a ViT, DETR, a CNN compiled with the eager one's FLOPs),
+    # as small as they go: DETR's images are its recipe's (detect-detr), whatever the size said here
+    "dry": [("resnet18", 32, 2, False), ("vit_tiny_patch16_224", 32, 2, False), ("detr_small", 160, 2, False),
+            ("resnet18", 32, 2, True)],
 }
+DRY_COMPILE_BACKEND = "aot_eager"
+
+
+def compile_by_tracing_only() -> None:
+    """The dry run's torch.compile, in the loop and in the engine alike: dynamo's and AOTAutograd's
+    tracing of the same forward and backward graphs, with no code generated from them. Inductor's
+    code for the CPU is C++ built by the compiler, 3 to 5 minutes of a 2-core machine for one
+    ResNet-18 in both runners, and is not what a GPU runs (Triton); the suite compiles the engine's
+    step with inductor on the CPU (tests/test_precision_and_files.py)."""
+    import functools
+
+    import torch
+
+    torch.compile = functools.partial(torch.compile, backend=DRY_COMPILE_BACKEND)
 
 
 def stage_throughput(args: argparse.Namespace, out: Results) -> None:
@@ -255,9 +325,11 @@ def stage_throughput(args: argparse.Namespace, out: Results) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import throughput
 
+    if args.dry_run:
+        compile_by_tracing_only()
     device = torch.device("cpu" if args.dry_run else "cuda")
     precision = "fp32" if args.dry_run else "bf16"
-    steps, warmup = (3, 1) if args.dry_run else (30, 8)
+    steps, warmup = (1, 1) if args.dry_run else (30, 8)
     flops: dict[str, float] = {}
     for model, size, batch, compiled in THROUGHPUT["dry" if args.dry_run else "gpu"]:
         need = (60 if compiled else 25) * (0.3 if args.dry_run else 1)  # what a case takes, about
@@ -272,6 +344,8 @@ def stage_throughput(args: argparse.Namespace, out: Results) -> None:
         if device.type == "cuda":
             r["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
             torch.cuda.reset_peak_memory_stats()
+        if compiled and args.dry_run:
+            r["compile_backend"] = DRY_COMPILE_BACKEND
         out.add(r)
 
 
@@ -284,32 +358,40 @@ def stage_profile(args: argparse.Namespace, out: Results) -> None:
     import throughput
 
     device = torch.device("cpu" if args.dry_run else "cuda")
-    case = ("resnet18", 32, 8, "fp32") if args.dry_run else ("resnet50", 224, 128, "bf16")
-    out.add(throughput.profile_case(*case[:3], device, case[3], steps=2 if args.dry_run else 5,
+    case = ("resnet18", 32, 2, "fp32") if args.dry_run else ("resnet50", 224, 128, "bf16")
+    out.add(throughput.profile_case(*case[:3], device, case[3], steps=1 if args.dry_run else 5,
                                     warmup=1 if args.dry_run else 5))
 
 
 SMALL_RECIPES = ["detect-faster-rcnn", "segment-mask-rcnn", "detect-detr", "detect-yolov3", "ssl-dino",
                  "classify-fashion"]
-# --dry-run only: the run's size (tests/shipped.py's keys), so that six recipes fit in a CPU minute or two
+# --dry-run only: the run's size (tests/shipped.py's keys)
 DRY_SIZES = {
-    "classify-fashion": ["data.batch_size=32"],
-    "ssl-dino": ["data.batch_size=16"],
+    "classify-fashion": ["data.batch_size=8"],
+    "ssl-dino": ["data.batch_size=4"],
     "detect-yolov3": ["data.batch_size=2", "task.size=64", "task.multiscale_sizes=[64]"],
     "detect-detr": ["data.batch_size=2", "task.train_scales=[96]", "task.max_size=128", "task.val_size=96",
                     "task.crop_resize=[96]", "task.crop_min=64", "task.crop_max=96"],
     "detect-faster-rcnn": ["data.batch_size=2", "task.train_scales=[96]", "task.max_size=128", "task.val_size=96"],
     "segment-mask-rcnn": ["data.batch_size=2", "task.train_scales=[96]", "task.max_size=128", "task.val_size=96"],
 }
+# --dry-run: every recipe's first batch replayed (--synthetic) loads that batch through the recipe's
+# loader as shipped, then replays it: what `visiontrain benchmark` adds to a recipe's run. Its real-data
+# run adds only the loader's next batches, which the suite's run of every recipe loads
+# (tests/test_recipes.py); one recipe takes it, for the stage's pairing of the two figures.
+DRY_REAL_DATA = "classify-fashion"
 
 
 def stage_recipes(args: argparse.Namespace, out: Results) -> None:
     """Each small recipe as shipped: real data (its loader as written), then its first batch replayed."""
-    real, synthetic = ((2, 1), (1, 1)) if args.dry_run else ((80, 10), (20, 5))
+    real, synthetic = ((1, 1), (1, 1)) if args.dry_run else ((80, 10), (20, 5))
     for recipe in args.recipes.split(",") if args.recipes else SMALL_RECIPES:
         sizes = DRY_SIZES[recipe] if args.dry_run else []
         record: dict[str, Any] = {"recipe": recipe}
-        for kind, (steps, warmup) in (("real", real), ("synthetic", synthetic)):
+        kinds = {"real": real, "synthetic": synthetic}
+        if args.dry_run and recipe != DRY_REAL_DATA:
+            del kinds["real"]
+        for kind, (steps, warmup) in kinds.items():
             if left(args) < 10:
                 record[kind] = {"skipped": f"{left(args):.0f} s of the budget left"}
                 continue
@@ -416,6 +498,25 @@ def write_outputs(out: Path, work: Path, results: dict[str, Any], chosen: list[S
     return summary
 
 
+def run_side_by_side(chosen: list[Stage], args: argparse.Namespace, work: Path,
+                     record: Callable[[Stage, dict[str, Any]], None]) -> None:
+    """--dry-run: it times nothing, so the timed stages need not run alone; they start beside the
+    checks as soon as env has ended (it builds fashion-mosaic, which they read). Recorded in the
+    GPU run's order: the checks, then the timed stages."""
+    order = [s for s in chosen if not s.timed] + [s for s in chosen if s.timed]
+    running = {s.name: (*start(s, args, work), time.time()) for s in order if not s.timed}
+    ended = {}
+    if "env" in running:
+        proc, deadline, log, started = running.pop("env")
+        ended["env"] = finish(STAGES["env"], proc, deadline, log, work, started)
+    running.update({s.name: (*start(s, args, work), time.time()) for s in order if s.timed})
+    for stage in order:
+        if stage.name not in ended:
+            proc, deadline, log, started = running[stage.name]
+            ended[stage.name] = finish(stage, proc, deadline, log, work, started)
+        record(stage, ended[stage.name])
+
+
 def run_all(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -433,12 +534,15 @@ def run_all(args: argparse.Namespace) -> int:
         results["seconds"] = round(time.time() - t0, 1)
         write_outputs(out, work, results, chosen)
 
-    checks = [(s, *start(s, args, work), time.time()) for s in chosen if not s.timed]  # side by side
-    for stage, proc, deadline, log, started in checks:
-        record(stage, finish(stage, proc, deadline, log, work, started))
-    for stage in (s for s in chosen if s.timed):  # alone: nothing else on the device while timed
-        started = time.time()
-        record(stage, finish(stage, *start(stage, args, work), work, started))
+    if args.dry_run:
+        run_side_by_side(chosen, args, work, record)
+    else:
+        checks = [(s, *start(s, args, work), time.time()) for s in chosen if not s.timed]  # side by side
+        for stage, proc, deadline, log, started in checks:
+            record(stage, finish(stage, proc, deadline, log, work, started))
+        for stage in (s for s in chosen if s.timed):  # alone: nothing else on the device while timed
+            started = time.time()
+            record(stage, finish(stage, *start(stage, args, work), work, started))
     print("\n".join(write_outputs(out, work, results, chosen)), flush=True)
     shutil.rmtree(work, ignore_errors=True)  # its logs are in stages.log, its results in gpu_check.json
     return 0 if all(r["status"] == "ok" for r in results["stages"].values()) else 1

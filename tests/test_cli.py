@@ -1,4 +1,7 @@
-"""The CLI end to end, as a user runs it: python -m visiontrain ... in a subprocess."""
+"""The CLI end to end, as a user runs it: python -m visiontrain ... in a subprocess. A command that
+is refused before any training, or only prints (recipes, show-config), runs ``cli.main`` in this
+process instead: its subject is what it prints and its exit code, not the process; a config error's
+stderr from the real entry point is checked whole in tests/reliability/test_bad_input.py."""
 from __future__ import annotations
 
 import json
@@ -11,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from procs import run_cli
+from visiontrain import cli
 from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
 
@@ -20,6 +24,14 @@ QUICK = ["data.name=digits", "data.batch_size=64", "trainer.epochs=2", "trainer.
 
 def vt(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return run_cli(*args, cwd=cwd, timeout=300)
+
+
+def in_process(capfd, *args: str) -> tuple[int, str, str]:
+    """``visiontrain ARGS`` in this process: exit code, stdout, stderr."""
+    capfd.readouterr()
+    code = cli.main(list(args))
+    out, err = capfd.readouterr()
+    return code, out, err
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +84,11 @@ def test_validate_run_dir_reproduces_best_metric(fitted):
     assert "ema/top1" in out
 
 
-def test_refuses_to_overwrite_and_resume_auto_continues(fitted, tmp_path):
-    proc = vt("fit", "classify-fashion", *QUICK, "--run-dir", str(fitted))
-    assert proc.returncode == 2 and "--resume auto" in proc.stderr
+def test_refuses_to_overwrite_and_resume_auto_continues(fitted, tmp_path, capfd):
+    files = {p: p.read_bytes() for p in fitted.rglob("*") if p.is_file()}
+    code, _, err = in_process(capfd, "fit", "classify-fashion", *QUICK, "--run-dir", str(fitted))  # refused at once
+    assert code == 2 and "--resume auto" in err
+    assert {p: p.read_bytes() for p in fitted.rglob("*") if p.is_file()} == files  # nothing written
     # resume a finished 2-epoch run to 3 epochs: it continues from step 44
     proc = vt("fit", "classify-fashion", *QUICK, "trainer.epochs=3", "--run-dir", str(fitted), "--resume", "auto")
     assert proc.returncode == 0, proc.stderr
@@ -91,51 +105,35 @@ def test_refuses_to_overwrite_and_resume_auto_continues(fitted, tmp_path):
     assert set((fitted / "tb").iterdir()) <= set(before)  # no new, empty TensorBoard events file
 
 
-def test_init_skips_mismatched_head(fitted, tmp_path):
-    # a 3-class image folder: the 10-class head of the digits run does not fit
-    from PIL import Image
-
-    root = tmp_path / "imgs"
-    for split in ("train", "val"):
-        for c in ("a", "b", "c"):
-            (root / split / c).mkdir(parents=True)
-            for i in range(4):
-                Image.new("L", (8, 8), color=40 * i + 60 * ord(c) % 255).save(root / split / c / f"{i}.png")
-    proc = vt("fit", "classify-fashion", "data.name=image-folder", f"data.root={root}", "data.image_size=8",
-              "data.batch_size=4", "trainer.epochs=1", "trainer.progress=plain", "schedules.lr.warmup=0",
-              "--run-dir", str(tmp_path / "ft"), "--init", str(fitted / "checkpoints" / "last.pt"))
-    assert proc.returncode == 0, proc.stderr
-    # the head has 3 classes instead of 10 (skipped); the first conv takes RGB instead of grey (adapted);
-    # the recipe's network flattens its 128 x 2 x 2 features at 8 px
-    assert ("loaded 18/20 tensors; adapted blocks.0.0.0.weight 1 -> 3 input channels; "
-            "skipped 2 with another shape: ") in proc.stdout
-    assert "head.weight (10, 512) -> (3, 512), head.bias (10,) -> (3,)" in proc.stdout
-
-
-def test_config_errors_name_the_key(tmp_path):
-    proc = vt("show-config", "classify-fashion", "optim.lrr=1")
-    assert proc.returncode == 2 and "optim.lrr" in proc.stderr and "optim.lr" in proc.stderr
-    proc = vt("fit", "classify-fashion", "data.batch_size=big", "--run-dir", str(tmp_path / "x"))
-    assert proc.returncode == 2 and "data.batch_size" in proc.stderr and "int" in proc.stderr
+def test_config_errors_name_the_key(tmp_path, capfd):
+    code, _, err = in_process(capfd, "show-config", "classify-fashion", "optim.lrr=1")
+    assert code == 2 and "optim.lrr" in err and "optim.lr" in err
+    code, _, err = in_process(capfd, "fit", "classify-fashion", "data.batch_size=big", "--run-dir", str(tmp_path / "x"))
+    assert code == 2 and "data.batch_size" in err and "int" in err
     assert not (tmp_path / "x").exists()  # nothing written for a config that never ran
 
 
-def test_recipes_and_show_config():
-    proc = vt("recipes")
-    assert proc.returncode == 0
-    names = [line.split()[0] for line in proc.stdout.splitlines()]
+def test_recipes_and_show_config(capfd):
+    code, out, _ = in_process(capfd, "recipes")
+    assert code == 0
+    names = [line.split()[0] for line in out.splitlines()]
     assert {"classify-fashion", "classify-mobilevit-imagenet"} <= set(names)
-    proc = vt("show-config", "classify-mobilevit-imagenet", "optim.lr=3e-4")
-    assert proc.returncode == 0 and "lr: 0.0003" in proc.stdout and "model: mobilevit_xs" in proc.stdout
-    proc = vt("show-config", "classify-fashion", "--docs")
-    assert "trainer.log_every" in proc.stdout and "schedules.lr.warmup" in proc.stdout
+    code, out, _ = in_process(capfd, "show-config", "classify-mobilevit-imagenet", "optim.lr=3e-4")
+    assert code == 0 and "lr: 0.0003" in out and "model: mobilevit_xs" in out
+    code, out, _ = in_process(capfd, "show-config", "classify-fashion", "--docs")
+    assert code == 0 and "trainer.log_every" in out and "schedules.lr.warmup" in out
 
 
 def test_missing_dataset_path_is_a_clear_error(tmp_path):
+    """The recipe as shipped, 8 DataLoader workers and all, in a real process: the missing root is
+    found before a worker (or the forkserver) starts, and the whole of stderr says so in one line."""
     proc = vt("fit", "classify-mobilevit-imagenet", f"data.root={tmp_path / 'nope'}", "--run-dir",
               str(tmp_path / "r"))
     assert proc.returncode == 2
-    assert str(tmp_path / "nope") in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("visiontrain: error: ") and str(tmp_path / "nope") in lines[0], \
+        proc.stderr[-3000:]
+    assert not (tmp_path / "r").exists()
 
 
 def test_import_names_what_it_could_not_find(tmp_path, capsys, monkeypatch):

@@ -23,7 +23,10 @@ def test_the_dry_run_passes_every_stage_and_writes_its_figures(tmp_path):
     assert env["cuda_available"] is False and env["torch"].startswith("2.") and env["pycocotools"] is True
 
     tests, = stages["tests"]["records"]
-    assert tests["failed"] == 0 and tests["passed"] >= 15, tests  # two files' cuda-marked tests, here on the CPU
+    # the rehearsal's one test of each outcome came back as such, and its unmarked test was deselected
+    assert {k: tests[k] for k in ("tests", "passed", "failed", "skipped")} == {"tests": 3, "passed": 1, "failed": 1,
+                                                                              "skipped": 1}, tests
+    assert [f["test"].rsplit("::", 1)[-1] for f in tests["failures"]] == ["test_a_failure_is_reported"]
 
     fsdp = {r["run"]: r for r in stages["fsdp"]["records"]}
     assert set(fsdp) == {"fsdp", "unsharded"}
@@ -31,7 +34,7 @@ def test_the_dry_run_passes_every_stage_and_writes_its_figures(tmp_path):
     # non-finite now and then, with or without FSDP (docs/distributed.md). Either way the run ends
     # cleanly: finite, or stopped by the non-finite check with its message.
     for r in fsdp.values():
-        assert r["steps_logged"] == 4 and (r["finite"] or r["nonfinite_stop"]), r
+        assert r["steps_logged"] == 2 and (r["finite"] or r["nonfinite_stop"]), r
         assert r["finite"] == (r["exit"] == 0), r
 
     profile, = stages["profile"]["records"]
@@ -47,9 +50,10 @@ def test_the_dry_run_passes_every_stage_and_writes_its_figures(tmp_path):
     recipes = {r["recipe"]: r for r in stages["recipes"]["records"]}
     assert set(recipes) == {"classify-fashion", "ssl-dino", "detect-yolov3", "detect-detr", "detect-faster-rcnn",
                             "segment-mask-rcnn"}
-    for r in recipes.values():
-        assert r["real"]["samples_per_s"] > 0 and r["synthetic"]["synthetic"] is True, r
-        assert 0 <= r["data_wait_share"] <= 1
+    for r in recipes.values():  # each recipe's first batch through its loader as shipped, replayed
+        assert r["synthetic"]["synthetic"] is True and r["synthetic"]["samples_per_s"] > 0, r
+    real = recipes["classify-fashion"]  # and one recipe's real-data run, paired with its replay
+    assert real["real"]["samples_per_s"] > 0 and 0 <= real["data_wait_share"] <= 1, real
 
     summary = (tmp_path / "summary.txt").read_text()
     assert "throughput: ok" in summary and "ratio" in summary and "data wait" in summary

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from detection_helpers import vt
 from toy_task import toy_config, train
@@ -42,6 +43,31 @@ def test_benchmark_reports_throughput_split_and_memory_and_writes_nothing(tmp_pa
     assert (r["data_wait_ms"] == 0.0) == synthetic  # replaying the first batch loads nothing
     assert any(line.strip().startswith("samples/s") for line in lines)
     assert list(tmp_path.iterdir()) == []  # no run dir, no checkpoint
+
+
+def test_benchmark_init_starts_the_timed_steps_from_those_weights(classify_checkpoint):
+    """`benchmark --init CKPT` (as `fit --init`): its first step starts from the checkpoint's weights."""
+    from visiontrain import config as C
+    from visiontrain.benchmark import run_benchmark
+    from visiontrain.engine.protocols.hooks import Hook
+    from safetensors.torch import load_file
+    from visiontrain.tasks import build_task
+
+    class FirstWeights(Hook):
+        def before_step(self) -> None:
+            if self.trainer.step == 0:
+                self.weights = {k: v.detach().clone() for k, v in self.trainer.raw_model.state_dict().items()}
+
+    saved = load_file(classify_checkpoint.parent.parent / "model.safetensors")  # the run's final weights
+    cfg = C.load_config("classify-fashion", ["data.name=digits", "data.batch_size=8"])
+    seen = FirstWeights()
+    r = run_benchmark(cfg, build_task(cfg), steps=1, warmup=0, synthetic=True, hooks=[seen], init=str(classify_checkpoint))
+    assert r["steps"] == 1 and seen.weights.keys() == saved.keys()
+    assert all(torch.equal(seen.weights[k], saved[k]) for k in saved)
+    fresh = FirstWeights()
+    run_benchmark(C.load_config("classify-fashion", ["data.name=digits", "data.batch_size=8"]), build_task(cfg),
+                  steps=1, warmup=0, synthetic=True, hooks=[fresh])
+    assert not all(torch.equal(fresh.weights[k], saved[k]) for k in saved)  # without --init: not those weights
 
 
 def test_benchmark_refuses_a_bad_key():

@@ -3,7 +3,9 @@
 Each sample's image is the file's bytes as they were (an in-memory set's pixels as PNG), its labels
 are the reader's, every sample of a split is in exactly one shard, in a fixed shuffle of the
 reader's order, no shard passes --shard-size, and a write killed with SIGKILL continues to the
-bytes a straight write gives."""
+bytes a straight write gives. The commands run in this process (``shard_helpers.in_process``) but
+the killed write, which is a process of its own; the digits' shards are written once a session
+(``shard_helpers.digits_shards``), for these tests and those that train on them."""
 from __future__ import annotations
 
 import hashlib
@@ -11,8 +13,6 @@ import io
 import json
 import os
 import signal
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -21,7 +21,8 @@ import pytest
 from PIL import Image
 
 from dataset_trees import build_coco, build_image_folder, truncated_jpeg
-from procs import FAULTHANDLER_ENV, finish, run_cli, wait_for
+from procs import finish, wait_for
+from shard_helpers import DIGITS_SHARDS, digits_shards, in_process, start_cli
 from visiontrain.data.datasets.classification import digits_split
 from visiontrain.data.detection.coco import read_coco
 from visiontrain.data.shards.layout import parse_size
@@ -42,11 +43,14 @@ def shard_samples(out: Path, split: str) -> list[dict[str, bytes]]:
     return list(samples.values())
 
 
-def test_digits_pixels_and_labels_in_shards_of_the_size_asked(tmp_path: Path) -> None:
-    out = tmp_path / "digits"
-    result = run_cli("shard", "classify-fashion", "data.name=digits", "--out", str(out), "--shard-size", "64KB")
-    assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory) -> tuple[Path, dict]:
+    """`visiontrain shard classify-fashion data.name=digits --shard-size 64KB`: (its --out, its JSON line)."""
+    return digits_shards(tmp_path_factory)
+
+
+def test_digits_pixels_and_labels_in_shards_of_the_size_asked(digits) -> None:
+    out, summary = digits
     train_x, train_y, val_x, val_y = digits_split()
     assert summary["splits"]["train"]["samples"] == len(train_y) and summary["splits"]["val"]["samples"] == len(val_y)
     index = json.loads((out / "index.json").read_text())
@@ -63,12 +67,13 @@ def test_digits_pixels_and_labels_in_shards_of_the_size_asked(tmp_path: Path) ->
     assert not list(out.glob("*.partial"))
 
 
-def test_image_files_go_in_as_they_were_and_a_bad_one_is_named(tmp_path: Path) -> None:
+def test_image_files_go_in_as_they_were_and_a_bad_one_is_named(tmp_path: Path, capsys) -> None:
     root = tmp_path / "folder"
     build_image_folder(root)
     out = tmp_path / "shards"
-    result = run_cli("shard", "classify-fashion", "data.name=image-folder", f"data.root={root}", "--out", str(out))
-    assert result.returncode == 0, result.stderr
+    code, _, err = in_process(capsys, "shard", "classify-fashion", "data.name=image-folder", f"data.root={root}",
+                              "--out", str(out))
+    assert code == 0, err
     classes = sorted(p.name for p in (root / "train").iterdir())
     for split in ("train", "val"):
         samples = shard_samples(out, split)
@@ -80,18 +85,19 @@ def test_image_files_go_in_as_they_were_and_a_bad_one_is_named(tmp_path: Path) -
             assert sample[ext] == source.read_bytes()  # the file's bytes, never re-encoded
             assert int(sample["cls"]) == classes.index(source.parent.name)
     bad = truncated_jpeg(root / "train" / classes[0] / "cut.jpg")
-    result = run_cli("shard", "classify-fashion", "data.name=image-folder", f"data.root={root}",
-                     "--out", str(tmp_path / "other"))
-    assert result.returncode == 2 and str(bad) in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    code, _, err = in_process(capsys, "shard", "classify-fashion", "data.name=image-folder", f"data.root={root}",
+                              "--out", str(tmp_path / "other"))
+    assert code == 2 and str(bad) in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_detection_labels_are_the_readers(tmp_path: Path) -> None:
+def test_detection_labels_are_the_readers(tmp_path: Path, capsys) -> None:
     root = tmp_path / "coco"
     build_coco(root, orientations=(6, 1))  # the boxes of a turned phone photo are the upright image's
     out = tmp_path / "shards"
-    result = run_cli("shard", "detect-faster-rcnn", "data.name=coco", f"data.root={root}", "data.train_split=train2017",
-                     "data.val_split=val2017", "--out", str(out), "--shard-size", "20KB")
-    assert result.returncode == 0, result.stderr
+    code, _, err = in_process(capsys, "shard", "detect-faster-rcnn", "data.name=coco", f"data.root={root}",
+                              "data.train_split=train2017", "data.val_split=val2017", "--out", str(out),
+                              "--shard-size", "20KB")
+    assert code == 0, err
     index = json.loads((out / "index.json").read_text())
     assert index["kind"] == "detection" and index["category_ids"] == [1, 2]
     for split in ("train2017", "val2017"):
@@ -111,15 +117,12 @@ def digest(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
 
 
-def test_a_killed_write_continues_to_the_same_shards(tmp_path: Path) -> None:
-    args = ["shard", "classify-fashion", "data.name=fashion-mnist", "data.limit_train=5000", "data.limit_val=100",
-            "--shard-size", "40KB"]
-    straight = run_cli(*args, "--out", str(tmp_path / "straight"))
-    assert straight.returncode == 0, straight.stderr
+def test_a_killed_write_continues_to_the_same_shards(digits, tmp_path: Path, capsys) -> None:
+    """The digits' write (95 shards) killed once three shards are listed, then the same command
+    again: every file is the bytes of the straight write (the module's ``digits``)."""
+    straight, _ = digits
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "visiontrain", *args, "--out", str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **FAULTHANDLER_ENV})
+    proc = start_cli(*DIGITS_SHARDS, "--out", str(out))
 
     def listed() -> int:
         try:
@@ -129,13 +132,15 @@ def test_a_killed_write_continues_to_the_same_shards(tmp_path: Path) -> None:
     wait_for(lambda: listed() >= 3, "three shards listed", proc)
     os.killpg(proc.pid, signal.SIGKILL)
     finish(proc, 60)
-    assert listed() < len(json.loads((tmp_path / "straight" / "index.json").read_text())["splits"]["train"]["shards"])
-    resumed = run_cli(*args, "--out", str(out))
-    assert resumed.returncode == 0, resumed.stderr
-    assert digest(out) == digest(tmp_path / "straight")  # no partial shard left, every byte the same
+    assert proc.returncode == -signal.SIGKILL
+    assert listed() < len(json.loads((straight / "index.json").read_text())["splits"]["train"]["shards"])
+    code, _, err = in_process(capsys, *DIGITS_SHARDS, "--out", str(out))
+    assert code == 0, err
+    assert digest(out) == digest(straight)  # no partial shard left, every byte the same
 
-    other = run_cli("shard", "classify-fashion", "data.name=digits", "--out", str(out))
-    assert other.returncode == 2 and "holds shards of other data ('fashion-mnist'" in other.stderr
+    code, _, err = in_process(capsys, "shard", "classify-fashion", "data.name=fashion-mnist", "data.limit_train=50",
+                              "data.limit_val=50", "--out", str(out))
+    assert code == 2 and "holds shards of other data ('digits'" in err, err
 
 
 @pytest.mark.parametrize("text, size", [("1GB", 10**9), ("256MiB", 256 * 2**20), ("64k", 64_000), ("1500", 1500),
@@ -144,6 +149,7 @@ def test_shard_sizes(text: str, size: int) -> None:
     assert parse_size(text) == size
 
 
-def test_a_bad_shard_size_is_named(tmp_path: Path) -> None:
-    result = run_cli("shard", "classify-fashion", "data.name=digits", "--out", str(tmp_path), "--shard-size", "big")
-    assert result.returncode == 2 and "--shard-size: expected bytes or a size such as 500MB" in result.stderr
+def test_a_bad_shard_size_is_named(tmp_path: Path, capsys) -> None:
+    code, _, err = in_process(capsys, "shard", "classify-fashion", "data.name=digits", "--out", str(tmp_path),
+                              "--shard-size", "big")
+    assert code == 2 and "--shard-size: expected bytes or a size such as 500MB" in err, err

@@ -53,8 +53,10 @@ class _StepTimer(Hook):
 
 
 def run_benchmark(cfg: Config, task: Task, *, steps: int, warmup: int, synthetic: bool,
-                  hooks: list[Hook] = ()) -> dict[str, Any]:
-    """``hooks``: more of the run's hooks (e.g. a profiler over chosen steps)."""
+                  hooks: list[Hook] = (), init: str | None = None) -> dict[str, Any]:
+    """``hooks``: more of the run's hooks (e.g. a profiler over chosen steps). ``init``: weights to
+    start from (``fit --init``): a detector's step costs more once it is trained (its heads run on
+    the proposals that match a box, few at initialisation)."""
     cfg.schedules = {}
     cfg.trainer.max_steps, cfg.trainer.epochs = warmup + steps, 10**6
     cfg.trainer.log_every = max(cfg.trainer.log_every, warmup + steps)  # no log point inside the window
@@ -73,7 +75,7 @@ def run_benchmark(cfg: Config, task: Task, *, steps: int, warmup: int, synthetic
             first.append(micro)
         return micro
 
-    trainer = Trainer(cfg, task, None, hooks=[*hooks, timer], fetch=timed_fetch)  # (the timer ends the run)
+    trainer = Trainer(cfg, task, None, hooks=[*hooks, timer], fetch=timed_fetch, init=init)  # the timer ends it
     with contextlib.suppress(_Done):  # the window's last step ends the run: no final evaluation
         trainer.fit()
         raise ValueError(f"the recipe ran out of steps before {warmup + steps} (trainer.max_steps)")

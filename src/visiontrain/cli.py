@@ -9,7 +9,7 @@
     visiontrain predict CHECKPOINT IMAGE... --out DIR [--top-k K] [--sheet] [--threshold T] [--ema] [--device D]
     visiontrain export CHECKPOINT --format onnx|exported-program|torchscript [--out FILE] [--ema]
     visiontrain consolidate CHECKPOINT [--out FILE]
-    visiontrain benchmark RECIPE|FILE [k=v ...] [--steps N] [--warmup N] [--synthetic]
+    visiontrain benchmark RECIPE|FILE [k=v ...] [--steps N] [--warmup N] [--synthetic] [--init PATH]
     visiontrain compare RUN_DIR RUN_DIR ... [--out FILE.png] [--metrics M ...]
     visiontrain report RUN_DIR [--out FILE.html]
     visiontrain shard RECIPE|FILE [k=v ...] --out DIR [--shard-size 1GB]
@@ -172,6 +172,8 @@ def _add_run_tools(sub: Any) -> None:
     bench.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
     bench.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     bench.add_argument("--synthetic", action="store_true", help="replay the first batch: compute only")
+    bench.add_argument("--init", metavar="PATH", help="start from these weights (a checkpoint or .safetensors, as "
+                                                      "fit --init): a trained detector's step costs more")
     bench.set_defaults(fn=cmd_benchmark)
 
     comp = sub.add_parser("compare", help="runs side by side: a metrics table and their curves on shared axes")

@@ -301,7 +301,8 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
     cfg = C.load_config(args.recipe, args.overrides)
     try:
-        result = run_benchmark(cfg, build_task(cfg), steps=args.steps, warmup=args.warmup, synthetic=args.synthetic)
+        result = run_benchmark(cfg, build_task(cfg), steps=args.steps, warmup=args.warmup, synthetic=args.synthetic,
+                               init=args.init)
     finally:
         shutdown(barrier=False)
     print(format_report(args.recipe, result))

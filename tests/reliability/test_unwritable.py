@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import build_once
 from procs import run_cli
 from toy_task import toy_config
 from visiontrain import cli
@@ -64,12 +65,64 @@ def read_only(directory: Path, *args: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
-@pytest.fixture(scope="module")
-def digits_run(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("digits") / "run"
-    proc = run_cli("fit", "classify-fashion", *DIGITS, "--run-dir", str(run))
+# Runs each command line of argv[1] (a JSON list) through visiontrain.cli.main in this one process,
+# file descriptors 1 and 2 caught per command (what a C++ library prints too; an uncaught error's
+# traceback, exit 1, as a process of its own would end), and prints [[code, stdout, stderr], ...].
+COMMANDS_IN_ONE_PROCESS = """
+import json, os, sys, tempfile, traceback
+from visiontrain import cli
+results = []
+for argv in json.loads(sys.argv[1]):
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        saved = os.dup(1), os.dup(2)
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            code = cli.main(argv)
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+        out.seek(0)
+        err.seek(0)
+        results.append([code, out.read().decode(), err.read().decode()])
+print(json.dumps(results))
+"""
+
+
+def read_only_commands(directory: Path, *commands: list[str]) -> list[subprocess.CompletedProcess]:
+    """Each of ``commands`` (``visiontrain`` argument lists) with ``directory`` mounted read-only, as
+    ``read_only`` runs one, but all in one process: a start-up of 5-9 s each saved. Their subject is
+    the message and the exit code of each command; ``read_only`` keeps one through the real entry point
+    (test_resume_auto_in_a_read_only_run_dir_of_an_attempt_without_checkpoint)."""
+    script = 'mount --bind -o ro "$0" "$0" && exec "$@"'
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, str(directory),
+                           sys.executable, "-c", COMMANDS_IN_ONE_PROCESS, json.dumps(commands)],
+                          capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return run
+    return [subprocess.CompletedProcess(["visiontrain", *args], code, out, err)
+            for args, (code, out, err) in zip(commands, json.loads(proc.stdout.splitlines()[-1]), strict=True)]
+
+
+@pytest.fixture(scope="module")
+def digits_run(shared_dir: Path) -> Path:
+    """Trained once a session (tests/reliability/test_bad_input.py trains the same command line); the
+    tests copy it before they change it."""
+    def fit(out: Path) -> None:
+        proc = run_cli("fit", "classify-fashion", *DIGITS, "--run-dir", str(out / "run"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return build_once(shared_dir, f"digits-run-{hashlib.sha256(' '.join(DIGITS).encode()).hexdigest()[:12]}",
+                      fit) / "run"
 
 
 @pytest.mark.skipif(not namespaces_available(), reason="needs unshare with user namespaces (a read-only mount)")
@@ -78,24 +131,25 @@ def test_a_read_only_run_dir_is_one_line_for_resume_report_and_export(digits_run
     shutil.rmtree(run / "plots")  # a run without its curves: the report draws them, where it can
     before = digest(run)
     last = run / "checkpoints" / "last.pt"
+    elsewhere = tmp_path / "elsewhere" / "report.html"
+    resume, report, report_elsewhere, export = read_only_commands(
+        run, ["fit", "classify-fashion", *DIGITS, "trainer.epochs=2", "--run-dir", str(run), "--resume", "auto"],
+        ["report", str(run)], ["report", str(run), "--out", str(elsewhere)], ["export", str(run), "--format", "onnx"])
 
-    line = one_error_line(read_only(run, "fit", "classify-fashion", *DIGITS, "trainer.epochs=2", "--run-dir",
-                                    str(run), "--resume", "auto"))
+    line = one_error_line(resume)
     assert line == (f"visiontrain: error: run dir {run} cannot be written: the file system is read-only ({run}); "
                     f"make it writable, or continue its run in another: --run-dir NEW --resume {last}")
 
-    line = one_error_line(read_only(run, "report", str(run)))
+    line = one_error_line(report)
     assert line == (f"visiontrain: error: could not write the report {run / 'report.html'}: the file system is "
                     f"read-only; pass --out FILE.html to write it elsewhere")
-    elsewhere = tmp_path / "elsewhere" / "report.html"
-    proc = read_only(run, "report", str(run), "--out", str(elsewhere))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.splitlines()[-1])
+    assert report_elsewhere.returncode == 0, report_elsewhere.stderr[-3000:]
+    result = json.loads(report_elsewhere.stdout.splitlines()[-1])
     assert result["report"] == str(elsewhere) and result["plots"] >= 3  # the curves, drawn outside the run dir
     assert "losses.png" in elsewhere.read_text()
 
     best = run / "checkpoints" / "best.onnx"
-    line = one_error_line(read_only(run, "export", str(run), "--format", "onnx"))
+    line = one_error_line(export)
     assert line == (f"visiontrain: error: could not write the onnx file {best}: the file system is read-only; "
                     f"nothing was written (choose another --out)")
     assert digest(run) == before
@@ -103,12 +157,14 @@ def test_a_read_only_run_dir_is_one_line_for_resume_report_and_export(digits_run
 
 @pytest.mark.skipif(not namespaces_available(), reason="needs unshare with user namespaces (a read-only mount)")
 def test_resume_auto_in_a_read_only_run_dir_of_an_attempt_without_checkpoint(tmp_path: Path) -> None:
-    """--resume auto moves such an attempt's files aside before starting afresh: it cannot here."""
+    """--resume auto moves such an attempt's files aside before starting afresh: it cannot here. Through
+    the real entry point: the whole of stderr is the one line."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "epoch": 0, "total": 1.0}\n')
-    line = one_error_line(read_only(run, "fit", "classify-fashion", *DIGITS, "--run-dir", str(run), "--resume",
-                                    "auto"))
+    proc = read_only(run, "fit", "classify-fashion", *DIGITS, "--run-dir", str(run), "--resume", "auto")
+    line = one_error_line(proc)
+    assert proc.stderr.strip().splitlines() == [line], proc.stderr[-3000:]
     assert line.startswith(f"visiontrain: error: run dir {run} cannot be written: the file system is read-only")
     assert line.endswith("--resume auto starts afresh there and sets the earlier attempt's files aside: make it "
                          "writable or choose another --run-dir")
