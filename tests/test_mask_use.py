@@ -182,8 +182,12 @@ def test_the_documented_mask_recipe_on_onnxruntime_gives_the_predictor_masks(mas
         order = same_detections(got, want)  # ties in score may come in either order
         got, masks = [got[k] for k in order], masks[order]
         assert [d["class_id"] for d in got] == want.labels.tolist()
-        np.testing.assert_allclose(np.reshape([d["box"] for d in got], (-1, 4)), want.boxes.numpy(), atol=0.011)
-        np.testing.assert_allclose([d["score"] for d in got], want.scores.numpy(), atol=1e-5)
+        # boxes in pixels, the script's rounded to 0.01: apart by at most 0.0062 px on AVX2 kernels and
+        # 0.042 px on ATen's default (scalar) ones, against onnxruntime's own (tests/tolerance_log.py)
+        np.testing.assert_allclose(np.reshape([d["box"] for d in got], (-1, 4)), want.boxes.numpy(), atol=0.1)
+        # scores (probabilities near 0.01 of this two-step model): apart by 5.1e-6 on AVX2 kernels, 2.8e-5
+        # on the default ones
+        np.testing.assert_allclose([d["score"] for d in got], want.scores.numpy(), atol=1e-4)
         # The boxes and probabilities agree to float rounding, not exactly, and the paste samples each
         # mask at its box's exact corners; this two-step model's probabilities sit near the threshold
         # everywhere, so edge pixels flip, a few in a hundred (the paste itself, exactly:
