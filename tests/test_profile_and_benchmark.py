@@ -70,6 +70,30 @@ def test_benchmark_init_starts_the_timed_steps_from_those_weights(classify_check
     assert not all(torch.equal(fresh.weights[k], saved[k]) for k in saved)  # without --init: not those weights
 
 
+def test_benchmark_steps_are_the_runs_first_steps_with_its_schedules():
+    """The lr of benchmark's steps is the run's at those steps (its warm-up): a detector trained at the
+    full lr from step 1 diverged, and its steps then cost a third less than fit's."""
+    from visiontrain import config as C
+    from visiontrain.benchmark import run_benchmark
+    from visiontrain.engine.protocols.hooks import Hook
+    from visiontrain.tasks import build_task
+
+    class Lrs(Hook):
+        def __init__(self) -> None:
+            self.lrs: list[float] = []
+
+        def before_step(self) -> None:
+            self.lrs.append(self.trainer.optimizer.param_groups[0]["lr"])
+
+    cfg = C.load_config("classify-fashion", ["data.name=digits", "data.batch_size=8"])
+    peak = cfg.optim.lr
+    seen = Lrs()
+    run_benchmark(cfg, build_task(cfg), steps=2, warmup=1, synthetic=True, hooks=[seen])
+    # classify-fashion's one-cycle starts at the peak / 25 and rises: 3 steps of its 14 epochs
+    assert len(seen.lrs) == 3 and seen.lrs[0] == pytest.approx(peak / 25, rel=1e-3), seen.lrs
+    assert seen.lrs[0] < seen.lrs[1] < seen.lrs[2] < peak
+
+
 def test_benchmark_refuses_a_bad_key():
     proc = vt("benchmark", "classify-fashion", "optim.lrr=1")
     assert proc.returncode == 2 and "optim.lr" in proc.stderr

@@ -4,8 +4,13 @@ It runs the real trainer on the recipe's data (or, with ``--synthetic``, on its 
 replayed every step, so data loading drops out), after a few warm-up steps. It reports samples/s,
 how a step's time splits between waiting for the next batch and computing, and the peak memory
 (device memory on a GPU, the process's peak resident memory on the CPU). Nothing is written: no
-run dir, no evaluation, no checkpoint. Schedules are left out: the lr stays at its base value,
-which changes no step's cost, and no warm-up has to fit in the few steps.
+run dir, no evaluation, no checkpoint.
+
+The steps are the run's first ones, as `fit` trains them: its schedules keep the recipe's run length,
+so the lr warms up as in the run. A step's cost can depend on it: a detector trained at the full lr
+from step 1 diverged within a few steps, and its R-CNN heads, given no sensible proposals, then
+cost a third less than the run's (BENCHMARKS.md, "benchmark against fit"). What it leaves out of a
+run: evaluations, checkpoints and the log points' writes.
 """
 from __future__ import annotations
 
@@ -57,8 +62,6 @@ def run_benchmark(cfg: Config, task: Task, *, steps: int, warmup: int, synthetic
     """``hooks``: more of the run's hooks (e.g. a profiler over chosen steps). ``init``: weights to
     start from (``fit --init``): a detector's step costs more once it is trained (its heads run on
     the proposals that match a box, few at initialisation)."""
-    cfg.schedules = {}
-    cfg.trainer.max_steps, cfg.trainer.epochs = warmup + steps, 10**6
     cfg.trainer.log_every = max(cfg.trainer.log_every, warmup + steps)  # no log point inside the window
     cfg.eval.every = cfg.checkpoint.every = 0
     cfg.eval.at_start = cfg.trainer.profile = False
@@ -78,7 +81,8 @@ def run_benchmark(cfg: Config, task: Task, *, steps: int, warmup: int, synthetic
     trainer = Trainer(cfg, task, None, hooks=[*hooks, timer], fetch=timed_fetch, init=init)  # the timer ends it
     with contextlib.suppress(_Done):  # the window's last step ends the run: no final evaluation
         trainer.fit()
-        raise ValueError(f"the recipe ran out of steps before {warmup + steps} (trainer.max_steps)")
+        raise ValueError(f"the run has fewer than {warmup + steps} steps (--warmup + --steps): raise "
+                         "trainer.epochs or trainer.max_steps")
     wall = timer.t1 - timer.t0
     t, d = cfg.trainer, cfg.data
     samples = steps * samples_per_step(cfg, trainer.dist.world_size)
