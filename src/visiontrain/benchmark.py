@@ -10,7 +10,8 @@ The steps are the run's first ones, as `fit` trains them: its schedules keep the
 so the lr warms up as in the run. A step's cost can depend on it: a detector trained at the full lr
 from step 1 diverged within a few steps, and its R-CNN heads, given no sensible proposals, then
 cost a third less than the run's (BENCHMARKS.md, "benchmark against fit"). What it leaves out of a
-run: evaluations, checkpoints and the log points' writes.
+run: evaluations, checkpoints and the log points' writes (but for an epoch's end inside the window,
+which logs as in `fit`).
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def run_benchmark(cfg: Config, task: Task, *, steps: int, warmup: int, synthetic
     """``hooks``: more of the run's hooks (e.g. a profiler over chosen steps). ``init``: weights to
     start from (``fit --init``): a detector's step costs more once it is trained (its heads run on
     the proposals that match a box, few at initialisation)."""
-    cfg.trainer.log_every = max(cfg.trainer.log_every, warmup + steps)  # no log point inside the window
+    cfg.trainer.log_every = max(cfg.trainer.log_every, warmup + steps)  # no log point inside the window but an epoch's end
     cfg.eval.every = cfg.checkpoint.every = 0
     cfg.eval.at_start = cfg.trainer.profile = False
     timer, first = _StepTimer(warmup, steps), []
