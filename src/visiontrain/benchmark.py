@@ -63,7 +63,8 @@ def run_benchmark(cfg: Config, task: Task, *, steps: int, warmup: int, synthetic
     """``hooks``: more of the run's hooks (e.g. a profiler over chosen steps). ``init``: weights to
     start from (``fit --init``): a detector's step costs more once it is trained (its heads run on
     the proposals that match a box, few at initialisation)."""
-    cfg.trainer.log_every = max(cfg.trainer.log_every, warmup + steps)  # no log point inside the window but an epoch's end
+    # no log point inside the window but an epoch's end
+    cfg.trainer.log_every = max(cfg.trainer.log_every, warmup + steps)
     cfg.eval.every = cfg.checkpoint.every = 0
     cfg.eval.at_start = cfg.trainer.profile = False
     timer, first = _StepTimer(warmup, steps), []
