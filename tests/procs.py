@@ -38,17 +38,30 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
                     f"abort:\n--- stdout (tail)\n{(out or '')[-3000:]}\n--- stderr (tail)\n{(err or '')[-12000:]}")
 
 
-def cli_here(*args: str) -> subprocess.CompletedProcess:
+def cli_here(*args: str, capture: pytest.CaptureFixture | None = None) -> subprocess.CompletedProcess:
     """``visiontrain ARGS`` in this process (``cli.main``, the CLI from its entry point on), its stdout
     and stderr captured: for a command that trains nothing and loads in-process (validate, predict,
     export of a run with ``data.num_workers=0``), where a process of its own would spend 5-8 s
-    importing torch and the engine before the few hundred milliseconds the test is about."""
+    importing torch and the engine before the few hundred milliseconds the test is about.
+    ``capture``: the test's ``capfd`` (a C++ library's lines on file descriptor 2 too) or ``capsys``;
+    without one (a module fixture has none), Python's own streams are redirected."""
     from visiontrain import cli
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    if capture is not None:
+        capture.readouterr()
         code = cli.main(list(args))
-    return subprocess.CompletedProcess(["visiontrain", *args], code, out.getvalue(), err.getvalue())
+        out, err = capture.readouterr()
+        return subprocess.CompletedProcess(["visiontrain", *args], code, out, err)
+    out_io, err_io = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out_io), contextlib.redirect_stderr(err_io):
+        code = cli.main(list(args))
+    return subprocess.CompletedProcess(["visiontrain", *args], code, out_io.getvalue(), err_io.getvalue())
+
+
+def in_process(capture: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
+    """``cli_here`` with the test's capture fixture: (exit code, stdout, stderr)."""
+    done = cli_here(*args, capture=capture)
+    return done.returncode, done.stdout, done.stderr
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,

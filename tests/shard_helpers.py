@@ -9,8 +9,6 @@ its DataLoader workers, a run with two ranks.
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import signal
@@ -18,19 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from procs import FAULTHANDLER_ENV
+from procs import FAULTHANDLER_ENV, cli_here
 
 DIGITS_SHARDS = ("shard", "classify-fashion", "data.name=digits", "--shard-size", "64KB")
-
-
-def in_process(capsys, *args: str) -> tuple[int, str, str]:
-    """``visiontrain ARGS`` in this process: exit code, stdout, stderr."""
-    from visiontrain import cli
-
-    capsys.readouterr()
-    code = cli.main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -57,11 +45,7 @@ def digits_shards(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.getbasetemp() / "digits-shards-64KB"
     printed = out.with_name(out.name + ".json")
     if not printed.exists():
-        from visiontrain import cli
-
-        stdout = io.StringIO()
-        with contextlib.redirect_stdout(stdout):
-            code = cli.main([*DIGITS_SHARDS, "--out", str(out)])
-        assert code == 0, f"visiontrain {' '.join(DIGITS_SHARDS)} exited {code}"
-        printed.write_text(stdout.getvalue().strip().splitlines()[-1])
+        done = cli_here(*DIGITS_SHARDS, "--out", str(out))
+        assert done.returncode == 0, f"visiontrain {' '.join(DIGITS_SHARDS)}: {done.stderr[-2000:]}"
+        printed.write_text(done.stdout.strip().splitlines()[-1])
     return out, json.loads(printed.read_text())

@@ -13,8 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from procs import run_cli
-from visiontrain import cli
+from procs import in_process, run_cli
 from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
 
@@ -24,14 +23,6 @@ QUICK = ["data.name=digits", "data.batch_size=64", "trainer.epochs=2", "trainer.
 
 def vt(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return run_cli(*args, cwd=cwd, timeout=300)
-
-
-def in_process(capfd, *args: str) -> tuple[int, str, str]:
-    """``visiontrain ARGS`` in this process: exit code, stdout, stderr."""
-    capfd.readouterr()
-    code = cli.main(list(args))
-    out, err = capfd.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,10 @@ from visiontrain.exit_codes import EXIT_PREEMPTED
 
 from procs import FAULTHANDLER_ENV, finish
 
-ARGS = ["classify-fashion", "data.name=digits", "data.batch_size=16", "data.augment=basic", "data.num_workers=1",
-        "trainer.epochs=3", "trainer.log_every=5", "trainer.threads=1", "trainer.progress=plain",
+# 480 of the digits' 1,437 training images: 30 steps of 16 an epoch, so that a stop lands mid-epoch and
+# the resumed run crosses an epoch's end (and its evaluation and new order) before it ends.
+ARGS = ["classify-fashion", "data.name=digits", "data.limit_train=480", "data.batch_size=16", "data.augment=basic",
+        "data.num_workers=1", "trainer.epochs=3", "trainer.log_every=5", "trainer.threads=1", "trainer.progress=plain",
         "checkpoint.every=1", "eval.every=1", "task.drop_rate=0.2", "optim.lr=0.003"]
 
 
@@ -119,13 +121,13 @@ def test_ctrl_c_writes_last_in_one_line_and_exits_130(tmp_path):
 def test_stop_signal_writes_last_and_resume_is_exact(uninterrupted, tmp_path):
     sig = signal.SIGTERM
     run = tmp_path / "run"
-    proc, out, err = signalled(run, 60, sig)
+    proc, out, err = signalled(run, 20, sig)
     assert proc.returncode == EXIT_PREEMPTED, err[-3000:]
     assert f"stopped by {sig.name}" in err and "--resume auto" in err
     assert (out + err).count("stopped by") == 1, err[-3000:]  # said once
     state = load_checkpoint(run / "checkpoints" / "last.pt")  # the newest checkpoint loads
     stopped_at = fmt.step_of(state)
-    assert 60 <= stopped_at < 3 * (1437 // 16)
+    assert 20 <= stopped_at < 3 * (480 // 16)
     assert not (run / "model.safetensors").exists()  # the run did not finish
 
     resumed = start(run, "--resume", "auto")
@@ -141,17 +143,18 @@ def test_two_ranks_agree_to_stop_at_a_log_point_and_resume_exactly(tmp_path):
     next log point, each rank writes its shards of last.pt, and the resumed run equals an
     uninterrupted one. Under FSDP: the agreement does not depend on the strategy, and a replicated
     last.pt at a stop is the single-process test's (DDP writes it the same way, from rank 0)."""
-    TWO = ("trainer.epochs=2", "distributed.strategy=fsdp")
+    # 640 images: 20 steps of 2 x 16 an epoch; signalled at step 10, the ranks stop mid-epoch at 15
+    TWO = ("trainer.epochs=2", "distributed.strategy=fsdp", "data.limit_train=640")
     full = tmp_path / "full"
     proc = start(full, "--nproc", "2", overrides=TWO)
     _, err = finish(proc, 240)
     assert proc.returncode == 0, err[-3000:]
 
     run = tmp_path / "run"
-    proc, out, err = signalled(run, 30, signal.SIGTERM, "--nproc", "2", overrides=TWO)
+    proc, out, err = signalled(run, 10, signal.SIGTERM, "--nproc", "2", overrides=TWO)
     assert proc.returncode != 0 and "stopped by SIGTERM" in out + err, err[-3000:]
     stopped_at = fmt.step_of(load_checkpoint(run / "checkpoints" / "last.pt"))
-    assert stopped_at % 5 == 0 and 30 <= stopped_at < 2 * (1437 // 32)  # a log point (log_every=5)
+    assert stopped_at % 5 == 0 and 10 <= stopped_at < 2 * (640 // 32)  # a log point (log_every=5)
     proc = start(run, "--nproc", "2", "--resume", "auto", overrides=TWO)
     out, err = finish(proc, 240)
     assert proc.returncode == 0, err[-3000:]

@@ -21,8 +21,8 @@ import pytest
 from PIL import Image
 
 from dataset_trees import build_coco, build_image_folder, truncated_jpeg
-from procs import finish, wait_for
-from shard_helpers import DIGITS_SHARDS, digits_shards, in_process, start_cli
+from procs import finish, in_process, wait_for
+from shard_helpers import DIGITS_SHARDS, digits_shards, start_cli
 from visiontrain.data.datasets.classification import digits_split
 from visiontrain.data.detection.coco import read_coco
 from visiontrain.data.shards.layout import parse_size

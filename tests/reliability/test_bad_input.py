@@ -26,7 +26,7 @@ from PIL import Image
 from conftest import build_once
 from dataset_trees import broken_inside_jpeg
 from detection_helpers import vt
-from visiontrain import cli
+from procs import in_process
 from visiontrain import config as C
 from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
@@ -62,18 +62,10 @@ def only_line(proc) -> str:
     return line
 
 
-def in_process(capfd: pytest.CaptureFixture, *args: str) -> tuple[int, str]:
-    """``visiontrain ARGS`` in this process (for commands that fail before any training): the exit
-    code and stderr (file descriptor 2: a C++ library's lines too)."""
-    capfd.readouterr()
-    code = cli.main(list(args))
-    return code, capfd.readouterr().err
-
-
 def refused(capfd: pytest.CaptureFixture, *args: str) -> str:
     """``error_line`` of ``visiontrain ARGS`` run in this process: exit 2, one error line on stderr,
     no traceback."""
-    code, err = in_process(capfd, *args)
+    code, _, err = in_process(capfd, *args)
     assert code == 2, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     lines = [line for line in err.splitlines() if line.startswith("visiontrain: error: ")]
@@ -505,7 +497,7 @@ def test_a_file_that_is_no_checkpoint_says_what_it_is_in_every_command(kind: str
         "--init safetensors": ["fit", "classify-fashion", *DIGITS, "--run-dir", str(run), "--init", str(weights)],
     }
     for name, args in commands.items():
-        code, err = in_process(capfd, *args)
+        code, _, err = in_process(capfd, *args)
         named = weights if name == "--init safetensors" else path
         what = "a weights file" if name == "--init safetensors" else "a checkpoint"
         assert code == 2 and f"{named} is not {what}: {words}" in err, (name, err)
