@@ -84,11 +84,11 @@ def build_once(shared: Path, name: str, build: Callable[[Path], None]) -> Path:
 @pytest.fixture(scope="session")
 def classify_checkpoint(shared_dir) -> Path:
     """A 2-step classify-fashion fit on digits, with an EMA."""
-    from detection_helpers import vt
+    from procs import cli_here
 
-    def fit(out: Path) -> None:
-        proc = vt("fit", "classify-fashion", "data.name=digits", "trainer.max_steps=2", "schedules.lr.warmup=0",
-                  "ema.enabled=true", "--run-dir", str(out / "run"))
+    def fit(out: Path) -> None:  # in this process: classify-fashion loads in-process (data.num_workers: 0)
+        proc = cli_here("fit", "classify-fashion", "data.name=digits", "trainer.max_steps=2", "schedules.lr.warmup=0",
+                        "ema.enabled=true", "--run-dir", str(out / "run"))
         assert proc.returncode == 0, proc.stderr[-3000:]
 
     return build_once(shared_dir, "classify-checkpoint", fit) / "run" / "checkpoints" / "last.pt"
@@ -98,14 +98,15 @@ def classify_checkpoint(shared_dir) -> Path:
 def rcnn_checkpoint(shared_dir) -> Path:
     """A 2-step Faster R-CNN fit on a 4/2-image fashion-mosaic laid out as COCO; a smaller network,
     loaded in-process and a one-step burn-in, because the subject is what is done with its checkpoint."""
-    from detection_helpers import mosaic_coco_at, vt
+    from detection_helpers import mosaic_coco_at
+    from procs import cli_here
 
-    def fit(out: Path) -> None:
+    def fit(out: Path) -> None:  # in this process: data.num_workers=0
         root = mosaic_coco_at(out / "mosaic", out / "coco", 4, 2)
-        proc = vt("fit", "detect-faster-rcnn", "data.name=coco", f"data.root={root}", "data.batch_size=2",
-                  "data.num_workers=0", "task.fpn_channels=32", "task.representation_size=64",
-                  "task.train_scales=[96]", "task.val_size=96", "task.max_size=128", "trainer.max_steps=2",
-                  "schedules.lr.warmup=1", "--run-dir", str(out / "run"))
+        proc = cli_here("fit", "detect-faster-rcnn", "data.name=coco", f"data.root={root}", "data.batch_size=2",
+                        "data.num_workers=0", "task.fpn_channels=32", "task.representation_size=64",
+                        "task.train_scales=[96]", "task.val_size=96", "task.max_size=128", "trainer.max_steps=2",
+                        "schedules.lr.warmup=1", "--run-dir", str(out / "run"))
         assert proc.returncode == 0, proc.stderr[-3000:]
 
     return build_once(shared_dir, "rcnn-checkpoint", fit) / "run" / "checkpoints" / "last.pt"

@@ -15,6 +15,7 @@ from PIL import Image
 from dataset_trees import (GIT_LFS_POINTER, add_image_folder_split, broken_inside_jpeg, build_image_folder,
                            build_yolo, renamed_text, truncated_jpeg)
 from detection_helpers import vt
+from procs import cli_here
 from visiontrain.data.datasets import build_classification_data, check_image_files
 from visiontrain.data.detection.base import BadAnnotationError
 from visiontrain.data.detection.yolo import read_yolo
@@ -61,7 +62,8 @@ def test_each_kind_of_bad_file_is_told_apart(tmp_path: Path) -> None:
 def test_image_folder_bad_files_stop_the_run_before_the_first_step_in_one_line(tmp_path: Path) -> None:
     cut, notes = folder_with_bad_files(tmp_path / "imgs")
     run = tmp_path / "r"
-    proc = vt("fit", "classify-fashion", *FOLDER, f"data.root={tmp_path / 'imgs'}", "--run-dir", str(run))
+    # in this process: refused before any DataLoader starts
+    proc = cli_here("fit", "classify-fashion", *FOLDER, f"data.root={tmp_path / 'imgs'}", "--run-dir", str(run))
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("visiontrain: error: ")]
     assert len(errors) == 1 and "Traceback" not in proc.stderr

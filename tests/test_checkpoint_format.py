@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import format1_run
-from procs import run_cli
+from procs import cli_here
 from toy_task import ToyTask, toy_config
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.engine.state import checkpoint_format as fmt
@@ -107,7 +107,7 @@ def test_a_format_1_checkpoint_reads_as_the_current_format(tmp_path):
     assert trained.model(ema=True)(torch.zeros(1, 16)).shape == (1, 1)
 
 
-def test_a_newer_format_is_refused_in_one_line_naming_both_versions(tmp_path):
+def test_a_newer_format_is_refused_in_one_line_naming_both_versions(tmp_path, capfd):
     run = fixture_run(tmp_path)
     state = load_checkpoint(run / "checkpoints" / "last.pt")
     state[fmt.FORMAT] = fmt.FORMAT_VERSION + 1
@@ -117,7 +117,7 @@ def test_a_newer_format_is_refused_in_one_line_naming_both_versions(tmp_path):
         load_checkpoint(run / "checkpoints" / "last.pt")
     assert (f"has format {fmt.FORMAT_VERSION + 1}, newer than format {fmt.FORMAT_VERSION} that this visiontrain "
             f"reads") in str(err.value)
-    proc = run_cli("validate", str(run / "checkpoints" / "last.pt"))
+    proc = cli_here("validate", str(run / "checkpoints" / "last.pt"), capture=capfd)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"format {fmt.FORMAT_VERSION + 1}" in lines[0] and f"format {fmt.FORMAT_VERSION}" in lines[0]

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from procs import in_process, run_cli
+from procs import cli_here, in_process, run_cli
 from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
 
@@ -28,7 +28,8 @@ def vt(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("cli") / "run"
-    proc = vt("fit", "classify-fashion", *QUICK, "--run-dir", str(run))
+    # in this process: no DataLoader workers to start (data.num_workers 0)
+    proc = cli_here("fit", "classify-fashion", *QUICK, "--run-dir", str(run))
     assert proc.returncode == 0, proc.stderr
     return run
 
@@ -65,8 +66,8 @@ def test_fit_writes_a_complete_run_dir(fitted):
     assert len(modes) == 1  # the weights file gets the same permissions as the checkpoints (not 0600)
 
 
-def test_validate_run_dir_reproduces_best_metric(fitted):
-    proc = vt("validate", str(fitted))
+def test_validate_run_dir_reproduces_best_metric(fitted, capfd):
+    proc = cli_here("validate", str(fitted), capture=capfd)  # a digits run: no workers, nothing to start
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     summary = json.loads((fitted / "summary.json").read_text())
@@ -81,17 +82,20 @@ def test_refuses_to_overwrite_and_resume_auto_continues(fitted, tmp_path, capfd)
     assert code == 2 and "--resume auto" in err
     assert {p: p.read_bytes() for p in fitted.rglob("*") if p.is_file()} == files  # nothing written
     # resume a finished 2-epoch run to 3 epochs: it continues from step 44
-    proc = vt("fit", "classify-fashion", *QUICK, "trainer.epochs=3", "--run-dir", str(fitted), "--resume", "auto")
-    assert proc.returncode == 0, proc.stderr
-    assert "resumed from" in proc.stdout and "at step 44" in proc.stdout
+    # classify-fashion loads in-process (data.num_workers: 0): these fits run in this process
+    code, out, err = in_process(capfd, "fit", "classify-fashion", *QUICK, "trainer.epochs=3", "--run-dir", str(fitted),
+                                "--resume", "auto")
+    assert code == 0, err
+    assert "resumed from" in out and "at step 44" in out
     assert json.loads((fitted / "summary.json").read_text())["steps"] == 66
     # and again, now that it is finished: nothing to train, nothing in the run dir rewritten
     before = {p: p.read_bytes() for p in (fitted / "summary.json", fitted / "metrics.jsonl", fitted / "report.html",
                                           *(fitted / "tb").iterdir())}
-    proc = vt("fit", "classify-fashion", *QUICK, "trainer.epochs=3", "--run-dir", str(fitted), "--resume", "auto")
-    assert proc.returncode == 0, proc.stderr
-    assert "at step 66, this run's last: nothing to train" in proc.stdout
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["steps"] == 66
+    code, out, err = in_process(capfd, "fit", "classify-fashion", *QUICK, "trainer.epochs=3", "--run-dir", str(fitted),
+                                "--resume", "auto")
+    assert code == 0, err
+    assert "at step 66, this run's last: nothing to train" in out
+    assert json.loads(out.strip().splitlines()[-1])["steps"] == 66
     assert all(p.read_bytes() == data for p, data in before.items())
     assert set((fitted / "tb").iterdir()) <= set(before)  # no new, empty TensorBoard events file
 

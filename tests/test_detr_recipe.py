@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from detection_helpers import mosaic_coco, vt
+from detection_helpers import mosaic_coco
 from procs import cli_here
 from visiontrain import config as C
 
@@ -25,9 +25,10 @@ def fitted(coco_root, tmp_path_factory) -> Path:
     fashion-mosaic (the reader), in-process loading (workers are test_recipes.py's subject), an
     evaluation each epoch."""
     run = tmp_path_factory.mktemp("detr") / "run"
-    proc = vt("fit", "detect-detr", "data.name=coco", f"data.root={coco_root}", "data.batch_size=4",
-              "data.num_workers=0", "trainer.max_steps=4", "trainer.log_every=2", "eval.every=1",
-              "--run-dir", str(run))
+    # in this process: no DataLoader workers to start (data.num_workers 0)
+    proc = cli_here("fit", "detect-detr", "data.name=coco", f"data.root={coco_root}", "data.batch_size=4",
+                    "data.num_workers=0", "trainer.max_steps=4", "trainer.log_every=2", "eval.every=1",
+                    "--run-dir", str(run))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run
 

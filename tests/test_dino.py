@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from detection_helpers import vt
+from procs import cli_here
 from test_host_syncs import ALL_ON, run_counted
 from test_resume import Crash, CrashAt, assert_bit_identical, fit_and_crash_resume
 from visiontrain import config as C
@@ -359,16 +360,18 @@ def test_cli_smoke_fit_evaluates_at_init_and_saves_the_centre(fitted):
     assert {"losses.png", "eval.png"} <= {p.name for p in (run / "plots").glob("*.png")}
 
 
-def test_validate_and_export_the_teacher_backbone(fitted, tmp_path):
+def test_validate_and_export_the_teacher_backbone(fitted, tmp_path, capfd):
     proc = vt("validate", str(fitted))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["ema/knn_top1"] > 0
-    proc = vt("export", str(fitted / "checkpoints/last.pt"), "--format", "onnx", "--ema", "--out",
-              str(tmp_path / "teacher.onnx"))
+    # export and predict load no data (no DataLoader workers to start): in this process
+    proc = cli_here("export", str(fitted / "checkpoints/last.pt"), "--format", "onnx", "--ema", "--out",
+                    str(tmp_path / "teacher.onnx"), capture=capfd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["outputs"] == ["features"] and result["max_abs_diff"] < 1e-4
-    proc = vt("predict", str(fitted / "checkpoints/last.pt"), "x.png", "--out", str(tmp_path / "p"))
+    proc = cli_here("predict", str(fitted / "checkpoints/last.pt"), "x.png", "--out", str(tmp_path / "p"),
+                    capture=capfd)
     assert proc.returncode == 2 and "task 'dino' makes no predictions on images" in proc.stderr, proc.stderr
 
 

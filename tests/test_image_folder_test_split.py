@@ -11,36 +11,37 @@ import pytest
 import torch
 
 from dataset_trees import add_image_folder_split, build_image_folder
-from detection_helpers import vt
+from procs import cli_here
 from visiontrain import config as C
 from visiontrain.trained import load_trained
 
 
-def test_validate_split_test_evaluates_the_image_folders_test_directory(tmp_path: Path) -> None:
+def test_validate_split_test_evaluates_the_image_folders_test_directory(tmp_path: Path, capfd) -> None:
+    # classify-fashion loads in-process (data.num_workers: 0): its fit and validates run in this process
     root = tmp_path / "imgs"
     build_image_folder(root)  # train: 16 images, val: 8
     run = tmp_path / "r"
-    proc = vt("fit", "classify-fashion", "data.name=image-folder", f"data.root={root}", "data.image_size=16",
-              "data.batch_size=4", "trainer.max_steps=2", "--run-dir", str(run))
+    proc = cli_here("fit", "classify-fashion", "data.name=image-folder", f"data.root={root}", "data.image_size=16",
+                    "data.batch_size=4", "trainer.max_steps=2", "--run-dir", str(run), capture=capfd)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
-    proc = vt("validate", str(run), "--split", "test")  # no test/ yet
+    proc = cli_here("validate", str(run), "--split", "test", capture=capfd)  # no test/ yet
     assert proc.returncode == 2 and f"image-folder directory {root / 'test'} does not exist" in proc.stderr
 
     add_image_folder_split(root, "test", per_class=3)
-    proc = vt("validate", str(run), "--split", "test")
+    proc = cli_here("validate", str(run), "--split", "test", capture=capfd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["split"] == "test" and result["data_split"] == "test"
     assert {name: row["support"] for name, row in result["per_class"].items()} == {"circle": 3, "cross": 3}
-    proc = vt("validate", str(run))  # the validation split, as before
+    proc = cli_here("validate", str(run), capture=capfd)  # the validation split, as before
     assert {n: r["support"] for n, r in json.loads(proc.stdout.strip().splitlines()[-1])["per_class"].items()} \
         == {"circle": 4, "cross": 4}
 
 
-def test_validate_split_test_on_fixed_splits_says_what_happened(classify_checkpoint: Path) -> None:
+def test_validate_split_test_on_fixed_splits_says_what_happened(classify_checkpoint: Path, capfd) -> None:
     """A digits run: its val split is the held-out one, and the message says so, not that a key is unread."""
-    proc = vt("validate", str(classify_checkpoint), "--split", "test")
+    proc = cli_here("validate", str(classify_checkpoint), "--split", "test", capture=capfd)
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = proc.stderr.strip().splitlines()[-1]
     assert line == ("visiontrain: error: digits has no 'test' split (asked for by `visiontrain validate --split test`, "

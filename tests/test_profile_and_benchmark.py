@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from detection_helpers import vt
+from procs import cli_here
 from toy_task import toy_config, train
 
 
@@ -94,6 +94,6 @@ def test_benchmark_steps_are_the_runs_first_steps_with_its_schedules():
     assert seen.lrs[0] < seen.lrs[1] < seen.lrs[2] < peak
 
 
-def test_benchmark_refuses_a_bad_key():
-    proc = vt("benchmark", "classify-fashion", "optim.lrr=1")
+def test_benchmark_refuses_a_bad_key(capfd):
+    proc = cli_here("benchmark", "classify-fashion", "optim.lrr=1", capture=capfd)
     assert proc.returncode == 2 and "optim.lr" in proc.stderr

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from detection_helpers import mosaic_coco, vt
+from detection_helpers import mosaic_coco
 from procs import cli_here
 from visiontrain import config as C
 from visiontrain.engine.loop.trainer import Trainer
@@ -39,8 +39,9 @@ def tiny_config(coco_root: Path, *extra: str) -> C.Config:
 @pytest.fixture(scope="module")
 def fitted(coco_root, tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("rcnn") / "run"
-    proc = vt("fit", "detect-faster-rcnn", "data.name=coco", f"data.root={coco_root}", *TINY, "trainer.max_steps=4",
-              "trainer.log_every=2", "schedules.lr.warmup=0.5", "eval.every=1", "--run-dir", str(run))
+    # in this process: no DataLoader workers to start (data.num_workers 0)
+    proc = cli_here("fit", "detect-faster-rcnn", "data.name=coco", f"data.root={coco_root}", *TINY, "trainer.max_steps=4",
+                    "trainer.log_every=2", "schedules.lr.warmup=0.5", "eval.every=1", "--run-dir", str(run))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run
 

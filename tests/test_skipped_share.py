@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dataset_trees import GIT_LFS_POINTER, build_coco, build_image_folder, build_yolo
-from detection_helpers import vt
+from procs import cli_here
 from visiontrain.data.datasets import build_classification_data, check_image_files
 from visiontrain.data.detection.splits import build_detection_splits
 
@@ -33,8 +33,10 @@ def test_coco_boxes_written_as_xyxy_stop_the_run_with_the_cause(tmp_path: Path) 
     root = coco_written_as_xyxy(tmp_path / "coco")
     run = tmp_path / "r"
     # the subject: the skip policy on the user's COCO tree (the recipe's own data is fashion-mosaic)
-    proc = vt("fit", "detect-faster-rcnn", "data.name=coco", f"data.root={root}", "data.train_split=train2017",
-              "data.val_split=val2017", "data.on_bad_annotation=skip", "trainer.max_steps=1", "--run-dir", str(run))
+    # in this process: refused before any DataLoader starts
+    proc = cli_here("fit", "detect-faster-rcnn", "data.name=coco", f"data.root={root}",
+                    "data.train_split=train2017", "data.val_split=val2017", "data.on_bad_annotation=skip",
+                    "trainer.max_steps=1", "--run-dir", str(run))
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = proc.stderr.strip().splitlines()[-1]
     assert line == (

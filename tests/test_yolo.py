@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from detection_helpers import mosaic_coco, vt
+from detection_helpers import mosaic_coco
 from procs import cli_here
 from test_host_syncs import ALL_ON, run_counted
 from visiontrain import config as C
@@ -303,10 +303,11 @@ def fitted(coco_root, tmp_path_factory):
     """YOLO's losses, both mAPs, predict and export on a small network read from COCO, loaded
     in-process with mixup on: test_recipes.py runs the recipe itself."""
     run = tmp_path_factory.mktemp("yolo") / "run"
-    proc = vt("fit", "detect-yolov3", "data.name=coco", f"data.root={coco_root}", "data.batch_size=4",
-              "data.num_workers=0", "trainer.max_steps=4", "trainer.log_every=2", "eval.every=1", *TINY,
-              "task.size=96", "task.val_size=96", "task.multiscale_sizes=[64,96,128]", "task.mixup=true",
-              "task.conf_threshold=0.0001", "schedules.lr.warmup=1", "--run-dir", str(run))
+    # in this process: no DataLoader workers to start (data.num_workers 0)
+    proc = cli_here("fit", "detect-yolov3", "data.name=coco", f"data.root={coco_root}", "data.batch_size=4",
+                    "data.num_workers=0", "trainer.max_steps=4", "trainer.log_every=2", "eval.every=1", *TINY,
+                    "task.size=96", "task.val_size=96", "task.multiscale_sizes=[64,96,128]", "task.mixup=true",
+                    "task.conf_threshold=0.0001", "schedules.lr.warmup=1", "--run-dir", str(run))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run
 

@@ -26,7 +26,7 @@ from PIL import Image
 from conftest import build_once
 from dataset_trees import broken_inside_jpeg
 from detection_helpers import vt
-from procs import in_process
+from procs import cli_here, in_process
 from visiontrain import config as C
 from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
@@ -154,7 +154,8 @@ def digits_run(shared_dir: Path) -> Path:
     """A finished 4-step digits run (10 classes, grey 8x8, batch 16): checkpoints to misuse. Trained
     once a session (tests/reliability/test_unwritable.py trains the same command line); read only."""
     def fit(out: Path) -> None:
-        proc = vt("fit", "classify-fashion", *DIGITS, "--run-dir", str(out / "run"))
+        # in this process: no DataLoader workers to start (data.num_workers 0)
+        proc = cli_here("fit", "classify-fashion", *DIGITS, "--run-dir", str(out / "run"))
         assert proc.returncode == 0, proc.stderr[-3000:]
 
     return build_once(shared_dir, f"digits-run-{hashlib.sha256(' '.join(DIGITS).encode()).hexdigest()[:12]}",
@@ -343,8 +344,9 @@ def odd_modes_init_run(digits_run: Path, tmp_path_factory) -> tuple[Path, Path, 
     (root, checkpoint given to --init, finished process)."""
     root = image_folder(tmp_path_factory.mktemp("modes") / "imgs", n=4, modes=("L", "RGBA", "P", "I;16"))
     ckpt = digits_run / "checkpoints" / "last.pt"
-    proc = vt("fit", "classify-fashion", *FOLDER, f"data.root={root}", "--run-dir", str(root.parent / "r"),
-              "--init", str(ckpt))
+    # in this process: no DataLoader workers to start (data.num_workers 0)
+    proc = cli_here("fit", "classify-fashion", *FOLDER, f"data.root={root}", "--run-dir", str(root.parent / "r"),
+                    "--init", str(ckpt))
     return root, ckpt, proc
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import build_once
-from procs import run_cli
+from procs import cli_here
 from toy_task import toy_config
 from visiontrain import cli
 from visiontrain import config as C
@@ -118,7 +118,8 @@ def digits_run(shared_dir: Path) -> Path:
     """Trained once a session (tests/reliability/test_bad_input.py trains the same command line); the
     tests copy it before they change it."""
     def fit(out: Path) -> None:
-        proc = run_cli("fit", "classify-fashion", *DIGITS, "--run-dir", str(out / "run"))
+        # in this process: no DataLoader workers to start (data.num_workers 0)
+        proc = cli_here("fit", "classify-fashion", *DIGITS, "--run-dir", str(out / "run"))
         assert proc.returncode == 0, proc.stderr[-3000:]
 
     return build_once(shared_dir, f"digits-run-{hashlib.sha256(' '.join(DIGITS).encode()).hexdigest()[:12]}",
