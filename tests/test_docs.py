@@ -23,7 +23,8 @@ Every page, marked or not, is also checked statically: each `visiontrain` comman
 block must parse with the CLI's own parser and, for fit / show-config / benchmark, load its
 recipe with its overrides; every config key written in code (inline or fenced) must exist; every
 relative link and anchor must resolve; every full-scale recipe has a page; every command that
-trains a small recipe is marked.
+trains a small recipe is marked, but for one that is only the recipe as shipped
+(``visiontrain fit RECIPE --run-dir DIR``), which tests/test_recipes.py runs.
 """
 from __future__ import annotations
 

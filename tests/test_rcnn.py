@@ -40,8 +40,9 @@ def tiny_config(coco_root: Path, *extra: str) -> C.Config:
 def fitted(coco_root, tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("rcnn") / "run"
     # in this process: no DataLoader workers to start (data.num_workers 0)
-    proc = cli_here("fit", "detect-faster-rcnn", "data.name=coco", f"data.root={coco_root}", *TINY, "trainer.max_steps=4",
-                    "trainer.log_every=2", "schedules.lr.warmup=0.5", "eval.every=1", "--run-dir", str(run))
+    proc = cli_here("fit", "detect-faster-rcnn", "data.name=coco", f"data.root={coco_root}", *TINY,
+                    "trainer.max_steps=4", "trainer.log_every=2", "schedules.lr.warmup=0.5", "eval.every=1",
+                    "--run-dir", str(run))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run
 
