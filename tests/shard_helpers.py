@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from procs import FAULTHANDLER_ENV, cli_here
+from procs import cli_here, popen
 
 DIGITS_SHARDS = ("shard", "classify-fashion", "data.name=digits", "--shard-size", "64KB")
 
@@ -24,9 +24,7 @@ DIGITS_SHARDS = ("shard", "classify-fashion", "data.name=digits", "--shard-size"
 def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """``python -m visiontrain ARGS`` started on one thread in its own process group, output piped
     (``procs.finish`` waits for it); ``env`` replaces this process's environment."""
-    env = env or {**os.environ, "OMP_NUM_THREADS": "1", **FAULTHANDLER_ENV}
-    return subprocess.Popen([sys.executable, "-m", "visiontrain", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    return popen([sys.executable, "-m", "visiontrain", *args], env=env)
 
 
 def stop(*procs: subprocess.Popen) -> None:

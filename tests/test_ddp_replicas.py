@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from detection_helpers import vt
-from procs import FAULTHANDLER_ENV, cli_here, finish
+from procs import cli_here, finish, popen
 
 # 256 digits / (2 ranks x 32) = 4 steps an epoch, 32 in all; an evaluation after each epoch.
 # ema.*: an EMA is the subject (a fast one, so that the ranks' own BatchNorm averages show);
@@ -83,10 +83,7 @@ def alive(pid: int) -> bool:
 def killed_after_a_checkpoint(run_dir: Path) -> int:
     """``fit`` started, SIGKILLed once it has written a checkpoint and logged an evaluation; the step it
     had logged up to."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **FAULTHANDLER_ENV}
-    proc = subprocess.Popen([sys.executable, "-m", "visiontrain", "fit", *FIT, "--run-dir", str(run_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = popen([sys.executable, "-m", "visiontrain", "fit", *FIT, "--run-dir", str(run_dir)])
     metrics, last = run_dir / "metrics.jsonl", run_dir / "checkpoints" / "last.pt"
     deadline = time.time() + 300
     while proc.poll() is None and time.time() < deadline:
@@ -100,10 +97,8 @@ def killed_after_a_checkpoint(run_dir: Path) -> int:
 
 def test_a_killed_ddp_run_with_ema_and_batchnorm_resumes_to_the_straight_runs_rows(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **FAULTHANDLER_ENV}
-    whole = subprocess.Popen([sys.executable, "-m", "visiontrain", "fit", *FIT, "--run-dir", str(straight)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                             start_new_session=True)  # beside the killed run: the two share the cores
+    whole = popen([sys.executable, "-m", "visiontrain", "fit", *FIT, "--run-dir", str(straight)])  # beside the
+    # killed run: the two share the cores
     killed_at = killed_after_a_checkpoint(resumed)
     _, err = finish(whole, 600)
     assert whole.returncode == 0, err[-3000:]

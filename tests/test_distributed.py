@@ -4,27 +4,23 @@ writes (with BatchNorm they differ: tests/test_ddp_replicas.py)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from procs import FAULTHANDLER_ENV, finish
+from procs import finish, popen
 
 WORKER = Path(__file__).parent / "dist_worker.py"
 
 
 def run(nproc: int, out: Path, run_dir: Path, resume: Path | None = None, **overrides) -> None:
     """The toy task on NPROC ranks (torchrun) or one plain process; OUT gets the full weights."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **FAULTHANDLER_ENV}
     args = [str(WORKER), str(out), str(run_dir), json.dumps(overrides), *([str(resume)] if resume else [])]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args] \
         if nproc > 1 else [sys.executable, *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)  # a process group: a hang's every rank is stopped and shown
+    proc = popen(cmd)  # a process group: a hang's every rank is stopped and shown
     _, err = finish(proc, 240)
     assert proc.returncode == 0, err[-3000:]
 

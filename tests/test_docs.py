@@ -3,7 +3,8 @@
 Pages: docs/*.md and docs/recipes/*.md. A fenced ```bash block preceded by an HTML comment
 ``<!-- test[: OPTION ...] -->`` on the line just before its opening fence is run with
 ``bash -e -o pipefail`` in a scratch directory, with the venv's ``visiontrain`` and ``python`` first
-on PATH. Options (docs/README.md lists them for writers):
+on PATH (``visiontrain`` through the warm Python of ``tests/procs.py``: the same console script,
+forked with torch already imported). Options (docs/README.md lists them for writers):
 
     setup=NAME[,NAME]     build fixtures first: coco, voc, yolo, image-folder (tiny datasets)
     continue              run in the previous marked block's directory, after it
@@ -48,6 +49,7 @@ from pathlib import Path
 import pytest
 
 from dataset_trees import build_coco, build_image_folder, build_voc, build_yolo
+from procs import shell_env
 from shipped import LENGTH_AND_SIZE
 from visiontrain import config as C
 import visiontrain.tasks  # noqa: F401  (registers every built-in config section)
@@ -55,7 +57,6 @@ import visiontrain.tasks  # noqa: F401  (registers every built-in config section
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = sorted([*DOCS.glob("*.md"), *(DOCS / "recipes").glob("*.md")])
-BIN = Path(sys.executable).parent  # the venv's bin: visiontrain, python, torchrun
 
 FULL_RECIPES = ("classify-mobilevit-imagenet", "detect-detr-r50-coco", "detect-detr-fast-r50-coco",
                 "detect-faster-rcnn-r50-coco", "detect-yolov3-darknet53-voc", "segment-mask-rcnn-r50-coco",
@@ -210,14 +211,6 @@ def expected_lines(code: str) -> list[str]:
     return [ln.strip()[2:].strip() for ln in code.splitlines() if ln.strip().startswith("# ")]
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def _tail(text: str, n: int = 3000) -> str:
     return text if len(text) <= n else "...\n" + text[-n:]
 
@@ -244,7 +237,7 @@ def run_chain(chain: Chain, base: Path) -> tuple[bool, str, Path]:
         script.write_text(add_fit_args(block.code, opts.get("fit-args", "")))
         want = int(opts.get("exit", 0))
         timeout = float(opts.get("timeout", DEFAULT_TIMEOUT))
-        proc = subprocess.Popen(["bash", "-e", "-o", "pipefail", str(script)], cwd=work, env=_env(),
+        proc = subprocess.Popen(["bash", "-e", "-o", "pipefail", str(script)], cwd=work, env=shell_env(base / "bin"),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
         try:

@@ -5,7 +5,6 @@ onnxruntime script against the Python API on the same image."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
+import procs
 from detection_helpers import vt
 from toy_task import ToyTask, toy_config
 from visiontrain import config as C
@@ -197,8 +197,7 @@ def assert_the_docs_script_agrees(onnx_export, family: str, image: Path, same_as
     task, model, info, result = onnx_export(family)
     script = image.parent / "onnx_predict.py"
     script.write_text(docs_script("onnx_predict.py"))
-    proc = subprocess.run([sys.executable, str(script), result["path"], str(image), "--threshold", "0"],
-                          capture_output=True, text=True, timeout=120)
+    proc = procs.run([sys.executable, script, result["path"], image, "--threshold", "0"], timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)["detections"]
     want = Predictor(task, model, info, device="cpu")(str(same_as or image), threshold=0.0).to_dict()["detections"]
@@ -280,8 +279,7 @@ def test_cli_exports_a_checkpoint_and_prints_the_difference(classify_checkpoint,
     (tmp_path / "onnx_predict.py").write_text(docs_script("onnx_predict.py"))
     digit = tmp_path / "digit.png"
     Image.fromarray(np.random.default_rng(1).integers(0, 256, (8, 8), dtype=np.uint8)).save(digit)
-    proc = subprocess.run([sys.executable, str(tmp_path / "onnx_predict.py"), str(out), str(digit), "--top-k", "10"],
-                          capture_output=True, text=True, timeout=120)
+    proc = procs.run([sys.executable, tmp_path / "onnx_predict.py", out, digit, "--top-k", "10"], timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)["top"]
     want = Predictor.load(classify_checkpoint, ema=True, device="cpu")(str(digit), top_k=10).top

@@ -4,13 +4,12 @@ consolidate into one file, and name only complete directories."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from procs import run_cli
 from test_distributed import run
 from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
@@ -62,13 +61,11 @@ def test_sharded_resume_is_exact_and_consolidates(tmp_path):
     assert max_diff(fmt.model_weights(state), whole["model"]) == 0.0
     assert max_diff(fmt.ema_weights(state), whole["ema"]) == 0.0
     assert set(fmt.optimizer_state(state)["state"]) == set(whole["model"])
-    proc = subprocess.run([sys.executable, "-m", "visiontrain", "consolidate", str(last)],
-                          capture_output=True, text=True)
+    proc = run_cli("consolidate", str(last))
     assert proc.returncode == 0, proc.stderr
     full = load_checkpoint(last.with_name("last-full.pt"), resolve_sharded=False)
     assert fmt.sharded_record(full) is None and max_diff(fmt.model_weights(full), whole["model"]) == 0.0
-    again = subprocess.run([sys.executable, "-m", "visiontrain", "consolidate", str(last.with_name("last-full.pt"))],
-                           capture_output=True, text=True)
+    again = run_cli("consolidate", str(last.with_name("last-full.pt")))
     assert again.returncode == 2 and "already a single-file checkpoint" in again.stderr
 
     # a replicated (one-process) run refuses to resume a sharded checkpoint, and says what to do

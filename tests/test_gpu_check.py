@@ -3,16 +3,16 @@ script is known to work before a GPU machine (15 minutes of it, start-up include
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
+
+import procs
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 
 
 def test_the_dry_run_passes_every_stage_and_writes_its_figures(tmp_path):
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=2400)
+    proc = procs.run([sys.executable, SCRIPT, "--dry-run", "--out", tmp_path], timeout=2400)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     stages = result["stages"]

@@ -5,7 +5,6 @@ docs/inference.md's onnxruntime script follows to the Python model's very masks,
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 from PIL import Image
 from pycocotools import mask as coco_mask
 
+import procs
 from detection_helpers import vt
 from visiontrain.inference import Detections, Predictor
 
@@ -172,9 +172,8 @@ def test_the_documented_mask_recipe_on_onnxruntime_gives_the_predictor_masks(mas
         scale = val_size / min(image.size)
         image = image.resize((round(image.width * scale), round(image.height * scale)), Image.BILINEAR)
         image.save(tmp_path / f"{n}.png")
-        proc = subprocess.run([sys.executable, str(script), mask_onnx["path"], str(tmp_path / f"{n}.png"),
-                               "--threshold", "0", "--masks", str(tmp_path / f"{n}.npy")],
-                              capture_output=True, text=True, timeout=120)
+        proc = procs.run([sys.executable, script, mask_onnx["path"], tmp_path / f"{n}.png", "--threshold", "0",
+                          "--masks", tmp_path / f"{n}.npy"], timeout=120)
         assert proc.returncode == 0, proc.stderr[-3000:]
         got, masks = json.loads(proc.stdout)["detections"], np.load(tmp_path / f"{n}.npy")
         want = predictor(str(tmp_path / f"{n}.png"), threshold=0.0)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import procs
 from toy_task import toy_config, train
 from visiontrain.engine.records import plots as P
 
@@ -71,15 +72,13 @@ def test_a_line_cut_short_by_a_kill_is_passed_over(tmp_path):
 
 
 def test_the_benchmark_figure_is_drawn_from_the_same_rows(tmp_path):
-    import subprocess
     import sys
 
     train_rows, evals = _records()
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train_rows + evals))
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "plot_run.py"
     out = tmp_path / "curves.png"
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path), "--out", str(out)],
-                          capture_output=True, text=True)
+    proc = procs.run([sys.executable, script, tmp_path, "--out", out])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == str(out)
     _not_blank(out)

@@ -20,7 +20,7 @@ from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
 from visiontrain.exit_codes import EXIT_PREEMPTED
 
-from procs import FAULTHANDLER_ENV, finish
+from procs import finish, popen
 
 # 480 of the digits' 1,437 training images: 30 steps of 16 an epoch, so that a stop lands mid-epoch and
 # the resumed run crosses an epoch's end (and its evaluation and new order) before it ends.
@@ -30,11 +30,8 @@ ARGS = ["classify-fashion", "data.name=digits", "data.limit_train=480", "data.ba
 
 
 def start(run_dir: Path, *options: str, overrides: tuple[str, ...] = ()) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **FAULTHANDLER_ENV}
-    return subprocess.Popen([sys.executable, "-m", "visiontrain", "fit", *ARGS, *overrides, "--run-dir", str(run_dir),
-                             *options],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)  # its own process group, like a job
+    return popen([sys.executable, "-m", "visiontrain", "fit", *ARGS, *overrides, "--run-dir", str(run_dir),
+                  *options])  # its own process group, like a job
 
 
 def logged_step(run_dir: Path) -> int:

@@ -3,13 +3,11 @@ times a recipe's steps (samples/s, data wait vs compute, peak memory) and writes
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from procs import cli_here
+from procs import cli_here, run_cli
 from toy_task import toy_config, train
 
 
@@ -31,10 +29,8 @@ def test_profile_window_longer_than_the_run_still_writes(run_dir):
 
 @pytest.mark.parametrize("synthetic", [False, True])
 def test_benchmark_reports_throughput_split_and_memory_and_writes_nothing(tmp_path, synthetic):
-    proc = subprocess.run([sys.executable, "-m", "visiontrain", "benchmark", "classify-fashion", "data.name=digits",
-                           "data.batch_size=32", "data.augment=basic", "--steps", "6", "--warmup", "2",
-                           *(["--synthetic"] if synthetic else [])],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    proc = run_cli("benchmark", "classify-fashion", "data.name=digits", "data.batch_size=32", "data.augment=basic",
+                   "--steps", "6", "--warmup", "2", *(["--synthetic"] if synthetic else []), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.strip().splitlines()
     r = json.loads(lines[-1])

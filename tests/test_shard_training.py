@@ -21,7 +21,8 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 import shard_helpers
-from procs import FAULTHANDLER_ENV, finish, in_process, wait_for
+from procs import COMMAND_ENV, finish, in_process, popen, wait_for
+from procs import run as procs_run
 from s3_server import CREDENTIALS, FlakyProxy, s3_server
 from shard_helpers import start_cli, stop
 from visiontrain.data.images import UnreadableImageError
@@ -260,8 +261,7 @@ def fit_env(endpoint: str) -> dict[str, str]:
     """The run's environment for the local server. botocore's own retries (5 tries, with backoff)
     under visiontrain's would take minutes to give an outage up; with one try each, the retries
     these tests see are visiontrain's (and s3fs's few)."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", **FAULTHANDLER_ENV, **CREDENTIALS, "AWS_ENDPOINT_URL": endpoint,
-            "AWS_MAX_ATTEMPTS": "1"}
+    return {**os.environ, **COMMAND_ENV, **CREDENTIALS, "AWS_ENDPOINT_URL": endpoint, "AWS_MAX_ATTEMPTS": "1"}
 
 
 def test_from_s3_through_dropped_connections_and_an_outage_a_run_ends_with_the_local_runs_weights(
@@ -305,8 +305,7 @@ def test_shard_writes_to_a_bucket_the_bytes_it_writes_to_a_directory_and_a_kille
     env, staging = fit_env(f"http://127.0.0.1:{port}"), tmp_path / "staging"
     args = [sys.executable, "-m", "visiontrain", *shard_helpers.DIGITS_SHARDS, "--out", "s3://shards/written",
             "--staging", str(staging)]  # the fixture's shards' data and size
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = popen(args, env=env)
 
     def uploaded() -> int:
         try:
@@ -316,7 +315,7 @@ def test_shard_writes_to_a_bucket_the_bytes_it_writes_to_a_directory_and_a_kille
     wait_for(lambda: uploaded() >= 3, "three shards uploaded", proc)
     os.killpg(proc.pid, signal.SIGKILL)
     finish(proc, 60)
-    resumed = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    resumed = procs_run(args, env=env, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert not staging.exists()  # everything is in the bucket
     fs = s3fs.S3FileSystem(endpoint_url=f"http://127.0.0.1:{port}", key="testing", secret="testing")

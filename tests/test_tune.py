@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from procs import FAULTHANDLER_ENV, alive, descendants, finish, run_cli, wait_for
+from procs import alive, descendants, finish, popen, run_cli, wait_for
 from visiontrain import cli
 
 # digits: the offline dataset on which a trial takes seconds. Batches of 16 make a trial long enough
@@ -38,9 +38,7 @@ def space_file(tmp_path: Path, text: str, name: str = "space.yaml") -> Path:
 
 
 def start_tuner(args: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **FAULTHANDLER_ENV}
-    return subprocess.Popen([sys.executable, "-m", "visiontrain", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    return popen([sys.executable, "-m", "visiontrain", *args])
 
 
 def study_json(study: Path) -> dict:

@@ -5,7 +5,6 @@ uninterrupted run, and metrics.jsonl holds each logged step once, as that run's 
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+import procs
 from toy_task import toy_config
 from visiontrain import config as C
 from visiontrain.engine.state import checkpoint_format as fmt
@@ -34,9 +34,7 @@ CHAINS, KILLS_PER_CHAIN = 2, len(MOMENTS)
 
 
 def launch(recipe: Path, run_dir: Path, spec: dict) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(WORKER), str(recipe), str(run_dir), json.dumps(spec)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    return procs.run([sys.executable, WORKER, recipe, run_dir, json.dumps(spec)], timeout=300)
 
 
 def logged(run_dir: Path) -> list[tuple[str, int, float]]:
