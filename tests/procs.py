@@ -14,6 +14,7 @@ import atexit
 import contextlib
 import io
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -60,8 +61,9 @@ def shell_env(bin_dir: Path) -> dict[str, str]:
         if not shim.exists():
             bin_dir.mkdir(parents=True, exist_ok=True)
             part = shim.with_suffix(".part")
-            part.write_text(f"#!{sys.executable} -S\nimport sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-                            f"import warm_python\nwarm_python.shim({str(venv_bin / 'visiontrain')!r})\n")
+            code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import warm_python; "
+                    f"warm_python.shim({str(venv_bin / 'visiontrain')!r})")
+            part.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -S -c {shlex.quote(code)} "$@"\n')
             part.chmod(0o755)
             part.rename(shim)
     return {**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}", warm_python.SOCKET_ENV: server.path}

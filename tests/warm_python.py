@@ -5,14 +5,18 @@ and sympy before it reads its first argument; the suite runs about two hundred o
 below imports those libraries once (third-party only: every visiontrain module is imported by the
 child, so a registry filled by import order fails here as it fails for a user), then forks a child
 for each command: the child takes the caller's stdin/stdout/stderr, working directory, environment
-and session, sets ``sys.argv``, and runs the console script (or ``-m visiontrain``) with ``runpy``
-as the interpreter would, ending as the interpreter ends (non-daemon threads joined, ``atexit``
-handlers run, an uncaught exception's traceback and exit code 1, SIGINT re-raised).
+and session, sets ``sys.argv`` and ``sys.path[0]``, and runs the console script, ``-m MODULE`` or a
+script file with ``runpy`` as the interpreter would, ending as the interpreter ends (non-daemon
+threads joined, ``atexit`` handlers run, an uncaught exception's traceback and exit code 1, SIGINT
+re-raised). Its pid is a real process's: a test signals it, kills it with -9, or reads its process
+tree as it would a fresh one's; its DataLoader workers, forkserver and torchrun ranks start fresh.
 
 What it cannot give a command is a fresh interpreter: the hash seed is the server's, and the
 libraries were imported under the server's environment. So a caller whose environment differs from
 the server's in anything but the per-call keys below gets a fresh interpreter instead
-(``tests/procs.py``), as does every command when ``VISIONTRAIN_TEST_FRESH_PYTHON=1``.
+(``tests/procs.py``), as does every command when ``VISIONTRAIN_TEST_FRESH_PYTHON=1``. Tests of
+the process itself (its parent's death, resource limits, namespaces: tests/reliability) start fresh
+interpreters on purpose.
 
 Protocol, one Unix stream connection per command: the caller sends one JSON line (argv, cwd, env,
 new_session) with its three standard file descriptors attached (SCM_RIGHTS); the server answers one
@@ -76,6 +80,8 @@ def _run_child(request: dict, fds: list[int]) -> None:
         os.environ.clear()
         os.environ.update({**_ENV_SET_BY_PRELOAD, **request["env"]})
         sys.argv = list(request["argv"])
+        # sys.path[0] as the interpreter sets it (the server's own is this file's directory)
+        sys.path[0] = os.getcwd() if request["module"] else os.path.dirname(os.path.realpath(sys.argv[0]))
         if request["module"]:
             runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         else:
@@ -214,6 +220,7 @@ class Server:
                                       stdout=subprocess.PIPE, text=True)
         if self._proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"tests/warm_python.py did not start (exit {self._proc.wait()})")
+        self.pid = self._proc.pid
 
     def start(self, argv: list[str], *, module: str | None, cwd: str, env: dict[str, str],
               new_session: bool, fds: list[int]) -> tuple[socket.socket, Any, int]:

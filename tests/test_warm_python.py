@@ -1,0 +1,96 @@
+"""tests/warm_python.py: a command forked from the warm Python ends, prints and exits as it would in a
+fresh interpreter, and one it cannot run as such gets a fresh interpreter."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import procs
+import warm_python
+
+SCRIPT = '''
+import json, os, sys, threading, time, atexit
+what = sys.argv[1]
+atexit.register(lambda: print("atexit ran", flush=True))
+if what == "describe":
+    print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "pid": os.getpid(),
+                      "env": os.environ.get("VISIONTRAIN_PROBE"), "main": __name__, "file": __file__,
+                      "torch_loaded": "torch" in sys.modules}))
+elif what == "exit-text":
+    sys.exit("a message for stderr")
+elif what == "raise":
+    raise ValueError("boom")
+elif what == "thread":  # a non-daemon thread still running at the end of the main module
+    threading.Thread(target=lambda: (time.sleep(0.5), print("thread finished", flush=True))).start()
+elif what == "interrupt":
+    raise KeyboardInterrupt
+elif what == "sleep":
+    print("sleeping", os.getpid(), flush=True)
+    time.sleep(600)
+'''
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("warm") / "probe.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def both(script: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, ...]:
+    """The same command forked from the warm Python and in a fresh interpreter."""
+    env = {**os.environ, **procs.COMMAND_ENV, **(env or {})}
+    warm = procs.popen([sys.executable, script, *args], cwd=script.parent, env=env)
+    assert isinstance(warm, warm_python.WarmProcess), "the warm Python refused a plain command"
+    out, err = procs.finish(warm, 60)
+    fresh = subprocess.run([sys.executable, str(script), *args], cwd=script.parent, env=env, capture_output=True,
+                           text=True, timeout=60)
+    return subprocess.CompletedProcess(warm.args, warm.returncode, out, err), fresh
+
+
+@pytest.mark.skipif(procs.warm_server() is None, reason="VISIONTRAIN_TEST_FRESH_PYTHON=1")
+def test_a_warm_command_ends_as_a_fresh_interpreters(script):
+    warm, fresh = both(script, "describe", env={"VISIONTRAIN_PROBE": "set for this call"})
+    w, f = (json.loads(p.stdout.splitlines()[0]) for p in (warm, fresh))
+    assert w["pid"] != f["pid"] and w["torch_loaded"] and not f["torch_loaded"]
+    assert {k: w[k] for k in ("argv", "path0", "cwd", "env", "main", "file")} == \
+        {k: f[k] for k in ("argv", "path0", "cwd", "env", "main", "file")}
+    assert warm.stdout.splitlines()[1:] == ["atexit ran"] and warm.returncode == fresh.returncode == 0
+
+    for what in ("exit-text", "raise", "thread", "interrupt"):
+        warm, fresh = both(script, what)
+        assert (warm.returncode, warm.stdout) == (fresh.returncode, fresh.stdout), what
+        assert warm.stderr.splitlines()[-1:] == fresh.stderr.splitlines()[-1:], what
+    assert warm.returncode == -signal.SIGINT
+
+
+@pytest.mark.skipif(procs.warm_server() is None, reason="VISIONTRAIN_TEST_FRESH_PYTHON=1")
+def test_a_killed_caller_takes_its_command_with_it_and_another_environment_gets_a_fresh_python(script):
+    shim = procs.shell_env(script.parent / "bin")
+    shell = subprocess.Popen(["bash", "-c", f"visiontrain --version; exec {sys.executable} -S -c "
+                              f"\"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import warm_python;"
+                              f" sys.argv[1:] = ['sleep']; warm_python.shim({str(script)!r})\""],
+                             env=shim, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert shell.stdout.readline().startswith("visiontrain ")  # the console script through the shim
+    word, pid = shell.stdout.readline().split()
+    assert word == "sleeping" and int(pid) in procs.descendants(procs.warm_server().pid)
+    os.killpg(shell.pid, signal.SIGKILL)  # the shim standing in for the command dies without a word
+    shell.wait(10)
+    deadline = time.monotonic() + 10
+    while procs.alive({int(pid)}) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not procs.alive({int(pid)})
+
+    other = procs.popen([sys.executable, script, "describe"], env={**os.environ, **procs.COMMAND_ENV,
+                                                                   "OMP_NUM_THREADS": "3"})
+    assert isinstance(other, subprocess.Popen)  # libgomp reads OMP_NUM_THREADS when torch loads it
+    out, _ = procs.finish(other, 60)
+    assert not json.loads(out.splitlines()[0])["torch_loaded"]
+
