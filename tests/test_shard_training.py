@@ -370,3 +370,27 @@ def test_an_image_that_cannot_be_decoded_is_named_by_shard_and_key(digits_shards
         train[3]
     train.check_files("skip", 0.1)  # data.on_bad_image=skip: the next image stands in
     assert torch.equal(train[3][0], train[4][0])
+
+
+@pytest.mark.parametrize("field, value", [("samples_file", "/etc/passwd"), ("samples_file", "../../samples.npz"),
+                                          ("name", "../outside.tar"), ("name", "..")])
+def test_an_index_naming_a_file_outside_its_directory_is_refused_in_one_line(digits_shards, tmp_path, capsys,
+                                                                           field, value):
+    """A downloaded index.json: its shard and samples file names reach nothing outside the directory."""
+    index = json.loads((digits_shards / "index.json").read_text())
+    entry = index["splits"]["train"]
+    if field == "name":
+        entry["shards"][1]["name"] = value
+    else:
+        entry["samples_file"] = value
+    copy = tmp_path / "shards"
+    copy.mkdir()
+    (copy / "index.json").write_text(json.dumps(index))
+    shard_index.cache_clear()
+    code, _, err = in_process(capsys, "fit", "classify-fashion", "data.name=shards", f"data.shards={copy}",
+                              "--run-dir", str(tmp_path / "run"))
+    errors = [line for line in err.splitlines() if line.startswith("visiontrain: error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    key = "shards[1].name" if field == "name" else "samples_file"
+    assert f"splits.train.{key} is {value!r}; expected a file name in the shard directory" in errors[0], errors
+    assert not (tmp_path / "run").exists()

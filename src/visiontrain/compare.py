@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from visiontrain import safe_yaml
 from visiontrain.config import flatten
 from visiontrain.engine.records.metrics_file import (SAMPLES_PER_S, Metrics, Row, is_ema, is_per_class, nan_for_null,
                                                      read_metrics, series)
@@ -79,7 +80,7 @@ def config_diff(run_dirs: list[str]) -> tuple[list[str], list[list[str]]]:
         path = Path(run_dir) / CONFIG_FILE
         if path.is_file():
             try:
-                configs[name] = flatten(yaml.safe_load(path.read_text()) or {})
+                configs[name] = flatten(safe_yaml.load(path.read_text()) or {})
             except yaml.YAMLError as err:
                 raise ValueError(f"{path}: not valid YAML ({getattr(err, 'problem', None) or err})") from None
     keys = sorted({k for flat in configs.values() for k in flat})

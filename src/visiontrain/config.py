@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import yaml
 
+from visiontrain import safe_yaml
 from visiontrain.typed_config import (ConfigError, all_keys, build_typed, check_value, did_you_mean, doc, type_name,
                                       unknown_key)
 
@@ -195,7 +196,7 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
             raise ConfigError(f"override {item!r}: expected key=value (e.g. optim.lr=3e-4)")
         key, raw = item.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = safe_yaml.load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
         out.append((key.strip(), value))
@@ -298,7 +299,7 @@ def load_config(recipe: str, overrides: list[str] | None = None, *, source: str 
     its search-space file)."""
     path = resolve_recipe_path(recipe)
     try:
-        tree = yaml.safe_load(path.read_text()) or {}
+        tree = safe_yaml.load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(tree, dict):

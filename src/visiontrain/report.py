@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from visiontrain import safe_yaml
 from visiontrain.compare import RunRecord, read_run
 from visiontrain.engine.records.metrics_file import (COMPUTE_S, DATA_S, EPOCH, ROW_KEYS, SAMPLES_PER_S, STEP, TIME,
                                                      ema_key, is_number, is_per_class, per_class_tables)
@@ -152,7 +153,7 @@ def _read_config(run_dir: Path) -> tuple[str, dict[str, Any]]:
         return "", {}
     text = path.read_text(encoding="utf-8")
     try:
-        tree = yaml.safe_load(text)
+        tree = safe_yaml.load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f", line {mark.line + 1}" if mark is not None else ""

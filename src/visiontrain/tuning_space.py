@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from visiontrain import config as C
+from visiontrain import safe_yaml
 
 #: A parameter's distribution: the one key of its mapping that names the kind.
 KINDS = ("float", "log", "int", "categorical")
@@ -55,7 +56,7 @@ class Param:
 
     def value_of(self, stored: Any) -> Any:
         """A stored choice as the config value it stands for."""
-        return yaml.safe_load(stored) if self.kind == "categorical" and isinstance(stored, str) \
+        return safe_yaml.load(stored) if self.kind == "categorical" and isinstance(stored, str) \
             and stored in self._text_choices else stored
 
     @property
@@ -87,7 +88,7 @@ def read_space(path: str | Path) -> list[Param]:
         raise SpaceError(f"--space {path}: no such file (expected a YAML mapping of config keys to "
                          f"distributions, e.g. 'optim.lr: {{log: [1.0e-4, 1.0e-2]}}')")
     try:
-        tree = yaml.safe_load(path.read_text())
+        tree = safe_yaml.load(path.read_text())
     except yaml.YAMLError as err:
         raise SpaceError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(tree, dict) or not tree:

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from visiontrain import safe_yaml
 from visiontrain.data.bad_data import warn_spelled_alike
 from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
                                              ImageRecord)
@@ -50,7 +51,7 @@ def _written_class_names(root: str) -> tuple[list[int], list[str], str]:
     if os.path.isfile(yaml_path):
         try:
             with open(yaml_path, encoding="utf-8") as f:
-                data = yaml.safe_load(f)
+                data = safe_yaml.load(f)
         except yaml.YAMLError as err:
             raise BadAnnotationError(f"{yaml_path}: not valid YAML: {err}") from None
         names = data.get("names") if isinstance(data, dict) else None

@@ -113,7 +113,19 @@ def parse_index(text: str, where: str) -> dict[str, Any]:
     if index.get("version") != VERSION:
         raise ValueError(f"{where}: shard index version {index.get('version')!r}; this visiontrain reads version "
                          f"{VERSION} (write the shards again with `visiontrain shard`)")
+    for split, entry in (index.get("splits") or {}).items():
+        named = [("samples_file", entry.get("samples_file"))] if "samples_file" in entry else []
+        named += [(f"shards[{i}].name", s.get("name")) for i, s in enumerate(entry.get("shards", []))]
+        for key, name in named:
+            if not _plain_file_name(name):
+                raise ValueError(f"{where}: splits.{split}.{key} is {name!r}; expected a file name in the shard "
+                                 f"directory (a downloaded index names nothing outside it)")
     return index
+
+
+def _plain_file_name(name: Any) -> bool:
+    """A name ``visiontrain shard`` could have written: one file in the shard directory itself."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
 
 
 def write_index(directory: Path, index: dict[str, Any]) -> None:

@@ -101,8 +101,10 @@ class ShardedCheckpoints:
             tensors = {"model": get_model_state_dict(model)}
         if ema is not None:
             tensors["ema"] = get_model_state_dict(ema)
+        from visiontrain.engine.state.dcp_reader import SafeReader
+
         try:
-            dcp.load(tensors, checkpoint_id=path)
+            dcp.load(tensors, checkpoint_id=path, storage_reader=SafeReader(path))
         except Exception as err:  # DCP wraps every rank's failure in its own exception type
             raise CheckpointError(f"sharded checkpoint {path} could not be read into this model: "
                                   f"{str(err).splitlines()[0][:500]}") from None
@@ -131,7 +133,13 @@ class ShardedCheckpoints:
 
 
 def dcp_path(pointer_dir: Path, record: dict[str, Any]) -> Path:
-    path = pointer_dir / str(record["dir"])
+    """The directory a ``.pt`` file names: one of the ``step-S.dcp`` names this module writes, beside
+    the ``.pt`` file (a name from a downloaded file reaches nothing else: ``../x`` is refused)."""
+    name = record.get("dir")
+    if not isinstance(name, str) or not DCP_DIR.match(name):
+        raise CheckpointError(f"the .pt file in {pointer_dir} names {name!r} as its sharded directory; expected "
+                              f"a name like step-120.dcp beside it")
+    path = pointer_dir / name
     if not (path / ".metadata").is_file():
         raise CheckpointError(f"sharded checkpoint {path} is missing or incomplete (no .metadata): the "
                               f".pt file in {pointer_dir} names it; copy the whole checkpoints directory")
@@ -140,20 +148,22 @@ def dcp_path(pointer_dir: Path, record: dict[str, Any]) -> Path:
 
 def sharded_shapes(pointer_dir: Path, record: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """The model tensors' full shapes, from the directory's metadata (nothing else is read)."""
-    from torch.distributed.checkpoint import FileSystemReader
+    from visiontrain.engine.state.dcp_reader import SafeReader
 
-    md = FileSystemReader(dcp_path(pointer_dir, record)).read_metadata()
+    md = SafeReader(dcp_path(pointer_dir, record)).read_metadata()
     return {k[len("model."):]: tuple(v.size) for k, v in md.state_dict_metadata.items() if k.startswith("model.")}
 
 
 def load_full(path: Path) -> dict[str, Any]:
     """One process, no process group: every tensor of a DCP directory at full size on the CPU,
-    nested as saved. Anything but tensors is refused (it would be unpickled without weights_only)."""
+    nested as saved. Anything but tensors is refused (it would be unpickled without weights_only),
+    and the metadata is read with DCP's own classes only (``dcp_reader``)."""
     from torch.distributed import checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    reader = FileSystemReader(path)
+    from visiontrain.engine.state.dcp_reader import SafeReader
+
+    reader = SafeReader(path)
     md = reader.read_metadata()
     flat = {}
     for key, item in md.state_dict_metadata.items():
