@@ -57,6 +57,10 @@ def both(script: Path, *args: str, env: dict[str, str] | None = None) -> tuple[s
 
 @pytest.mark.skipif(procs.warm_server() is None, reason="VISIONTRAIN_TEST_FRESH_PYTHON=1")
 def test_a_warm_command_ends_as_a_fresh_interpreters(script):
+    # what importing dynamo and mlflow in this process puts in its environment is no difference
+    import mlflow  # noqa: F401
+    import torch._dynamo  # noqa: F401
+
     warm, fresh = both(script, "describe", env={"VISIONTRAIN_PROBE": "set for this call"})
     w, f = (json.loads(p.stdout.splitlines()[0]) for p in (warm, fresh))
     assert w["pid"] != f["pid"] and w["torch_loaded"] and not f["torch_loaded"]
@@ -94,3 +98,13 @@ def test_a_killed_caller_takes_its_command_with_it_and_another_environment_gets_
     out, _ = procs.finish(other, 60)
     assert not json.loads(out.splitlines()[0])["torch_loaded"]
 
+
+
+def test_what_the_callers_own_imports_put_in_its_environment_is_no_difference():
+    """The suite's process may import dynamo (or mlflow) after its server started: its commands'
+    environments then hold what those imports set, and must still be taken."""
+    base, preload = {"PATH": "/bin", "HOME": "/root"}, {"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_x"}
+    later = {**base, **preload, "_MLFLOW_TELEMETRY_SESSION_ID": "abc", "VISIONTRAIN_X": "1", "PATH": "/usr/bin"}
+    assert warm_python.same_python(later, base, preload)
+    assert not warm_python.same_python({**later, "TORCHINDUCTOR_CACHE_DIR": "/elsewhere"}, base, preload)
+    assert not warm_python.same_python({**later, "OMP_NUM_THREADS": "3"}, base, preload)

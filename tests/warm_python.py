@@ -36,7 +36,7 @@ from typing import Any
 
 #: Environment keys a command may set differently from the server's: none is read at import time by
 #: the preloaded libraries (visiontrain's own are read by its modules, which the child imports).
-PER_CALL_PREFIXES = ("VISIONTRAIN_", "PYTEST_", "AWS_")
+PER_CALL_PREFIXES = ("VISIONTRAIN_", "PYTEST_", "AWS_", "_MLFLOW_")  # mlflow's import sets a session id
 PER_CALL_KEYS = ("PATH", "PWD", "OLDPWD", "SHLVL", "_")
 SOCKET_ENV = "VISIONTRAIN_TEST_WARM_SOCKET"
 _ENV_BEFORE_PRELOAD: dict[str, str] = {}
@@ -44,10 +44,13 @@ _ENV_SET_BY_PRELOAD: dict[str, str] = {}
 PRELOAD = ("torch", "torch._dynamo", "matplotlib.figure", "sympy", "numpy", "PIL.Image")
 
 
-def same_python(env: dict[str, str], server_env: dict[str, str]) -> bool:
-    """Whether a command with ``env`` runs in the server's child exactly as in a fresh interpreter."""
+def same_python(env: dict[str, str], server_env: dict[str, str], set_by_preload: dict[str, str]) -> bool:
+    """Whether a command with ``env`` runs in the server's child exactly as in a fresh interpreter.
+    A key the preloaded imports set (dynamo's TORCHINDUCTOR_CACHE_DIR) may come with the caller's
+    environment too, when the caller imported dynamo itself: with the same value, it is no difference."""
     def fixed(e: dict[str, str]) -> dict[str, str]:
-        return {k: v for k, v in e.items() if not k.startswith(PER_CALL_PREFIXES) and k not in PER_CALL_KEYS}
+        return {k: v for k, v in e.items() if not k.startswith(PER_CALL_PREFIXES) and k not in PER_CALL_KEYS
+                and set_by_preload.get(k) != v}
     return fixed(env) == fixed(server_env)
 
 
@@ -117,7 +120,7 @@ def _accept(listener: socket.socket, children: dict[int, socket.socket | None]) 
             break
         line += more
     request = json.loads(line)
-    if not same_python(request["env"], _ENV_BEFORE_PRELOAD):
+    if not same_python(request["env"], _ENV_BEFORE_PRELOAD, _ENV_SET_BY_PRELOAD):
         for fd in fds:
             os.close(fd)
         conn.sendall(json.dumps({"pid": None}).encode() + b"\n")
