@@ -46,7 +46,9 @@ def script(tmp_path_factory) -> Path:
 
 def both(script: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, ...]:
     """The same command forked from the warm Python and in a fresh interpreter."""
-    env = {**os.environ, **procs.COMMAND_ENV, **(env or {})}
+    # the server's environment: this process's may have gained keys since it started (see the note in
+    # warm_python.same_python); what is tested here is a command the server takes
+    env = {**procs.warm_server().env, **(env or {})}
     warm = procs.popen([sys.executable, script, *args], cwd=script.parent, env=env)
     assert isinstance(warm, warm_python.WarmProcess), "the warm Python refused a plain command"
     out, err = procs.finish(warm, 60)
@@ -77,7 +79,8 @@ def test_a_warm_command_ends_as_a_fresh_interpreters(script):
 
 @pytest.mark.skipif(procs.warm_server() is None, reason="VISIONTRAIN_TEST_FRESH_PYTHON=1")
 def test_a_killed_caller_takes_its_command_with_it_and_another_environment_gets_a_fresh_python(script):
-    shim = procs.shell_env(script.parent / "bin")
+    shell = procs.shell_env(script.parent / "bin")
+    shim = {**procs.warm_server().env, "PATH": shell["PATH"], warm_python.SOCKET_ENV: shell[warm_python.SOCKET_ENV]}
     shell = subprocess.Popen(["bash", "-c", f"visiontrain --version; exec {sys.executable} -S -c "
                               f"\"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import warm_python;"
                               f" sys.argv[1:] = ['sleep']; warm_python.shim({str(script)!r})\""],
