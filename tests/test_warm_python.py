@@ -85,9 +85,13 @@ def test_a_killed_caller_takes_its_command_with_it_and_another_environment_gets_
                               f"\"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import warm_python;"
                               f" sys.argv[1:] = ['sleep']; warm_python.shim({str(script)!r})\""],
                              env=shim, stdout=subprocess.PIPE, text=True, start_new_session=True)
-    assert shell.stdout.readline().startswith("visiontrain ")  # the console script through the shim
-    word, pid = shell.stdout.readline().split()
-    assert word == "sleeping" and int(pid) in procs.descendants(procs.warm_server().pid)
+    try:
+        assert shell.stdout.readline().startswith("visiontrain ")  # the console script through the shim
+        word, pid = shell.stdout.readline().split()
+        assert word == "sleeping" and int(pid) in procs.descendants(procs.warm_server().pid)
+    except BaseException:  # a fresh probe (the server refused) is in the shell's group: nothing outlives the test
+        os.killpg(shell.pid, signal.SIGKILL)
+        raise
     os.killpg(shell.pid, signal.SIGKILL)  # the shim standing in for the command dies without a word
     shell.wait(10)
     deadline = time.monotonic() + 10
