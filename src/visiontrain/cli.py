@@ -33,6 +33,7 @@ from visiontrain.commands import (cmd_benchmark, cmd_compare, cmd_consolidate, c
 from visiontrain.engine.state.write_failure import WriteError
 from visiontrain.exit_codes import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_PEER_LOST, EXIT_USAGE
 from visiontrain.launch import command_line, import_user_module
+from visiontrain.process_tree import skip_final_collection
 from visiontrain.stop_signals import Preempted
 
 
@@ -215,6 +216,10 @@ def _add_run_tools(sub: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line ``visiontrain ...`` (``argv`` None: this process is the command, and ends
+    as one, ``skip_final_collection``), or ``argv`` from a Python caller, whose process it is."""
+    if argv is None:
+        skip_final_collection()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if hasattr(sys.stdout, "reconfigure"):  # a class name a stdout cannot encode (ASCII) is escaped, not an error
         sys.stdout.reconfigure(errors="backslashreplace")

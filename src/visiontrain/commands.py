@@ -24,7 +24,7 @@ from visiontrain.engine.state.checkpoint_format import model_weights, sharded_re
 from visiontrain.engine.state.run_files import CHECKPOINTS_DIR, LAST_CHECKPOINT, REPORT_FILE, SUMMARY_FILE
 from visiontrain.engine.state.run_lock import check_free, held
 from visiontrain.exit_codes import EXIT_USAGE
-from visiontrain.launch import end_with_launcher, exec_torchrun
+from visiontrain.launch import end_with_launcher, run_torchrun
 from visiontrain.report import write_report
 from visiontrain.stop_signals import Preempted, ignore_stop_signals
 
@@ -86,7 +86,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if torchrun:
         check_free(run_dir)  # a run dir in use is refused before torchrun starts; rank 0 then locks it
         _resume_of(run_dir, args.resume, is_main=False)
-        exec_torchrun(args)
+        return run_torchrun(args)
     with held(run_dir, enabled=rank0) as lock:  # one writer per run dir, until the report is written
         for note in lock.notes:
             print(f"visiontrain: {note}", file=sys.stderr)

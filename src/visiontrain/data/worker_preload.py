@@ -27,7 +27,8 @@ def _in_forkserver() -> bool:
     return False
 
 
-from visiontrain.process_tree import WORKER_PARENT_ENV, end_with_parent, expected_pid  # noqa: E402
+from visiontrain.process_tree import (WORKER_PARENT_ENV, end_with_parent, expected_pid,  # noqa: E402
+                                      skip_final_collection)
 
 # The forkserver, or a spawned worker (multiprocessing marks a spawned child ``_inheriting`` while it
 # unpickles its process object, which imports this module): end with the parent from now on, before
@@ -36,6 +37,7 @@ if _in_forkserver() or getattr(multiprocessing.current_process(), "_inheriting",
     end_with_parent(expected_pid(WORKER_PARENT_ENV))
     if _in_forkserver():
         os.environ[WORKER_PARENT_ENV] = str(os.getpid())  # the parent its forked workers check
+        skip_final_collection()  # it exits when the training process does (its workers use os._exit)
 
 from visiontrain._tv_compat import ensure_torchvision  # noqa: E402
 
