@@ -82,7 +82,8 @@ def test_the_marker_check_finds_reads():
 ENGINE_ROOMS = ["parallel", "state", "step", "protocols", "setup", "records", "parts", "loop"]
 ROOMS = ["base", "config", "data", "models", "evaluation", *(f"engine/{r}" for r in ENGINE_ROOMS), "tasks", "app"]
 BASE = {"visiontrain", "visiontrain._tv_compat", "visiontrain.typed_config", "visiontrain.stop_signals",
-        "visiontrain.exit_codes", "visiontrain.process_tree", "visiontrain.safe_yaml"}
+        "visiontrain.exit_codes", "visiontrain.process_tree", "visiontrain.safe_yaml",
+        "visiontrain.redact"}
 # data, models and evaluation sit side by side: none imports another (each is a leaf library).
 SIDE_BY_SIDE = {"data", "models", "evaluation"}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,9 @@ from PIL import Image
 from dataset_trees import (GIT_LFS_POINTER, add_image_folder_split, broken_inside_jpeg, build_image_folder,
                            build_yolo, renamed_text, truncated_jpeg)
 from detection_helpers import vt
-from procs import cli_here
+from procs import cli_here, run_cli
 from visiontrain.data.datasets import build_classification_data, check_image_files
+from visiontrain.data.datasets.image_folder import scan_split
 from visiontrain.data.detection.base import BadAnnotationError
 from visiontrain.data.detection.yolo import read_yolo
 from visiontrain.data.image_check import image_problem
@@ -116,3 +118,29 @@ def test_detection_bad_image_files_are_named_together_or_skipped(tmp_path: Path)
     kept = read_yolo(str(tmp_path), "train", on_bad_annotation="error", on_bad_image="skip")
     assert len(kept) == 6 and dict(kept.policy.skipped) == {"unreadable image": 2}
     assert str(cut) not in {r.path for r in kept.records}
+
+
+def test_symlinked_folders_are_read_once_so_a_loop_neither_hangs_nor_multiplies_a_class(tmp_path: Path) -> None:
+    """A link back up the tree (to the class, the split, above the dataset) and a second link into a
+    class: each real folder is read once, and the links are named in one line."""
+    root = tmp_path / "imgs"
+    build_image_folder(root)
+    train = root / "train"
+    classes = {"circle": 0, "cross": 1}
+    plain = scan_split(train, classes)
+    (train / "circle" / "loop").symlink_to("..")
+    (train / "circle" / "again").symlink_to("../circle")
+    (train / "cross" / "up").symlink_to("../../..")
+    (train / "cross" / "self").symlink_to(".")
+    elsewhere = tmp_path / "more"  # a link to a folder outside the tree is followed, once
+    elsewhere.mkdir()
+    shutil.copy(train / "cross" / "000.png", elsewhere / "extra.png")
+    (train / "cross" / "more").symlink_to(elsewhere)
+    (train / "cross" / "more-again").symlink_to(elsewhere)
+    assert scan_split(train, classes) == plain + [(str(train / "cross" / "more" / "extra.png"), 1)]
+    proc = run_cli("preview", "classify-fashion", *FOLDER, f"data.root={root}", "--out", str(tmp_path / "out"),
+                   timeout=120)  # torchvision's walk never ends here
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if "symlinked" in line]
+    assert len(said) == 1 and f"image-folder split {train}: 5 symlinked directories lead to a folder already read" \
+        in said[0], proc.stderr[-3000:]

@@ -207,3 +207,25 @@ def test_cli_predict_errors_are_one_line(classify_checkpoint, tmp_path, capsys):
         assert main(["predict", str(classify_checkpoint), "--out", str(tmp_path / "o"), *extra]) == 2
         err = capsys.readouterr().err
         assert err.startswith("visiontrain: error: ") and message in err and "Traceback" not in err, err
+
+
+def png_header_only(path: Path, width: int, height: int) -> Path:
+    """A PNG whose header declares ``width`` x ``height`` (8-bit grey) and holds no pixel data: PIL
+    reads the size at open, before any decoding, which is where its decompression-bomb check is."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b""))
+    return path
+
+
+def test_predict_refuses_a_decompression_bomb_in_one_line(classify_checkpoint, tmp_path):
+    bomb = png_header_only(tmp_path / "bomb.png", 40_000, 40_000)  # 1.6 billion pixels from 57 bytes
+    proc = cli_here("predict", str(classify_checkpoint), str(bomb), "--out", str(tmp_path / "out"))
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("visiontrain: error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"image file {bomb} is refused: Image size (1600000000 pixels) exceeds limit" in errors[0], errors

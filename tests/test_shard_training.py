@@ -372,6 +372,46 @@ def test_an_image_that_cannot_be_decoded_is_named_by_shard_and_key(digits_shards
     assert torch.equal(train[3][0], train[4][0])
 
 
+@pytest.mark.parametrize("key, value, expected", [
+    ("label", 99, "label of sample 7 is 99; expected a class index 0-9"),
+    ("end", 2**40, "[start, end] of sample 7 is [{start}, 1099511627776]; expected 0 <= start < end <= the "
+                   "shard's bytes in the index"),
+    ("shard", 500, "shard of sample 7 is 500; expected a shard number 0-75"),
+])
+def test_a_samples_file_out_of_its_index_is_one_line_before_any_read(digits_shards, tmp_path, capsys, key, value,
+                                                                      expected):
+    """A downloaded samples file's numbers are checked against its index: a label that is no class,
+    a byte range past its shard (2^40 bytes was a MemoryError after five tries), a shard not listed."""
+    copy = tmp_path / "shards"
+    shutil.copytree(digits_shards, copy)
+    name = json.loads((copy / "index.json").read_text())["splits"]["train"]["samples_file"]
+    with np.load(copy / name) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    start = int(arrays["start"][7])
+    arrays[key][7] = value
+    with open(copy / name, "wb") as f:
+        np.savez(f, **arrays)
+    shard_index.cache_clear()
+    code, _, err = in_process(capsys, "fit", "classify-fashion", "data.name=shards", f"data.shards={copy}",
+                              "--run-dir", str(tmp_path / "run"))
+    errors = [line for line in err.splitlines() if line.startswith("visiontrain: error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    assert f"{copy / name}: {expected.format(start=start)} (1 such sample)" in errors[0], errors
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_index_nested_past_a_json_readers_depth_is_one_line(tmp_path, capsys):
+    copy = tmp_path / "shards"
+    copy.mkdir()
+    (copy / "index.json").write_text('{"splits": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    shard_index.cache_clear()
+    code, _, err = in_process(capsys, "fit", "classify-fashion", "data.name=shards", f"data.shards={copy}",
+                              "--run-dir", str(tmp_path / "run"))
+    errors = [line for line in err.splitlines() if line.startswith("visiontrain: error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    assert f"{copy}/index.json: not a readable shard index (nested too deeply for a JSON reader)" in errors[0]
+
+
 @pytest.mark.parametrize("field, value", [("samples_file", "/etc/passwd"), ("samples_file", "../../samples.npz"),
                                           ("name", "../outside.tar"), ("name", "..")])
 def test_an_index_naming_a_file_outside_its_directory_is_refused_in_one_line(digits_shards, tmp_path, capsys,

@@ -24,6 +24,7 @@ LR_SPACE = "optim.lr: {categorical: [0.003, 1.0e-06]}\n"
 # CI installs the extra (VISIONTRAIN_REQUIRE_MLFLOW=1): there a missing one fails the study's fixture
 HAS_MLFLOW = importlib.util.find_spec("mlflow") is not None or os.environ.get("VISIONTRAIN_REQUIRE_MLFLOW") == "1"
 SPACE = "optim.lr: {log: [1.0e-3, 1.0e-2]}\ntask.drop_rate: {float: [0.0, 0.3]}\n"
+STORAGE_SECRETS = ("pw-5f3a9c", "tok-8e1d27")
 
 
 def tune_args(study: Path, space: Path, trials: int, *extra: str) -> list[str]:
@@ -92,10 +93,23 @@ def pruned_study(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("tune")
     space = space_file(root, LR_SPACE)
     tracking = ["logging.mlflow=true"] if HAS_MLFLOW else []
+    # The study's database, named with secrets in its URL (SQLite ignores them, with a warning):
+    # no file of the study and no line of the tuner may hold them.
+    storage = f"sqlite:///{root / 'db.sqlite'}?password={STORAGE_SECRETS[0]}&token={STORAGE_SECRETS[1]}"
     # 4 epochs: the pruned trial is stopped after its first, well before its end
-    proc = run_cli(*tune_args(root / "study", space, 3, "--seed", "6", "trainer.epochs=4", *tracking), timeout=400)
+    proc = run_cli(*tune_args(root / "study", space, 3, "--seed", "6", "trainer.epochs=4", "--storage", storage,
+                              *tracking), timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (root / "tuner-output.txt").write_text(proc.stdout + proc.stderr)
     return root / "study"
+
+
+def test_no_file_of_the_study_and_no_line_of_the_tuner_holds_the_storage_secrets(pruned_study):
+    written = [p for p in pruned_study.rglob("*") if p.is_file()] + [pruned_study.parent / "tuner-output.txt"]
+    assert len(written) > 20 and (pruned_study / "study.json").is_file()
+    holding = [str(p) for p in written for secret in STORAGE_SECRETS if secret.encode() in p.read_bytes()]
+    assert not holding, holding
+    assert study_json(pruned_study)["storage"].endswith("db.sqlite?password=***&token=***")
 
 
 def test_the_worst_trial_is_pruned_with_its_checkpoint_written(pruned_study):
@@ -193,12 +207,18 @@ def test_two_tuners_share_one_study(tmp_path):
     assert sum((tmp_path / d / r / "trial.json").is_file() for d in "ab" for r in runs.values()) == 4
 
 
-def test_a_storage_that_cannot_be_opened_is_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("url, shown", [
+    ("postgresql://me:secret@127.0.0.1:1/none", "postgresql://me:***@127.0.0.1:1/none"),
+    ("postgresql://me:se@cret@127.0.0.1:1/none", "postgresql://me:***@127.0.0.1:1/none"),  # an @ as typed
+    ("postgresql://me@127.0.0.1:1/none?password=secret&sslmode=off",
+     "postgresql://me@127.0.0.1:1/none?password=***&sslmode=off"),
+])
+def test_a_storage_that_cannot_be_opened_is_one_line_without_its_password(tmp_path, capsys, url, shown):
     space = space_file(tmp_path, SPACE)
-    code = cli.main(tune_args(tmp_path / "s", space, 2, "--storage", "postgresql://me:secret@127.0.0.1:1/none"))
+    code = cli.main(tune_args(tmp_path / "s", space, 2, "--storage", url))
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert "--storage postgresql://me:***@127.0.0.1:1/none: cannot open" in err and "secret" not in err
+    assert f"--storage {shown}: cannot open" in err and "secret" not in err and "cret" not in err, err
 
 
 def test_evaluations_are_reported_by_their_number_not_their_step(tmp_path):

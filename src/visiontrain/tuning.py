@@ -29,6 +29,7 @@ from visiontrain import config as C
 from visiontrain.engine.protocols.task import registered_task
 from visiontrain.engine.state.run_files import MLFLOW_DB_FILE
 from visiontrain.engine.state.run_lock import RunDirBusy, check_free
+from visiontrain.redact import redact_url, scrub
 from visiontrain.stop_signals import STOP_SIGNALS, Preempted
 from visiontrain.tuning_space import Param, check_against, override, read_space
 from visiontrain.tuning_trial import (COMPLETE, INTERRUPTED, PRUNED, USAGE, Objective, Outcome, TrialProcess, Watch,
@@ -169,18 +170,10 @@ def connect(optuna: Any, url: str, engine_kwargs: dict[str, Any] | None) -> Any:
         except (sqlalchemy.exc.SQLAlchemyError, ImportError) as err:
             if attempt == CONNECT_TRIES - 1 or isinstance(err, ImportError):  # a missing driver stays missing
                 first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise C.ConfigError(f"--storage {safe_url(url)}: cannot open the study's database: {first}") from None
+                first = scrub(first, url)  # a driver may quote the URL it could not parse
+                raise C.ConfigError(f"--storage {redact_url(url)}: cannot open the study's database: {first}") from None
             time.sleep(1.0 + attempt)
     raise AssertionError("unreachable")
-
-
-def safe_url(url: str) -> str:
-    """A storage URL without its password (postgresql://user:secret@host/db), as it is printed and written."""
-    head, sep, tail = url.partition("://")
-    if "@" in tail and ":" in tail.split("@", 1)[0]:
-        user = tail.split("@", 1)[0].split(":", 1)[0]
-        return f"{head}{sep}{user}:***@{tail.split('@', 1)[1]}"
-    return url
 
 
 def same_search(study: Any, s: TuneSettings, definition: dict[str, Any]) -> None:
@@ -194,7 +187,7 @@ def same_search(study: Any, s: TuneSettings, definition: dict[str, Any]) -> None
     changed = [k for k in here if stored.get(k) != here[k]]
     if changed:
         was = ", ".join(f"{k}: {stored.get(k)!r}" for k in changed)
-        raise C.ConfigError(f"study {s.name()!r} in {safe_url(s.storage_url())} was started with another "
+        raise C.ConfigError(f"study {s.name()!r} in {redact_url(s.storage_url())} was started with another "
                             f"{', '.join(changed)} ({was}): continue it with the same command, or start a new "
                             f"study (another --study-dir or --study-name)")
 

@@ -20,8 +20,9 @@ from visiontrain import config as C
 from visiontrain.engine.records.run_log import dumps_json
 from visiontrain.engine.state.run_files import METRICS_FILE, MLFLOW_RUN_FILE, REPORT_FILE
 from visiontrain.engine.state.checkpoint import write_run_file
+from visiontrain.redact import redact_url
 from visiontrain.report import CSS, _duration, _figure, _fmt, write_report
-from visiontrain.tuning import FAILURE_ATTR, RESUMES_ATTR, RUN_DIR_ATTR, Search, counted, safe_url
+from visiontrain.tuning import FAILURE_ATTR, RESUMES_ATTR, RUN_DIR_ATTR, Search, counted
 from visiontrain.tuning_space import override
 from visiontrain.tuning_trial import Outcome
 
@@ -64,7 +65,7 @@ def write_outputs(search: Search, *, plots: bool) -> dict[str, Any]:
     rows = trial_rows(search)
     best = best_row(search, rows)
     states = [r["state"] for r in rows]
-    summary = {"study": s.name(), "storage": safe_url(s.storage_url()), "recipe": s.recipe,
+    summary = {"study": s.name(), "storage": redact_url(s.storage_url()), "recipe": s.recipe,
                "overrides": s.overrides, "space": s.space, "metric": search.objective.metric,
                "direction": search.objective.direction, "trials_wanted": s.trials,
                "counts": {state: states.count(state) for state in sorted(set(states))},

@@ -24,7 +24,7 @@ import torch
 from PIL import Image
 
 from conftest import build_once
-from dataset_trees import broken_inside_jpeg
+from dataset_trees import broken_inside_jpeg, build_coco, build_voc
 from detection_helpers import vt
 from procs import cli_here, in_process
 from visiontrain import config as C
@@ -576,3 +576,53 @@ def test_resume_other_world_size_refused(digits_run: Path, tmp_path: Path) -> No
     assert (f"--resume {path}: it was written with data.batch_size=16 on 2 process(es); this run has "
             f"data.batch_size=16 on 1") in str(info.value)
     assert "use --init" in str(info.value)
+
+
+# ------------------------------------------------------------------ file names that leave the dataset
+def test_a_coco_file_name_outside_the_image_directory_is_bad_data_and_never_opened(tmp_path: Path, capfd) -> None:
+    """A downloaded annotation file may name ``../x`` or ``/etc/...``: under ``error`` the run stops in
+    one line naming it; under ``skip`` the image is dropped, and neither opens the file."""
+    from visiontrain.data.detection.coco import read_coco
+
+    root = tmp_path / "coco"
+    build_coco(root)
+    outside = tmp_path / "outside.jpg"
+    shutil.copy(root / "train2017" / "000000.jpg", outside)  # a readable image: only the name is wrong
+    ann_file = root / "annotations" / "instances_train2017.json"
+    data = json.loads(ann_file.read_text())
+    data["images"][0]["file_name"] = "../../outside.jpg"
+    data["images"][1]["file_name"] = str(outside)
+    ann_file.write_text(json.dumps(data))
+    line = refused(capfd, "fit", "detect-yolov3", *YOLO, f"data.root={root}", "data.train_split=train2017",
+                   "data.val_split=val2017", "--run-dir", str(tmp_path / "r"))
+    assert (f"{ann_file}: image id 1: file_name '../../outside.jpg' is outside the image directory "
+            f"{root / 'train2017'} (an absolute path or a '..' step; expected a path under it) "
+            f"(set data.on_bad_annotation=skip to drop it)") in line
+    kept = read_coco(str(ann_file), str(root / "train2017"), on_bad_annotation="skip")
+    assert len(kept) == 6 and all(str(outside) not in r.path and ".." not in r.path for r in kept.records)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_voc_id_or_filename_outside_the_tree_is_bad_data(tmp_path: Path) -> None:
+    from visiontrain.data.detection.voc import read_voc
+
+    root = tmp_path / "voc"
+    build_voc(root)
+    split = root / "ImageSets" / "Main" / "trainval.txt"
+    split.write_text("../../../etc/hostname\n" + split.read_text())
+    xml = root / "Annotations" / "000001.xml"
+    xml.write_text(xml.read_text().replace("<filename>000001.jpg</filename>", "<filename>/etc/hostname</filename>"))
+    with pytest.raises(ValueError, match=r"line 1: image id '\.\./\.\./\.\./etc/hostname' is outside"):
+        read_voc(str(root), "trainval")
+    kept = read_voc(str(root), "trainval", on_bad_annotation="skip")
+    assert len(kept) == 7 and all(r.path.startswith(str(root / "JPEGImages")) for r in kept.records)
+
+
+def test_a_coco_file_nested_past_a_json_readers_depth_is_one_line(tmp_path: Path, capfd) -> None:
+    root = tmp_path / "coco"
+    build_coco(root)
+    ann_file = root / "annotations" / "instances_train2017.json"
+    ann_file.write_text('{"images": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    line = refused(capfd, "fit", "detect-yolov3", *YOLO, f"data.root={root}", "data.train_split=train2017",
+                   "data.val_split=val2017", "--run-dir", str(tmp_path / "r"))
+    assert f"{ann_file}: not valid COCO: nested too deeply for a JSON reader" in line

@@ -17,6 +17,13 @@ from typing import Mapping, Sequence
 log = logging.getLogger("visiontrain")
 
 
+def leaves_its_directory(name: str) -> bool:
+    """Whether a file name an annotation gives (COCO's ``file_name``, a VOC id or ``<filename>``)
+    points outside the directory it is joined to: an absolute path or a ``..`` step. A downloaded
+    annotation file names only files under its dataset's directories."""
+    return name.startswith(("/", "\\")) or ".." in name.replace("\\", "/").split("/")
+
+
 def listed(items: Sequence[str], most: int = 5, sep: str = ", ") -> str:
     """The first ``most`` items of a message's list, and how many there are when that is more."""
     shown = sep.join(items[:most])

@@ -78,6 +78,8 @@ def _decoded(source: str | io.BytesIO, name: str) -> Image.Image:
             return to_rgb(im)
     except FileNotFoundError:
         raise UnreadableImageError(f"{name} does not exist") from None
+    except Image.DecompressionBombError as err:  # a small file that decodes to billions of pixels
+        raise UnreadableImageError(f"{name} is refused: {err}") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
         raise UnreadableImageError(f"{name} cannot be decoded (corrupt or truncated): {err}") from None
 

@@ -23,7 +23,7 @@ import logging
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -172,21 +172,32 @@ def find_classes(directory: Path) -> list[str]:
 
 
 def scan_split(directory: Path, class_to_idx: dict[str, int]) -> list[tuple[str, int]]:
-    """``(path, label)`` of every image under ``directory/<class>/`` (recursively, as torchvision's
-    ``make_dataset`` walks), labelled by ``class_to_idx``: the train split's map for both splits.
+    """``(path, label)`` of every image under ``directory/<class>/`` (recursively, in the order of
+    torchvision's ``make_dataset``), labelled by ``class_to_idx``: the train split's map for both splits.
 
-    Hidden files and files under hidden sub-directories of a class folder are skipped. A class
-    folder without a readable image is an error naming the split directory and the classes."""
+    Hidden files and files under hidden sub-directories of a class folder are skipped. A symlinked
+    directory is followed once per real directory (``_walk_once``): a link back up the tree, or a
+    second link to a folder already read, is skipped and said in one line, where torchvision's walk
+    reads a folder again through each link (and never ends in a loop). A class folder without a
+    readable image is an error naming the split directory and the classes."""
     ensure_torchvision()
-    from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension, make_dataset
+    from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
-    prefix = os.path.join(str(directory), "")  # make_dataset's paths start with it
-
-    def valid(path: str) -> bool:  # hidden parts only below the split (ROOT may be ~/.data); str ops: 1.3M files
-        below = os.sep + path[len(prefix):]
-        return os.sep + "." not in below and has_file_allowed_extension(path, IMG_EXTENSIONS)
-
-    samples = make_dataset(str(directory), class_to_idx, is_valid_file=valid, allow_empty=True)
+    prefix = os.path.join(str(directory), "")
+    split_dir = Path(os.path.realpath(directory))
+    seen = {str(split_dir), *map(str, split_dir.parents)}  # a link up to one of them is a loop
+    repeats: list[str] = []
+    samples = []
+    for name, label in sorted(class_to_idx.items()):
+        for root, files in sorted(_walk_once(os.path.join(prefix, name), seen, repeats)):
+            below = os.sep + root[len(prefix):]  # hidden parts only below the split (ROOT may be ~/.data)
+            samples += [(os.path.join(root, f), label) for f in sorted(files)
+                        if not f.startswith(".") and has_file_allowed_extension(f, IMG_EXTENSIONS)
+                        and os.sep + "." not in below]
+    if repeats:
+        log.warning("image-folder split %s: %d symlinked director%s lead%s to a folder already read (a link "
+                    "back up the tree, or a second link to it), not read again: %s", directory, len(repeats),
+                    "y" if len(repeats) == 1 else "ies", "s" if len(repeats) == 1 else "", ", ".join(repeats[:3]))
     found = {t for _, t in samples}
     empty = sorted(c for c, i in class_to_idx.items() if i not in found)
     if empty:  # torchvision's message names no directory
@@ -194,7 +205,29 @@ def scan_split(directory: Path, class_to_idx: dict[str, int]) -> list[tuple[str,
             f"image-folder split {directory}: Found no valid file for the classes {', '.join(empty)}. "
             f"Supported extensions are: {', '.join(IMG_EXTENSIONS)} (hidden files and folders, whose "
             f"names start with '.', are skipped); empty: {', '.join(str(directory / c) for c in empty)}")
-    return [(str(p), int(t)) for p, t in samples]
+    return samples
+
+
+def _walk_once(top: str, seen: set[str], repeats: list[str]) -> Iterator[tuple[str, list[str]]]:
+    """``os.walk(top, followlinks=True)`` as ``(directory, file names)``, each real directory once
+    (``seen``: real paths read so far); the links that lead to one already read go to ``repeats``."""
+    real = os.path.realpath(top)
+    if real in seen:
+        repeats.append(top)
+        return
+    seen.add(real)
+    for root, dirs, files in os.walk(top, followlinks=True):
+        kept = []
+        for d in dirs:
+            path = os.path.join(root, d)
+            real = os.path.realpath(path)
+            if real in seen:
+                repeats.append(path)
+            else:
+                seen.add(real)
+                kept.append(d)
+        dirs[:] = kept
+        yield root, files
 
 
 def balanced_subset(samples: list[tuple[str, int]], n: int | None,

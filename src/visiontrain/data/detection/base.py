@@ -46,8 +46,11 @@ __all__ = ["BAD_POLICIES", "BadAnnotationError", "DetectionDataset", "ImageRecor
 
 BAD_POLICIES = ("error", "skip")
 IMAGE_FILE_REASONS = ("missing image", "unreadable image")  # data.on_bad_image's
+#: An annotation's file name that leaves its directory (data.on_bad_annotation's: the file is never opened).
+OUTSIDE = "image outside its directory"
 #: What loses a whole image (the rest lose one box): the two shares data.max_skipped_share bounds.
-IMAGE_REASONS = (*IMAGE_FILE_REASONS, "image size mismatch", "missing annotation", "unreadable annotation")
+IMAGE_REASONS = (*IMAGE_FILE_REASONS, "image size mismatch", "missing annotation", "unreadable annotation",
+                 OUTSIDE)
 
 
 class BadDataPolicy:

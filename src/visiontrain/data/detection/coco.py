@@ -21,8 +21,8 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from visiontrain.data import image_check
-from visiontrain.data.bad_data import warn_spelled_alike
-from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
+from visiontrain.data.bad_data import leaves_its_directory, warn_spelled_alike
+from visiontrain.data.detection.base import (OUTSIDE, BadAnnotationError, BadDataPolicy, DetectionDataset,
                                              ImageRecord, check_box)
 from visiontrain.data.detection.images import size_text
 from visiontrain.data.detection.masks import segmentation_rle
@@ -91,6 +91,8 @@ def _load(ann_file: str) -> dict[str, Any]:
         raise FileNotFoundError(f"COCO annotation file {ann_file} does not exist") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise BadAnnotationError(f"{ann_file}: not valid JSON: {err}") from None
+    except RecursionError:
+        raise BadAnnotationError(f"{ann_file}: not valid COCO: nested too deeply for a JSON reader") from None
     if not isinstance(data, dict):
         raise BadAnnotationError(f"{ann_file}: expected a JSON object with images, annotations and "
                                  f"categories, got {type(data).__name__}")
@@ -134,6 +136,17 @@ def _images(data: dict[str, Any], ann_file: str) -> dict[int, dict[str, Any]]:
             raise BadAnnotationError(f"{ann_file}: images[{i}] id {img['id']!r} is not a unique integer")
         images[img["id"]] = img
     return images
+
+
+def _inside(image: dict[str, Any], image_dir: str, policy: BadDataPolicy) -> bool:
+    """Whether the image's ``file_name`` stays under ``image_dir``; one that leaves it is bad data,
+    and never opened."""
+    name = str(image["file_name"])
+    if not leaves_its_directory(name):
+        return True
+    policy.bad(OUTSIDE, f"image id {image['id']}: file_name {name!r} is outside the image directory {image_dir} "
+                        f"(an absolute path or a '..' step; expected a path under it)")
+    return False
 
 
 def _group(data: dict[str, Any], ann_file: str, images: dict[int, Any], policy: BadDataPolicy,
@@ -224,7 +237,7 @@ def read_coco(ann_file: str, image_dir: str, *, on_bad_annotation: str = "error"
     images = _images(data, ann_file)
     by_image = _group(data, ann_file, images, policy, crowd=masks)
 
-    order = sorted(images)
+    order = [i for i in sorted(images) if _inside(images[i], image_dir, policy)]
     paths = [os.path.join(image_dir, str(images[i]["file_name"])) for i in order]
     records: list[ImageRecord] = []
     for image_id, path, (size, reason, message) in zip(order, paths, probe_images(paths)):

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from visiontrain.data.bad_data import alike_in, listed, warn_spelled_alike
-from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
+from visiontrain.data.bad_data import alike_in, leaves_its_directory, listed, warn_spelled_alike
+from visiontrain.data.detection.base import (OUTSIDE, BadAnnotationError, BadDataPolicy, DetectionDataset,
                                              ImageRecord, check_box)
 from visiontrain.data.detection.coco import probe_image
 from visiontrain.data.detection.images import size_text
@@ -65,7 +65,12 @@ def _parse(xml_path: str, image_id: int, stem: str, root: str,
     except ET.ParseError as err:
         policy.bad("unreadable annotation", f"annotation file {xml_path} is not valid XML: {err}")
         return None
-    path = os.path.join(root, "JPEGImages", _text(tree, "filename") or f"{stem}.jpg")
+    name = _text(tree, "filename") or f"{stem}.jpg"
+    if leaves_its_directory(name):
+        policy.bad(OUTSIDE, f"annotation file {xml_path}: <filename> {name!r} is outside {root}/JPEGImages (an "
+                            f"absolute path or a '..' step; expected a file name in it)")
+        return None
+    path = os.path.join(root, "JPEGImages", name)
     size, reason, message = probe_image(path)
     if size is None:
         policy.bad(reason, f"{message} (annotation {xml_path})")
@@ -124,6 +129,10 @@ def read_voc(root: str, split: str, *, on_bad_annotation: str = "error", on_bad_
     for image_id, stem in enumerate(stems, 1):
         if limit is not None and len(parsed) >= limit:
             break
+        if leaves_its_directory(stem):
+            policy.bad(OUTSIDE, f"line {image_id}: image id {stem!r} is outside {root} (an absolute path or a '..' "
+                                f"step; expected a name in Annotations/ and JPEGImages/)")
+            continue
         image = _parse(xml_of[image_id - 1], image_id, stem, root, policy)
         if image is not None:
             parsed.append(image)

@@ -108,6 +108,8 @@ def parse_index(text: str, where: str) -> dict[str, Any]:
         index = json.loads(text)
     except ValueError as err:
         raise ValueError(f"{where}: not a readable shard index ({err})") from None
+    except RecursionError:
+        raise ValueError(f"{where}: not a readable shard index (nested too deeply for a JSON reader)") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         raise ValueError(f"{where}: not a visiontrain shard index (no \"format\": \"{FORMAT}\")")
     if index.get("version") != VERSION:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from visiontrain.data.shards.layout import INDEX_FILE, TAR_BLOCK, padded, parse_index, sample_key
-from visiontrain.data.shards.samples import SplitSamples, read_samples
+from visiontrain.data.shards.samples import SplitSamples, check_samples, read_samples
 from visiontrain.data.shards.storage import ShardStore
 
 
@@ -91,7 +91,9 @@ class ShardSplit:
         # twice the buffer's bytes: the window a worker's reads fall in (``storage``)
         self.store = ShardStore(location, cache_bytes=int(2 * spec.shuffle_buffer * mean_bytes))
         samples_name = entry["samples_file"]
-        samples = read_samples(self.store.read(samples_name), self.store.url(samples_name), self.kind)
+        shown = self.store.shown(samples_name)
+        samples = read_samples(self.store.read(samples_name), shown, self.kind)
+        check_samples(samples, entry, len(index["class_names"]), shown)
         positions = np.arange(len(samples))  # each sample's key: its position in the whole split
         keep = np.array(picked(spec, split))[samples.shard]
         if not keep.all():

@@ -160,3 +160,34 @@ def read_samples(data: bytes, where: str, kind: str) -> SplitSamples:
         raise ValueError(f"{where}: a {kind} samples file without {', '.join(missing)}")
     shard, start, end = arrays.pop("shard"), arrays.pop("start"), arrays.pop("end")
     return SplitSamples(shard, start, end, arrays)
+
+
+def check_samples(samples: SplitSamples, entry: dict[str, Any], classes: int, where: str) -> None:
+    """A samples file read back against its index entry, before any shard is read: each sample in a
+    listed shard and within its bytes, each label a class. A downloaded set is data; one wrong number
+    would otherwise be an ``IndexError`` mid-epoch, or a read of 2^40 bytes."""
+    n, shards = len(samples), entry["shards"]
+    if n != entry["samples"] or not len(samples.start) == len(samples.end) == n:
+        raise ValueError(f"{where}: {n:,} samples with {len(samples.start):,} starts and {len(samples.end):,} ends; "
+                         f"its index lists {entry['samples']:,}")
+    sizes = np.array([int(s["bytes"]) for s in shards], dtype=np.int64)
+    _first_bad(where, "shard", samples.shard, (samples.shard < 0) | (samples.shard >= len(shards)),
+               f"a shard number 0-{len(shards) - 1}")
+    outside = (samples.start < 0) | (samples.end <= samples.start) | (samples.end > sizes[samples.shard])
+    _first_bad(where, "[start, end]", np.stack([samples.start, samples.end], 1), outside,
+               "0 <= start < end <= the shard's bytes in the index")
+    labels = samples.labels.get("label", samples.labels.get("labels"))
+    if labels is not None:
+        _first_bad(where, "label", labels, (labels < 0) | (labels >= classes), f"a class index 0-{classes - 1}")
+    box_start = samples.labels.get("box_start")
+    if box_start is not None and (len(box_start) != n + 1 or box_start[0] != 0 or np.any(np.diff(box_start) < 0)
+                                  or box_start[-1] != len(samples.labels["boxes"])):
+        raise ValueError(f"{where}: box_start does not split its {len(samples.labels['boxes']):,} boxes into "
+                         f"{n:,} samples (expected {n + 1:,} rising offsets from 0)")
+
+
+def _first_bad(where: str, key: str, values: np.ndarray, bad: np.ndarray, expected: str) -> None:
+    if bad.any():
+        i, count = int(np.flatnonzero(bad)[0]), int(bad.sum())
+        raise ValueError(f"{where}: {key} of sample {i:,} is {values[i].tolist()!r}; expected {expected} "
+                         f"({count:,} such sample{'s' if count > 1 else ''})")

@@ -22,6 +22,8 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable
 
+from visiontrain.redact import redact_url, scrub
+
 log = logging.getLogger("visiontrain")
 RETRIES = 5
 FIRST_WAIT = 0.5
@@ -64,6 +66,10 @@ class ShardStore:
     def url(self, name: str) -> str:
         return f"{self.location}/{name}" if self.remote else os.path.join(_local(self.location), name)
 
+    def shown(self, name: str) -> str:
+        """``url(name)`` as messages print it: without a token or password the URL holds."""
+        return redact_url(self.url(name))
+
     def _filesystem(self) -> Any:
         if self._fs is None:
             import fsspec
@@ -73,7 +79,7 @@ class ShardStore:
             try:
                 self._fs, _ = fsspec.core.url_to_fs(self.location)
             except ImportError as err:  # s3fs, gcsfs: installed by the user for the storage they use
-                raise ShardReadError(f"{self.location}: {err}") from None
+                raise ShardReadError(f"{redact_url(self.location)}: {scrub(str(err), self.location)}") from None
         return self._fs
 
     def read(self, name: str) -> bytes:
@@ -115,7 +121,7 @@ class ShardStore:
     def _checked(self, name: str, start: int, end: int, data: bytes) -> bytes:
         """``data``, read as bytes ``[start, end)``, unless the file ended before ``end``."""
         if len(data) != end - start:
-            raise ShardReadError(f"{self.url(name)}: bytes {start}-{end} asked, {len(data)} there (the file is "
+            raise ShardReadError(f"{self.shown(name)}: bytes {start}-{end} asked, {len(data)} there (the file is "
                                  f"shorter than its samples file says)")
         return data
 
@@ -139,13 +145,13 @@ class ShardStore:
             except ShardReadError:
                 raise
             except FileNotFoundError:
-                raise ShardReadError(f"{self.url(name)}: no such file") from None
+                raise ShardReadError(f"{self.shown(name)}: no such file") from None
             except Exception as err:  # noqa: BLE001  (each file system raises its own transient errors)
                 if attempt == self.retries:
-                    raise ShardReadError(f"{self.url(name)}: cannot be read or written after {self.retries} tries: "
-                                         f"{type(err).__name__}: {err}") from None
-                log.warning("%s: %s: %s; trying again in %.1f s (try %d of %d)", self.url(name),
-                            type(err).__name__, err, wait, attempt + 1, self.retries)
+                    raise ShardReadError(f"{self.shown(name)}: cannot be read or written after {self.retries} tries: "
+                                         f"{type(err).__name__}: {scrub(str(err), self.location)}") from None
+                log.warning("%s: %s: %s; trying again in %.1f s (try %d of %d)", self.shown(name),
+                            type(err).__name__, scrub(str(err), self.location), wait, attempt + 1, self.retries)
                 time.sleep(wait)
                 wait *= 2
-        raise ShardReadError(f"{self.url(name)}: no tries (retries={self.retries})")
+        raise ShardReadError(f"{self.shown(name)}: no tries (retries={self.retries})")

@@ -44,6 +44,7 @@ from visiontrain.engine.state.checkpoint import write_run_file
 from visiontrain.engine.state.run_files import (BEST_CHECKPOINT, BEST_EMA_CHECKPOINT, CHECKPOINTS_DIR, CONFIG_FILE,
                                                 FINAL_WEIGHTS, MLFLOW_ARTIFACT_DIR, MLFLOW_DB_FILE, MLFLOW_RUN_FILE,
                                                 PLOTS_DIR, PROVENANCE_FILE, REPORT_FILE, SUMMARY_FILE)
+from visiontrain.redact import redact_url, scrub
 from visiontrain.typed_config import doc
 
 
@@ -212,8 +213,9 @@ class MlflowTracker:
             fn(*args)
         except Exception as err:  # noqa: BLE001 - a tracker never stops training
             self._failed = True
-            log.warning(f"visiontrain: warning: MLflow ({self.uri}) failed: {type(err).__name__}: "
-                        f"{str(err).strip()[:500]}; training goes on, and this run logs nothing more to "
+            why = scrub(str(err).strip(), self.uri)[:500]
+            log.warning(f"visiontrain: warning: MLflow ({redact_url(self.uri)}) failed: {type(err).__name__}: "
+                        f"{why}; training goes on, and this run logs nothing more to "
                         f"MLflow (its run dir has everything)")
 
     def _open(self, config: dict[str, Any], provenance: dict[str, Any], step: int, started: int) -> None:
@@ -243,7 +245,7 @@ class MlflowTracker:
         from mlflow.exceptions import MlflowException
 
         saved = json.loads(path.read_text())
-        why = f"is in {saved.get('tracking_uri')}, not in {self.uri}"
+        why = f"is in {redact_url(str(saved.get('tracking_uri')))}, not in {redact_url(self.uri)}"
         if saved.get("tracking_uri") == self.uri:
             try:
                 run = self.client.get_run(saved["run_id"])

@@ -1,0 +1,40 @@
+"""URLs as the tool prints and writes them (``visiontrain.redact``): passwords and tokens masked,
+everything else kept, so that the message still says which database, bucket or server it means."""
+from __future__ import annotations
+
+import pytest
+
+from visiontrain.redact import redact_url, scrub
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("postgresql://u:secret@db.example:5432/study", "postgresql://u:***@db.example:5432/study"),
+    ("postgresql://u:p@ss@db/study", "postgresql://u:***@db/study"),  # an @ in the password as typed
+    ("mysql://u:pa/ss:w@db/study", "mysql://u:***@db/study"),  # a / and a : in it
+    ("postgresql://u@db/study?password=secret&sslmode=require", "postgresql://u@db/study?password=***&sslmode=require"),
+    ("https://bucket.s3.example/a.tar?X-Amz-Credential=AKIA%2F1&X-Amz-Signature=abc&X-Amz-Date=1",
+     "https://bucket.s3.example/a.tar?X-Amz-Credential=***&X-Amz-Signature=***&X-Amz-Date=1"),
+    ("http://tracker:5000?access_token=abc;user=me", "http://tracker:5000?access_token=***;user=me"),
+])
+def test_secrets_are_masked_and_the_rest_kept(url, shown):
+    assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize("url", [
+    "s3://bucket/shards/a@b.tar",  # an @ in a path is no user info
+    "http://host:8080/runs/a@b",
+    "postgresql://u@db/study",  # a user without a password
+    "sqlite:////data/study.db",
+    "databricks",
+    "/data/shards",
+])
+def test_a_url_without_secrets_is_unchanged(url):
+    assert redact_url(url) == url
+
+
+def test_a_message_that_quotes_the_url_or_its_password_is_scrubbed():
+    url = "postgresql://u:p@ss-w0rd@db/study?token=t0ken-x"
+    message = f"Could not parse SQLAlchemy URL from string '{url}' (password p@ss-w0rd, token t0ken-x)"
+    scrubbed = scrub(message, url)
+    assert "p@ss-w0rd" not in scrubbed and "t0ken-x" not in scrubbed
+    assert "'postgresql://u:***@db/study?token=***'" in scrubbed
