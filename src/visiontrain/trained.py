@@ -18,6 +18,7 @@ from visiontrain.engine.protocols.task import Task
 from visiontrain.engine.state import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
 from visiontrain.engine.state.run_dir import checkpoint_in
+from visiontrain.engine.state.weights import shapes_of, weights_misfit
 from visiontrain.tasks import build_task
 
 
@@ -45,9 +46,25 @@ class Trained:
         if ema and not self.has_ema:
             raise CheckpointError(f"{self.path}: --ema given but the checkpoint holds no EMA weights "
                                   f"(trained with ema.enabled=false)")
-        model = self.task.build_model(self.info)
-        model.load_state_dict(fmt.ema_weights(self.state) if ema else fmt.model_weights(self.state))
+        weights = fmt.ema_weights(self.state) if ema else fmt.model_weights(self.state)
+        if not isinstance(weights, dict):
+            raise CheckpointError(f"{self.path}: its {'EMA ' if ema else ''}weights are no dict of tensors")
+        model = self._built_model()
+        misfit = weights_misfit(shapes_of(weights), model.state_dict(), extra=True)
+        if misfit:  # a file edited, damaged or made to crash a loader: one line, not load_state_dict's traceback
+            raise CheckpointError(f"{self.path}: its {'EMA ' if ema else ''}weights do not fit the model its "
+                                  f"config builds ({misfit})")
+        model.load_state_dict(weights)
         return model.eval()
+
+    def _built_model(self) -> nn.Module:
+        """The model the checkpoint's config and ``data_info`` describe. Both come from the file: a class
+        count of 10**12 fails in the allocator, and the user gets that in one line naming the file."""
+        try:
+            return self.task.build_model(self.info)
+        except (RuntimeError, MemoryError, ValueError, TypeError, OverflowError) as err:
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise CheckpointError(f"{self.path}: its config and data_info do not build a model: {reason}") from None
 
 
 def load_trained(target: str | Path, overrides: Sequence[str] = (), split: str = "val") -> Trained:

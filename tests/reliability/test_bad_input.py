@@ -468,6 +468,43 @@ def test_truncated_checkpoint_other_commands(truncated_ckpt: Path, digits_run: P
     assert f"checkpoint {truncated_ckpt} is truncated or corrupt" in line
 
 
+def damaged(digits_run: Path, tmp_path: Path, damage: str) -> Path:
+    """The digits run's last.pt as a hostile or damaged file might have it: a tensor declaring 2^40
+    elements (a zero-stride view: a few bytes on disk), a class count of 10^12, or a tensor the
+    model has no place for. Each passes the weights_only load."""
+    state = load_checkpoint(digits_run / "checkpoints" / "last.pt")
+    weights = [fmt.model_weights(state), *([fmt.ema_weights(state)] if fmt.has_ema(state) else [])]
+    for w in weights:
+        if damage == "shape":
+            w["head.weight"] = torch.zeros(1).as_strided((2 ** 20, 2 ** 20), (0, 0))
+        elif damage == "extra":
+            w["backdoor.weight"] = torch.zeros(3)
+    if damage == "classes":
+        fmt.data_info_of(state)["num_classes"] = 10 ** 12
+    path = tmp_path / f"{damage}.pt"
+    torch.save(state, path)
+    return path
+
+
+@pytest.mark.parametrize("command", ["validate", "predict", "export"])
+@pytest.mark.parametrize("damage", ["shape", "classes", "extra"])
+def test_a_checkpoint_whose_tensors_or_class_count_do_not_build_its_model_is_one_line(
+        digits_run: Path, tmp_path: Path, capfd, damage: str, command: str) -> None:
+    ckpt = damaged(digits_run, tmp_path, damage)
+    image = tmp_path / "x.png"
+    Image.new("L", (8, 8)).save(image)
+    line = refused(capfd, *{"validate": ["validate", str(ckpt)],
+                            "predict": ["predict", str(ckpt), str(image), "--out", str(tmp_path / "p")],
+                            "export": ["export", str(ckpt), "--format", "onnx"]}[command])
+    expected = {"shape": "weights do not fit the model its config builds (shapes differ: head.weight "
+                         "(1048576, 1048576) vs (10, 512))",
+                "classes": "its config and data_info do not build a model: ",
+                "extra": "weights do not fit the model its config builds (tensors the model has no place for: "
+                         "backdoor.weight)"}[damage]
+    assert line.startswith(f"visiontrain: error: {ckpt}: ") and expected in line, line
+    assert not (tmp_path / "p").exists() and not list(tmp_path.glob("*.onnx"))
+
+
 NOT_CHECKPOINTS = {  # what a user hands over by mistake, and the words that must say what it is
     "text": (b"epoch 3: loss 0.41\nsaved the model in the cloud folder\n", "it looks like text"),
     "html": (b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head><body>...</body></html>\n",

@@ -89,6 +89,26 @@ def save_safetensors(weights: dict[str, torch.Tensor], path: Path) -> None:
     tmp.replace(path)
 
 
+def shapes_of(weights: dict[str, Any]) -> dict[str, tuple[int, ...] | None]:
+    """Each entry's shape; None for an entry that is no tensor (a hand-made or hostile file)."""
+    return {k: tuple(v.shape) if isinstance(v, torch.Tensor) else None for k, v in weights.items()}
+
+
+def weights_misfit(theirs: dict[str, tuple[int, ...] | None], own: dict[str, torch.Tensor],
+                   *, extra: bool = False) -> str:
+    """What keeps weights of the shapes ``theirs`` from loading into a model whose state dict is ``own``
+    (shapes that differ, tensors missing, and with ``extra`` tensors the model has no place for),
+    in a few words; "" when they fit. Said before ``load_state_dict``, whose error is a traceback."""
+    bad = [f"{k} {theirs[k] if theirs[k] is not None else 'not a tensor'} vs {tuple(v.shape)}"
+           for k, v in own.items() if k in theirs and theirs[k] != tuple(v.shape)]
+    missing = [k for k in own if k not in theirs]
+    unexpected = [k for k in theirs if k not in own] if extra else []
+    return "; ".join(filter(None, [
+        f"shapes differ: {', '.join(bad[:5])}" if bad else "",
+        f"missing tensors: {', '.join(missing[:5])}" if missing else "",
+        f"tensors the model has no place for: {', '.join(unexpected[:5])}" if unexpected else ""]))
+
+
 def _model_text(config: Any, info: Any) -> str:
     """'task classification (small_cnn), 10 classes': what a resume error compares, in a user's words."""
     task = config.get("task", {}) if isinstance(config, dict) else {}
@@ -122,16 +142,9 @@ def check_resume_compatible(state: dict[str, Any], run: Any, source: str) -> Non
         raise CheckpointError(f"--resume {source}: {why}; or use --init {source} to start from its weights")
     from visiontrain.engine.state.sharded import sharded_shapes
 
-    theirs = sharded_shapes(Path(source).parent, record) if sharded else \
-        {k: tuple(v.shape) for k, v in fmt.model_weights(state).items()}
-    own = run.raw_model.state_dict()
-    bad = [f"{k} {theirs[k]} vs {tuple(v.shape)}" for k, v in own.items()
-           if k in theirs and theirs[k] != tuple(v.shape)]
-    missing = [k for k in own if k not in theirs]
-    if bad or missing:
-        detail = "; ".join(filter(None, [
-            f"shapes differ: {', '.join(bad[:5])}" if bad else "",
-            f"missing tensors: {', '.join(missing[:5])}" if missing else ""]))
+    theirs = sharded_shapes(Path(source).parent, record) if sharded else shapes_of(fmt.model_weights(state))
+    detail = weights_misfit(theirs, run.raw_model.state_dict())
+    if detail:
         from visiontrain.config import config_to_dict
 
         theirs_text = _model_text(fmt.config_of(state), fmt.data_info_of(state))
