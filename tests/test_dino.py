@@ -29,7 +29,7 @@ TINY = ["data.name=digits", "task.patch_size=2", "task.global_crop_size=8", "tas
         "task.backbone_args={embed_dim: 32, depth: 1, num_heads: 2}", "task.out_dim=64", "task.hidden_dim=32",
         "task.bottleneck_dim=16", "task.local_crops=2", "task.knn_bank=null", "task.blur_sigma=[0.1, 0.5]",
         "data.batch_size=32", "data.eval_batch_size=200", "data.num_workers=0", "trainer.progress=plain",
-        "trainer.precision=fp32"]
+        "trainer.precision=fp32", "trainer.plots=false"]  # no figures (2 s of CPU a run) but in the test of them
 # Runs shorter than an epoch take real steps from the start (a warm-up from 0 would barely move them)
 NO_WARMUP = ["schedules.lr.warmup=0", "schedules.task.teacher_temp.warmup=0"]
 
@@ -331,7 +331,8 @@ def test_recipes_load():
 def fitted(tmp_path_factory):
     run = tmp_path_factory.mktemp("dino") / "run"
     proc = vt("fit", "ssl-dino", *TINY, "trainer.max_steps=6", "trainer.log_every=3", "trainer.epochs=1",
-              "data.limit_train=320", "schedules.lr.warmup=0.2", "schedules.task.teacher_temp.warmup=0.2",
+              "trainer.plots=true", "data.limit_train=320", "schedules.lr.warmup=0.2",
+              "schedules.task.teacher_temp.warmup=0.2",
               "--run-dir", str(run))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run

@@ -36,7 +36,7 @@ def test_two_ranks_equal_one_process_with_twice_the_batch(tmp_path):
     batch-dependent layer the weights are the same; with accumulation (non-final micro-steps skip the
     all-reduce). Only rank 0 writes."""
     common = {"trainer__epochs": 2, "optim__name": "adamw", "optim__lr": 0.01, "trainer__accum_steps": 2,
-              "checkpoint__every": 1, "trainer__log_every": 1}
+              "checkpoint__every": 1, "trainer__log_every": 1, "trainer__plots": True}  # rank 0 draws them
     run(1, tmp_path / "single.pt", tmp_path / "single", data__batch_size=32, **common)
     one = torch.load(tmp_path / "single.pt")["model"]
     for strategy in ("ddp", "fsdp"):

@@ -24,7 +24,7 @@ def _not_blank(path: Path) -> None:
 
 def test_a_run_writes_every_curve_and_none_when_switched_off(tmp_path):
     run = tmp_path / "on"
-    train(toy_config(ema__enabled=True, schedules__lr__shape="cosine"), run)
+    train(toy_config(ema__enabled=True, schedules__lr__shape="cosine", trainer__plots=True), run)
     names = sorted(p.name for p in (run / "plots").glob("*.png"))
     assert names == ["eval.png", "losses.png", "schedules.png", "throughput.png"]
     for path in (run / "plots").glob("*.png"):

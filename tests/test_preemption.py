@@ -26,7 +26,8 @@ from procs import finish, popen
 # the resumed run crosses an epoch's end (and its evaluation and new order) before it ends.
 ARGS = ["classify-fashion", "data.name=digits", "data.limit_train=480", "data.batch_size=16", "data.augment=basic",
         "data.num_workers=1", "trainer.epochs=3", "trainer.log_every=5", "trainer.threads=1", "trainer.progress=plain",
-        "checkpoint.every=1", "eval.every=1", "task.drop_rate=0.2", "optim.lr=0.003"]
+        "checkpoint.every=1", "eval.every=1", "task.drop_rate=0.2", "optim.lr=0.003",
+        "trainer.plots=false"]  # the figures at the end cost about 2 s of CPU a run; not the subject
 
 
 def start(run_dir: Path, *options: str, overrides: tuple[str, ...] = ()) -> subprocess.Popen:

@@ -116,7 +116,8 @@ def digits_shards(tmp_path_factory) -> Path:
 # classify-fashion as shipped, on the digits' shards, for 2 epochs, so that a resumed run starts an
 # epoch's new order. Its num_workers=0 becomes 2 and a checkpoint is written every few steps: what a
 # kill is resumed from, with a worker per stream (the issue asks for exact resume with workers).
-TRAIN = ("data.name=shards", "trainer.epochs=2", "data.num_workers=2", "checkpoint.unit=steps")
+TRAIN = ("data.name=shards", "trainer.epochs=2", "data.num_workers=2", "checkpoint.unit=steps",
+         "trainer.plots=false")  # the figures at the end: about 2 s of CPU a run, and not the subject
 # The run's size by process count. One process: 480 of the 1,437 training images, 15 steps of 32 an
 # epoch, a checkpoint every 5 steps. Two ranks: 256 images, 8 steps of 2 x 16 an epoch, a checkpoint
 # every 4 (a step of two ranks costs several of one process's).

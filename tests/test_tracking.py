@@ -63,7 +63,8 @@ def histories(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
 def tracked(tmp_path_factory) -> dict:
     """One run tracked in its run dir's own store, then resumed for another epoch."""
     root = tmp_path_factory.mktemp("tracked")
-    run_dir, path = root / "run", recipe(root, optim__lr=0.01)  # converges: every value finite
+    run_dir, path = root / "run", recipe(root, optim__lr=0.01, trainer__plots=True)  # converges: every value finite;
+    # its plots are artifacts to check
     assert cli.main(["fit", path, "logging.mlflow=true", "--run-dir", str(run_dir)]) == 0
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
     first = {"run": client.get_run(run_id(run_dir)), "metrics": histories(run_dir),

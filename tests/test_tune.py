@@ -19,7 +19,8 @@ from visiontrain import cli
 
 # digits: the offline dataset on which a trial takes seconds. Batches of 16 make a trial long enough
 # (about 180 steps) for a tuner to stop it part-way (the pruning and kill tests need that).
-TRIAL = ["data.name=digits", "data.batch_size=16", "trainer.epochs=2"]
+# trainer.plots=false: a trial's own figures cost about 2 s of CPU and are not tested here (the study's are).
+TRIAL = ["data.name=digits", "data.batch_size=16", "trainer.epochs=2", "trainer.plots=false"]
 LR_SPACE = "optim.lr: {categorical: [0.003, 1.0e-06]}\n"
 # CI installs the extra (VISIONTRAIN_REQUIRE_MLFLOW=1): there a missing one fails the study's fixture
 HAS_MLFLOW = importlib.util.find_spec("mlflow") is not None or os.environ.get("VISIONTRAIN_REQUIRE_MLFLOW") == "1"

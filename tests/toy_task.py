@@ -111,8 +111,10 @@ register_task("toy", ToyTask, ToyConfig)
 def toy_config(**overrides: Any) -> C.Config:
     tree: dict = {"task": {"name": "toy"}, "data": {"batch_size": 32},
                   "optim": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
-                  # fp32, not auto: the engine's tests compute the same on a CPU with native bf16 and without
-                  "trainer": {"epochs": 2, "log_every": 4, "progress": "plain", "precision": "fp32"},
+                  # fp32, not auto: the engine's tests compute the same on a CPU with native bf16 and without.
+                  # No plots: drawing them costs about 2 s of CPU a run; the tests of plots ask for them.
+                  "trainer": {"epochs": 2, "log_every": 4, "progress": "plain", "precision": "fp32",
+                              "plots": False},
                   "eval": {"every": 1}, "checkpoint": {"every": 1}}
     for key, value in overrides.items():
         C._set_dotted(tree, key.replace("__", "."), value)

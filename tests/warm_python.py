@@ -1,7 +1,7 @@
 """A Python with the heavy libraries already imported, forking one child per CLI command of the tests.
 
-A ``visiontrain`` command costs this machine kind 5-6 s of CPU importing torch, dynamo, matplotlib
-and sympy before it reads its first argument; the suite runs about two hundred of them. The server
+A ``visiontrain`` command costs this machine kind 5-6 s of CPU importing torch, dynamo, matplotlib,
+sympy and tensorboard before it reads its first argument; the suite runs about two hundred of them. The server
 below imports those libraries once (third-party only: every visiontrain module is imported by the
 child, so a registry filled by import order fails here as it fails for a user), then forks a child
 for each command: the child takes the caller's stdin/stdout/stderr, working directory, environment
@@ -41,7 +41,7 @@ PER_CALL_KEYS = ("PATH", "PWD", "OLDPWD", "SHLVL", "_")
 SOCKET_ENV = "VISIONTRAIN_TEST_WARM_SOCKET"
 _ENV_BEFORE_PRELOAD: dict[str, str] = {}
 _ENV_SET_BY_PRELOAD: dict[str, str] = {}
-PRELOAD = ("torch", "torch._dynamo", "matplotlib.figure", "sympy", "numpy", "PIL.Image")
+PRELOAD = ("torch", "torch._dynamo", "matplotlib.figure", "sympy", "numpy", "PIL.Image", "torch.utils.tensorboard")
 
 
 def same_python(env: dict[str, str], server_env: dict[str, str], set_by_preload: dict[str, str]) -> bool:

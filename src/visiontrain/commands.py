@@ -177,7 +177,7 @@ def _final_report(run_dir: Path) -> str | None:
     """RUN_DIR/report.html at the end of every fit. The run is done and saved by now: a report
     that cannot be written is a warning, not a failed run (``visiontrain report`` can retry)."""
     try:
-        return str(write_report(run_dir)[0])
+        return str(write_report(run_dir, as_trained=True)[0])
     except Exception as err:  # noqa: BLE001
         print(f"visiontrain: warning: no report written to {run_dir}: {type(err).__name__}: {err}", file=sys.stderr)
         return None

@@ -58,13 +58,16 @@ summary { cursor: pointer; color: #0969da; }
 """
 
 
-def build_report(run_dir: str | Path) -> str:
-    """The HTML text of the report; raises FileNotFoundError / ValueError naming the bad file."""
+def build_report(run_dir: str | Path, *, as_trained: bool = False) -> str:
+    """The HTML text of the report; raises FileNotFoundError / ValueError naming the bad file.
+    ``as_trained``: the report a run writes of itself as it ends, which draws no curves the run's
+    config said not to draw (``trainer.plots: false``); ``visiontrain report`` draws them."""
     run_dir = Path(run_dir)
     run = read_run(run_dir)
     config_text, config = _read_config(run_dir)
     metric, mode = _checkpoint_metric(run, config)
-    plots, figures = _plots_html(run, run_dir)
+    plots_off = (config.get("trainer") or {}).get("plots") is False
+    plots, figures = _plots_html(run, run_dir, draw=not (as_trained and plots_off))
     task = config.get("task") or {}
     facts = [("task", task.get("name")), ("model", task.get("model")),
              ("data", (config.get("data") or {}).get("name")), ("optimizer", (config.get("optim") or {}).get("name"))]
@@ -85,7 +88,8 @@ def build_report(run_dir: str | Path) -> str:
         *_per_class_html(run),
         _model_html(run_dir),
         f"<h2>Plots ({plots})</h2>",
-        f'<div class="plots">{figures}</div>' if plots else '<p class="muted">no plots</p>',
+        f'<div class="plots">{figures}</div>' if plots else
+        f'<p class="muted">no plots{NOT_DRAWN if plots_off else ""}</p>',
         _provenance_html(run_dir),
         "<h2>Config</h2>",
         f"<details><summary>{CONFIG_FILE}</summary>"
@@ -97,6 +101,9 @@ def build_report(run_dir: str | Path) -> str:
             "<body><main>\n" + "\n".join(parts) + "\n</main></body></html>\n")
 
 
+#: What the report of a run trained with ``trainer.plots: false`` says in place of its plots.
+NOT_DRAWN = ": trained with trainer.plots=false (<code>visiontrain report RUN_DIR</code> draws the curves)"
+
 #: The plots in the order a reader wants them: the data as the model saw it, how training went, how
 #: the model does per class; then the rest, by name.
 PLOT_ORDER = ("train_batch", "labels", "losses", "eval", "pr_curves", "mask_pr_curves", "confusion_matrix",
@@ -107,11 +114,12 @@ def _plot_order(path: Path) -> tuple[int, str]:
     return (PLOT_ORDER.index(path.stem) if path.stem in PLOT_ORDER else len(PLOT_ORDER), path.name)
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Path, int]:
+def write_report(run_dir: str | Path, out: str | Path | None = None, *, as_trained: bool = False) -> tuple[Path, int]:
     """Write the report (default ``RUN_DIR/report.html``); returns (path, number of plots embedded).
     A file that cannot be written (a read-only run dir, a full disk) is a ``WriteError`` naming it;
-    the run dir is only read, so ``out`` elsewhere reports a run that cannot be written to."""
-    text = build_report(run_dir)
+    the run dir is only read, so ``out`` elsewhere reports a run that cannot be written to.
+    ``as_trained``: see ``build_report``."""
+    text = build_report(run_dir, as_trained=as_trained)
     path = Path(out) if out is not None else Path(run_dir) / REPORT_FILE
     tmp = path.with_name(f".{path.name}.tmp")  # a reader never sees half a page
     try:
@@ -127,13 +135,13 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Pa
     return path, text.count('src="data:image/png;base64,')
 
 
-def _plots_html(run: RunRecord, run_dir: Path) -> tuple[int, str]:
-    """RUN_DIR/plots/ embedded (how many, the HTML). A run without its curves (trained with
-    trainer.plots=false, or stopped before its first evaluation) gets them drawn into RUN_DIR/plots,
-    or, when the run dir cannot be written (a read-only copy), into a temporary directory."""
+def _plots_html(run: RunRecord, run_dir: Path, draw: bool) -> tuple[int, str]:
+    """RUN_DIR/plots/ embedded (how many, the HTML). With ``draw``, a run without its curves (trained
+    with trainer.plots=false, or stopped before its first evaluation) gets them drawn into
+    RUN_DIR/plots, or, when the run dir cannot be written (a read-only copy), into a temporary directory."""
     roots = [run_dir / PLOTS_DIR]
     with tempfile.TemporaryDirectory(prefix="visiontrain-report-") as spare:
-        if run.train and not (run_dir / PLOTS_DIR / "losses.png").is_file():
+        if draw and run.train and not (run_dir / PLOTS_DIR / "losses.png").is_file():
             try:
                 write_curves(run_dir)
             except OSError:

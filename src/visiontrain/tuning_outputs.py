@@ -206,7 +206,7 @@ def after_trial(search: Search, trial: Any, outcome: Outcome, run_dir: Path) -> 
     if run_dir.is_dir():
         write_run_file(run_dir, TRIAL_FILE, dumps_json(record, indent=2) + "\n")
     if (run_dir / METRICS_FILE).is_file() and not (run_dir / REPORT_FILE).is_file():
-        write_report(run_dir)  # a fit writes its report when it finishes; a pruned one stopped first
+        write_report(run_dir, as_trained=True)  # a fit writes its report when it finishes; a pruned one stopped first
     try:
         tag_mlflow_run(search, run_dir, outcome.state, outcome.value)
     except Exception as err:  # noqa: BLE001 - a tracker never stops the search

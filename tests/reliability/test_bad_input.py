@@ -33,11 +33,14 @@ from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
 
 # Bad input is this file's subject; the runs load in-process where the data is small (the errors a
 # worker raises are tested where they differ: test_image_folder_corrupt_image_in_a_worker_is_one_line).
+# trainer.plots=false: the figures at a run's end cost about 2 s of CPU and are not what is tested here
+# (tests/test_plots.py, test_report.py and the recipes' runs draw them)
 DIGITS = ["data.name=digits", "data.limit_train=64", "data.limit_val=32", "data.batch_size=16",
-          "trainer.epochs=1", "trainer.progress=plain"]
+          "trainer.epochs=1", "trainer.progress=plain", "trainer.plots=false"]
 FOLDER = ["data.name=image-folder", "data.image_size=8", "data.batch_size=4", "trainer.epochs=1",
-          "trainer.progress=plain"]
+          "trainer.progress=plain", "trainer.plots=false"]
 YOLO = ["data.name=coco", "data.batch_size=2", "data.num_workers=0", "trainer.epochs=1", "trainer.progress=plain",
+        "trainer.plots=false",
         "trainer.precision=fp32", "task.backbone=darknet21", "task.backbone_width=0.125",
         "task.neck_channels=[16,16,8]", "task.size=64", "task.val_size=64", "task.multiscale_sizes=[64]"]
 W, H = 64, 48  # detection images
