@@ -125,3 +125,34 @@ def test_sharded_evaluation_counts_every_sample_once(world):
     shards = [evaluate(DistInfo(rank, world, rank)) for rank in range(world)]
     assert sum(r for _, r in shards) == n
     assert torch.equal(sum(c for c, _ in shards), whole)
+
+
+def test_fit_nproc_leaves_no_log_dir_of_torchrun_behind(monkeypatch, tmp_path):
+    """torchrun's default log dir (a /tmp/torchelastic_* a launch) is never removed; `fit --nproc` gives
+    it one that goes when the agent returns or raises. Its agent is replaced here by one that writes a
+    rank's error file there and fails, as a failed rank ends it."""
+    import argparse
+    import tempfile
+
+    import torch.distributed.run as torchrun
+    from visiontrain import launch
+    from visiontrain.process_tree import LAUNCHER_PID_ENV
+
+    seen = {}
+
+    def agent(argv: list[str]) -> None:
+        logs = Path(next(a.split("=", 1)[1] for a in argv if a.startswith("--log-dir=")))
+        (logs / "attempt_0").mkdir()
+        (logs / "attempt_0" / "error.json").write_text("{}")
+        seen["logs"] = logs
+        raise RuntimeError("a rank failed")
+
+    monkeypatch.setattr(torchrun, "main", agent)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for key in (launch.COMMAND_ENV, LAUNCHER_PID_ENV):  # run_torchrun sets them for the ranks
+        monkeypatch.setenv(key, "")
+    args = argparse.Namespace(imports=[], recipe="classify-fashion", overrides=[], run_dir=None, resume=None,
+                              init=None, nproc=2, command_line="visiontrain fit classify-fashion --nproc 2")
+    with pytest.raises(RuntimeError, match="a rank failed"):
+        launch.run_torchrun(args)
+    assert seen["logs"].parent == tmp_path and not list(tmp_path.iterdir())

@@ -7,6 +7,7 @@ import importlib
 import os
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 
 from visiontrain.config import ConfigError
@@ -41,7 +42,10 @@ def run_torchrun(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     os.environ[COMMAND_ENV] = args.command_line
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the agent is this process: the ranks' parent
-    torchrun(["--standalone", f"--nproc-per-node={args.nproc}", "-m", "visiontrain", *argv])
+    # torchrun keeps each rank's error file in a log dir, by default a new /tmp/torchelastic_* it never
+    # removes (one a launch). Its failure summary has read them by the time it returns or raises.
+    with tempfile.TemporaryDirectory(prefix="visiontrain-torchrun-") as logs:
+        torchrun(["--standalone", f"--nproc-per-node={args.nproc}", f"--log-dir={logs}", "-m", "visiontrain", *argv])
     return 0
 
 
