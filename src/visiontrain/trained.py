@@ -47,13 +47,13 @@ class Trained:
             raise CheckpointError(f"{self.path}: --ema given but the checkpoint holds no EMA weights "
                                   f"(trained with ema.enabled=false)")
         weights = fmt.ema_weights(self.state) if ema else fmt.model_weights(self.state)
+        which = "EMA weights" if ema else "weights"
         if not isinstance(weights, dict):
-            raise CheckpointError(f"{self.path}: its {'EMA ' if ema else ''}weights are no dict of tensors")
+            raise CheckpointError(f"{self.path}: its {which} are no dict of tensors")
         model = self._built_model()
         misfit = weights_misfit(shapes_of(weights), model.state_dict(), extra=True)
         if misfit:  # a file edited, damaged or made to crash a loader: one line, not load_state_dict's traceback
-            raise CheckpointError(f"{self.path}: its {'EMA ' if ema else ''}weights do not fit the model its "
-                                  f"config builds ({misfit})")
+            raise CheckpointError(f"{self.path}: its {which} do not fit the model its config builds ({misfit})")
         model.load_state_dict(weights)
         return model.eval()
 
