@@ -34,6 +34,7 @@ ensure_torchvision()
 
 sys.path.insert(0, str(Path(__file__).parent))
 import toy_task  # noqa: E402,F401  (registers the "toy" task used by engine tests)
+import registries  # noqa: E402
 
 if os.environ.get("VISIONTRAIN_TOLERANCE_LOG"):  # what each float tolerance absorbed here (tests/tolerance_log.py)
     import tolerance_log  # noqa: E402
@@ -47,6 +48,15 @@ check_required_device()
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "cuda: a code path that differs on a GPU; benchmarks/gpu_check.py runs "
                                        "these on CUDA (tests/devices.py)")
+
+
+@pytest.fixture(autouse=True)
+def _registries_as_they_were():
+    """A test may register a task, a data kind, a section, a part or a tracker of its own: after it,
+    the registries are as they were before it (they are the process's; tests/registries.py)."""
+    before = registries.snapshot()
+    yield
+    registries.restore(before)
 
 
 @pytest.fixture

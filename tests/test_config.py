@@ -13,7 +13,6 @@ from visiontrain.config import ConfigError, load_config
 from visiontrain.data.datasets.sources import FashionMnistDataConfig
 from visiontrain.engine.step.schedules import ScheduleConfig
 from visiontrain.engine.protocols.task import registered_task
-import visiontrain.tasks  # noqa: F401  (registers the task config sections)
 from visiontrain.tasks.classification import ClassificationConfig
 from visiontrain.typed_config import all_keys
 
@@ -281,8 +280,6 @@ def test_extend_section_adds_typed_documented_keys_from_another_module(monkeypat
     loads compare equal, a value pickles; registering the owner after the extension keeps the key."""
     import pickle
 
-    monkeypatch.setattr(C, "SECTIONS", dict(C.SECTIONS))
-    monkeypatch.setattr(C, "EXTRA_KEYS", dict(C.EXTRA_KEYS))
     C.extend_section("probe", _AddedKeys)  # before its owner registers it
     C.register_section("probe", _OwnerKeys, "a section of the test")
     cfg = C.config_from_dict({"probe": {"backend": "slow", "every": 3}})

@@ -15,7 +15,6 @@ from crashes import Crash, CrashAt
 from toy_task import ToyData, ToyTask, toy_config
 
 from visiontrain import config as C
-from visiontrain.engine.loop import assembly
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.engine.protocols.cadence import Cadence
 from visiontrain.engine.protocols.part import Progress
@@ -141,10 +140,7 @@ def test_the_loop_names_no_optional_part_and_no_data_format():
 # ---------------------------------------------------------------------------- a new part
 @pytest.fixture
 def weight_trail():
-    factory = example_part.register()
-    yield
-    assembly.PARTS.remove(factory)
-    del C.SECTIONS["weight_trail"]
+    example_part.register()  # taken out again after the test (tests/registries.py)
 
 
 def test_a_registered_part_runs_on_its_cadence_and_resumes_where_it_was(tmp_path, weight_trail):
@@ -193,14 +189,10 @@ def test_a_part_s_own_section_is_set_by_a_recipe_and_an_override_listed_and_chec
 def test_a_part_added_since_the_checkpoint_starts_afresh_and_says_so(tmp_path, capsys):
     cfg = toy_config(trainer__epochs=2, trainer__max_steps=8)
     Trainer(cfg, ToyTask(cfg), tmp_path / "run").fit()
-    factory = example_part.register()
-    try:
-        longer = toy_config(trainer__epochs=2)
-        resumed = Trainer(longer, ToyTask(longer), tmp_path / "run", resume=str(tmp_path / "run/checkpoints/last.pt"))
-        resumed.fit()
-    finally:
-        assembly.PARTS.remove(factory)
-        del C.SECTIONS["weight_trail"]
+    example_part.register()  # taken out again after the test (tests/registries.py)
+    longer = toy_config(trainer__epochs=2)
+    resumed = Trainer(longer, ToyTask(longer), tmp_path / "run", resume=str(tmp_path / "run/checkpoints/last.pt"))
+    resumed.fit()
     assert "holds no state of 'weight_trail': it starts afresh" in capsys.readouterr().out
     assert [s for s, _ in resumed.weight_trail.trail] == [9, 12, 15, 16]
 

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-import visiontrain.tasks  # noqa: F401  (every built-in section and key, as the CLI registers them: eval.coco_backend)
 from visiontrain import config as C
 from visiontrain.config import doc
 from visiontrain.engine.loop.trainer import Trainer

@@ -4,8 +4,9 @@ vision models. ``visiontrain fit RECIPE`` trains; see the README.
 Inference from Python (docs/inference.md): ``from visiontrain import Predictor``. A task of your own
 (docs/custom-task.md): ``from visiontrain import EvalData, Task, TaskConfig, TaskData, register_task``;
 a hook of your own (``trainer.hooks``): ``from visiontrain import Cadence, Hook``; a training data
-source: ``TrainSource``; training from Python: ``Trainer``. These names stay where they are when the
-engine's files move. They are imported on first use, so ``import visiontrain`` stays cheap (no torch).
+source: ``TrainSource``; training from Python (docs/custom-task.md): ``load_config``, ``build_task``,
+``Trainer``. These names stay where they are when the engine's files move. They are imported on first
+use, so ``import visiontrain`` stays cheap (no torch).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ _LAZY = {"Predictor": "visiontrain.inference", "Classification": "visiontrain.in
          "TaskData": "visiontrain.engine.protocols.task",
          "ExportSpec": "visiontrain.engine.protocols.task", "Prediction": "visiontrain.engine.protocols.task",
          "register_task": "visiontrain.engine.protocols.task", "EvalData": "visiontrain.engine.step.eval_loop",
-         "TrainSource": "visiontrain.engine.step.source", "Trainer": "visiontrain.engine.loop.trainer"}
+         "TrainSource": "visiontrain.engine.step.source", "Trainer": "visiontrain.engine.loop.trainer",
+         "load_config": "visiontrain.config", "build_task": "visiontrain.tasks"}
 __all__ = ["__version__", *_LAZY]
 
 

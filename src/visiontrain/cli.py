@@ -32,7 +32,8 @@ from visiontrain.commands import (cmd_benchmark, cmd_compare, cmd_consolidate, c
                                   cmd_tune, cmd_validate)
 from visiontrain.engine.state.write_failure import WriteError
 from visiontrain.exit_codes import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_PEER_LOST, EXIT_USAGE
-from visiontrain.launch import command_line, import_user_module
+from visiontrain.catalog import import_user
+from visiontrain.launch import command_line
 from visiontrain.process_tree import skip_final_collection
 from visiontrain.stop_signals import Preempted
 
@@ -233,12 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     from visiontrain.engine.state.checkpoint import CheckpointError
     from visiontrain.engine.step.guards import NonFiniteLossError, OutOfMemory
     from visiontrain.models import PretrainedUnavailable
-    import visiontrain.tasks  # noqa: F401  (registers every task's config section)
 
     args.command_line = command_line(sys.argv[1:] if argv is None else argv)  # recorded in provenance.json
     try:
         for module in args.imports:
-            import_user_module(module)
+            import_user(module)
         return args.fn(args)
     except Preempted as err:
         print(f"visiontrain: {err}", file=sys.stderr)

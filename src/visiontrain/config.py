@@ -8,7 +8,9 @@ engine's parts their ``trainer``, ``eval``, ``checkpoint``... sections, each dat
 ``eval.coco_backend`` is read by detection, while the engine's ``eval`` dataclass names no box).
 Every key is a dataclass field with a type and a one-line doc (``doc``). Unknown keys
 are errors that suggest the closest valid keys; wrong types name the key and the expected type.
-``import visiontrain.tasks`` registers every built-in section, kind and task.
+Which modules register is written in one place, ``visiontrain.catalog``: every loader here
+(:func:`load_config`, :func:`config_from_dict`, ``Config()``) imports it first, so a config means
+the same whichever module a process imported first.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from typing import Any, Callable
 
 import yaml
 
-from visiontrain import safe_yaml
+from visiontrain import catalog, safe_yaml
 from visiontrain.typed_config import (ConfigError, all_keys, build_typed, check_value, did_you_mean, doc, type_name,
                                       unknown_key)
 
@@ -142,6 +144,13 @@ def register_kind(section: str, name: str, config_class: type) -> type:
     return config_class
 
 
+def load_catalog() -> None:
+    """Every built-in section, kind, task and extension registered (``visiontrain.catalog``: the one
+    arrow from here up, on purpose; importing it costs nothing, loading it imports every room), before
+    a config is read."""
+    catalog.load()
+
+
 def listed_sections() -> list[Section]:
     """The sections in the order a recipe lists them (:data:`LISTED_FIRST`, then the others)."""
     first = [SECTIONS[n] for n in LISTED_FIRST if n in SECTIONS]
@@ -156,6 +165,7 @@ class Config:
     seed: int
 
     def __init__(self, seed: int = 0, **sections: Any) -> None:
+        load_catalog()
         self.seed = seed
         for section in listed_sections():
             setattr(self, section.name, sections.pop(section.name) if section.name in sections else section.default())
@@ -226,6 +236,7 @@ def config_from_dict(tree: dict, source: str = "config") -> Config:
     """Validate a plain dict (a recipe after overrides) into a Config."""
     if not isinstance(tree, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(tree).__name__}")
+    load_catalog()
     try:
         return _typed_config(dict(tree))
     except ConfigError as err:

@@ -1,16 +1,14 @@
-"""Starting the processes of a command: `fit --nproc N` as torchrun's agent, and `--import` of a
-user's module that registers a task (in this process and in every rank)."""
+"""Starting the processes of a command: `fit --nproc N` as torchrun's agent, each rank importing the
+user's modules again (``--import``, ``catalog.import_user``)."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import shlex
 import sys
 import tempfile
 from pathlib import Path
 
-from visiontrain.config import ConfigError
 from visiontrain.process_tree import LAUNCHER_PID_ENV, end_with_parent, expected_pid
 
 #: The user's command line, passed to the ranks a ``--nproc`` launch starts (their own differs).
@@ -55,25 +53,3 @@ def end_with_launcher() -> None:
     which would go on training and writing the run dir beside the next attempt."""
     if "TORCHELASTIC_RUN_ID" in os.environ:
         end_with_parent(expected_pid(LAUNCHER_PID_ENV))
-
-
-def import_user_module(spec: str) -> None:
-    """``--import``: a module by name, or a .py file by path. Either way it is imported under its
-    own name from a directory put on sys.path, never as ``__main__``: DataLoader workers started
-    from a forkserver find its classes by that name, and its main block does not run."""
-    if spec.endswith(".py") or os.sep in spec:
-        path = Path(spec)
-        if not path.is_file():
-            raise ConfigError(f"--import {spec}: no such file")
-        directory, name = str(path.resolve().parent), path.stem
-    else:
-        directory, name = os.getcwd(), spec
-    if directory not in sys.path:
-        sys.path.insert(0, directory)
-    try:
-        importlib.import_module(name)
-    except ModuleNotFoundError as err:
-        if err.name != name:
-            raise  # the module itself imports something missing: its own traceback says what
-        raise ConfigError(f"--import {spec}: no module named {name!r} in the current directory or on "
-                            f"sys.path (give a .py file's path, or a module name)") from None

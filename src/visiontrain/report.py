@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from visiontrain import safe_yaml
+from visiontrain import catalog, safe_yaml
 from visiontrain.compare import RunRecord, read_run
 from visiontrain.engine.records.metrics_file import (COMPUTE_S, DATA_S, EPOCH, ROW_KEYS, SAMPLES_PER_S, STEP, TIME,
                                                      ema_key, is_number, is_per_class, per_class_tables)
@@ -179,7 +179,8 @@ def _checkpoint_metric(run: RunRecord, config: dict[str, Any]) -> tuple[str | No
     if metric is None or mode is None:
         try:
             from visiontrain.engine.protocols.task import TASK_REGISTRY
-            import visiontrain.tasks  # noqa: F401  (registers the built-in tasks; loads torch, which the rest skips)
+
+            catalog.load()  # the built-in tasks (loads torch, which the rest of the report skips)
 
             cls = TASK_REGISTRY[str((config.get("task") or {}).get("name"))].task_class
         except (ImportError, KeyError):  # a broken install, or a task of a module not imported: no default

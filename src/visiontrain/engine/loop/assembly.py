@@ -25,7 +25,6 @@ from visiontrain.engine.parts.log_point import LogPoint
 from visiontrain.engine.parts.preemption import StopCheck
 from visiontrain.engine.protocols.hooks import Hook, HookList, hook_path, load_hooks
 from visiontrain.engine.protocols.part import Part, PeriodicHook
-from visiontrain.engine.records import mlflow_tracker  # noqa: F401  (registers MLflow and the logging section)
 from visiontrain.engine.records.first_look import FirstLook
 from visiontrain.engine.records.plots import PlotHook
 from visiontrain.engine.records.profiling import ProfileSteps

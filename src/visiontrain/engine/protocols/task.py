@@ -47,7 +47,7 @@ class RegisteredTask:
     config_class: type[TaskConfig]
 
 
-#: task.name -> its task. ``import visiontrain.tasks`` registers the built-in ones.
+#: task.name -> its task. Each built-in task registers itself, named in ``visiontrain.catalog``.
 TASK_REGISTRY: dict[str, RegisteredTask] = {}
 
 

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from visiontrain.config import Config
 from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler, SeededDataset
-from visiontrain.data.sources import DataConfig
+from visiontrain.data.section import DataConfig
 from visiontrain.engine.parallel.distributed import DistInfo
 from visiontrain.engine.setup.worker_check import check_sendable_to_workers
 from visiontrain.engine.step.source import LoaderSource, TrainSource
