@@ -38,13 +38,13 @@ from pathlib import Path
 
 import torch
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 
 ensure_torchvision()
-from visiontrain import config as C  # noqa: E402
+from visiontrain.core import config as C  # noqa: E402
 from visiontrain.engine.setup.loaders import loaders  # noqa: E402
 from visiontrain.engine.parallel.distributed import DistInfo  # noqa: E402
-from visiontrain.engine.records.metrics_file import read_metrics  # noqa: E402
+from visiontrain.rundir.metrics_file import read_metrics  # noqa: E402
 from visiontrain.tasks import build_task  # noqa: E402
 
 NEON = ["data.name=neon-trees", "data.batch_size=4", "task.train_scales=[352,384,416,448]", "task.max_size=512"]

@@ -18,10 +18,10 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 
 ensure_torchvision()
-from visiontrain import config as C  # noqa: E402
+from visiontrain.core import config as C  # noqa: E402
 from visiontrain.tasks import build_task  # noqa: E402
 
 

@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from visiontrain.engine.records.metrics_file import METRICS_FILE, read_metrics
+from visiontrain.rundir.metrics_file import METRICS_FILE, read_metrics
 
 PAPER = ["task.class_loss=ce", "task.cost_class=1", "task.box_refine=false", "task.two_stage=false",
          "task.query_groups=1", "task.dn_groups=0", "task.deformable_levels=0"]

@@ -24,10 +24,10 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import default_collate
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 
 ensure_torchvision()
-from visiontrain import config as C  # noqa: E402
+from visiontrain.core import config as C  # noqa: E402
 from visiontrain.data.multicrop_batched import BatchedMultiCrop, collate_raw  # noqa: E402
 from visiontrain.data.samplers import SeededDataset  # noqa: E402
 from visiontrain.models.dino import set_fused_attention  # noqa: E402

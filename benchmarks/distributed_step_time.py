@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from visiontrain.engine.records.metrics_file import read_metrics
+from visiontrain.rundir.metrics_file import read_metrics
 
 
 def step_time(run_dir: Path, global_batch: int) -> float:

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from visiontrain import config as C
+from visiontrain.core import config as C
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.tasks import build_task
 
@@ -88,7 +88,7 @@ def raw_run(epochs: int, seed: int = 0) -> tuple[float, float]:
 
 def engine_run(overrides: list[str]) -> tuple[float, float]:
     """classify-fashion as shipped, with ``overrides``: (final test top-1, wall seconds of fit + report)."""
-    from visiontrain.report import write_report
+    from visiontrain.report.page import write_report
 
     cfg = C.load_config("classify-fashion", [*overrides, "trainer.progress=plain"])
     with tempfile.TemporaryDirectory() as tmp:

@@ -131,7 +131,7 @@ def stage_env(args: argparse.Namespace, out: Results) -> None:
 
     import torch
 
-    from visiontrain._tv_compat import ensure_torchvision
+    from visiontrain.core._tv_compat import ensure_torchvision
 
     ensure_torchvision()
     import timm

@@ -35,9 +35,9 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from visiontrain import config as C  # noqa: E402
-from visiontrain._tv_compat import ensure_torchvision  # noqa: E402
-from visiontrain.config import doc
+from visiontrain.core import config as C  # noqa: E402
+from visiontrain.core._tv_compat import ensure_torchvision  # noqa: E402
+from visiontrain.core.config import doc
 from visiontrain.engine.loop.trainer import Trainer  # noqa: E402
 from visiontrain.engine.protocols.hooks import Hook  # noqa: E402
 from visiontrain.engine.protocols.task import Task, TaskData, register_task  # noqa: E402

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from visiontrain.engine.records.metrics_file import Row, is_ema, numeric_keys, read_metrics
+from visiontrain.rundir.metrics_file import Row, is_ema, numeric_keys, read_metrics
 from visiontrain.engine.records.plots import draw_panel, save_figure
 from visiontrain.evaluation.panels import panel_grid
 

@@ -21,7 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from visiontrain.engine.records.metrics_file import read_metrics
+from visiontrain.rundir.metrics_file import read_metrics
 
 
 def run_variant(recipe: str, name: str, overrides: list[str], out: Path) -> dict:

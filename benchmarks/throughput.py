@@ -28,11 +28,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 
 ensure_torchvision()
-from visiontrain import config as C  # noqa: E402
-from visiontrain.benchmark import run_benchmark  # noqa: E402
+from visiontrain.core import config as C  # noqa: E402
+from visiontrain.app.benchmark import run_benchmark  # noqa: E402
 from visiontrain.engine.setup.loaders import loaders  # noqa: E402
 from visiontrain.engine.parallel.distributed import DistInfo  # noqa: E402
 from visiontrain.engine.step.pipeline import to_device  # noqa: E402

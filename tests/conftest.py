@@ -28,7 +28,7 @@ import torch
 
 torch.set_num_threads(1)
 
-from visiontrain._tv_compat import ensure_torchvision  # noqa: E402
+from visiontrain.core._tv_compat import ensure_torchvision  # noqa: E402
 
 ensure_torchvision()
 

@@ -6,7 +6,7 @@ fixture)::
 
     register_part(WeightTrail.for_run, section=("weight_trail", WeightTrailConfig, WEIGHT_TRAIL_DOC))
 
-The trainer, the checkpointer and config.py stay as they are. Its section is a recipe's
+The trainer, the checkpointer and core/config.py stay as they are. Its section is a recipe's
 ``weight_trail:`` (``weight_trail.every=4`` on the command line), listed by ``show-config --docs``;
 its record is in every checkpoint under ``weight_trail`` and continues on resume.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from visiontrain.config import doc
+from visiontrain.core.config import doc
 from visiontrain.engine.loop.assembly import PartFactory, register_part
 from visiontrain.engine.protocols.cadence import Cadence
 from visiontrain.engine.protocols.part import Part

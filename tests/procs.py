@@ -132,7 +132,7 @@ def cli_here(*args: str, capture: pytest.CaptureFixture | None = None) -> subpro
     importing torch and the engine before the few hundred milliseconds the test is about.
     ``capture``: the test's ``capfd`` (a C++ library's lines on file descriptor 2 too) or ``capsys``;
     without one (a module fixture has none), Python's own streams are redirected."""
-    from visiontrain import cli
+    from visiontrain.app import cli
 
     if capture is not None:
         capture.readouterr()

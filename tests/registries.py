@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from visiontrain import config as C
+from visiontrain.core import config as C
 from visiontrain.engine.loop import assembly
 from visiontrain.engine.protocols import task
 from visiontrain.engine.records import tracking

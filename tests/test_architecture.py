@@ -26,7 +26,7 @@ def test_engine_imports_no_task():
 def test_tasks_and_data_do_not_import_the_cli():
     for path in list((SRC / "tasks").glob("*.py")) + list((SRC / "data").rglob("*.py")) + \
             list((SRC / "engine").rglob("*.py")):
-        assert "visiontrain.cli" not in imports_of(path), path
+        assert "visiontrain.app.cli" not in imports_of(path), path
 
 
 READ_METHODS = {"item", "tolist", "cpu", "numpy"}
@@ -34,7 +34,7 @@ READ_METHODS = {"item", "tolist", "cpu", "numpy"}
 HOT_PATH = ("step/pipeline.py", "loop/trainer.py", "step/metrics.py", "step/ema.py", "setup/placement.py",
             "setup/loaders.py", "step/accumulation.py", "protocols/hooks.py", "parallel/distributed.py",
             "protocols/part.py", "parts/log_point.py", "parts/evaluator.py", "parts/checkpointer.py",
-            "parts/preemption.py", "step/scalars.py", "step/prefetch.py", "setup/training.py", "step/eval_loop.py",
+            "parts/preemption.py", "optim/scalars.py", "step/prefetch.py", "setup/training.py", "step/eval_loop.py",
             "protocols/cadence.py", "step/source.py", "parts/early_stop.py", "loop/assembly.py")
 
 
@@ -74,20 +74,19 @@ def test_the_marker_check_finds_reads():
 
 # ---------------------------------------------------------------- rooms and arrows
 # Each module's room, lowest first; a module may import its own room and the rooms below it, never
-# one above. Top-level modules not named here (cli, predict, export, report...) are the app: the top.
+# one above. Every file of src/visiontrain/ is in a folder named after its room but three: the
+# package's __init__ (core: it imports nothing), __main__ (app) and catalog.py (its own room).
 # The engine is rooms by role, in the same order (docs/architecture.md, "The engine's rooms"): how a
-# run spreads over processes and devices; what it keeps (checkpoints, the run dir); what one step
-# runs; the contracts a task, a hook or a part implements; the build phase; what a run writes for
-# people; the periodic parts; the loop that runs them all.
-ENGINE_ROOMS = ["parallel", "state", "step", "protocols", "setup", "records", "parts", "loop"]
-ROOMS = ["base", "config", "data", "models", "evaluation", *(f"engine/{r}" for r in ENGINE_ROOMS), "tasks", "catalog",
-         "app"]
+# run spreads over processes and devices; what it keeps (checkpoints); the optimiser's configuration
+# (parameter groups, schedules); what one step runs; the contracts a task, a hook or a part
+# implements; the build phase; what a run writes for people; the periodic parts; the loop that runs
+# them all.
+ENGINE_ROOMS = ["parallel", "state", "optim", "step", "protocols", "setup", "records", "parts", "loop"]
+ROOMS = ["core", "rundir", "data", "models", "evaluation", *(f"engine/{r}" for r in ENGINE_ROOMS), "tasks", "catalog",
+         "use", "report", "tune", "app"]
 #: The one arrow up: every config loader makes sure the catalogue (which names the registering modules of
-#: every room) is loaded first, at call time (config.load_catalog).
-UP_ON_PURPOSE = {("visiontrain.config", "visiontrain.catalog")}
-BASE = {"visiontrain", "visiontrain._tv_compat", "visiontrain.typed_config", "visiontrain.stop_signals",
-        "visiontrain.exit_codes", "visiontrain.process_tree", "visiontrain.safe_yaml",
-        "visiontrain.redact"}
+#: every room) is loaded first (core.config.load_catalog).
+UP_ON_PURPOSE = {("visiontrain.core.config", "visiontrain.catalog")}
 # data, models and evaluation sit side by side: none imports another (each is a leaf library).
 SIDE_BY_SIDE = {"data", "models", "evaluation"}
 
@@ -99,14 +98,14 @@ def module_name(path: Path) -> str:
 
 
 def room_of(module: str) -> str:
-    if module in BASE:
-        return "base"
-    if module in ("visiontrain.config", "visiontrain.catalog"):
-        return module.split(".")[1]
     parts = module.split(".")
-    if parts[1:2] == ["engine"]:  # the package itself (empty) counts as the lowest engine room
+    if len(parts) == 1:
+        return "core"
+    if parts[1] == "__main__":
+        return "app"
+    if parts[1] == "engine":  # the package itself (empty) counts as the lowest engine room
         return f"engine/{parts[2] if len(parts) > 2 else ENGINE_ROOMS[0]}"
-    return parts[1] if len(parts) > 2 or parts[1] in ROOMS else "app"
+    return parts[1]
 
 
 def resolved_imports(path: Path, modules: set[str]) -> set[str]:
@@ -184,20 +183,28 @@ def test_no_file_cycles():
 
 def test_the_checks_find_what_they_forbid():
     graph = {"visiontrain.engine.loop.trainer": {"visiontrain.tasks.detr"}, "visiontrain.tasks.detr": set(),
-             "visiontrain.config": {"visiontrain.engine.step.schedules"}, "visiontrain.engine.step.schedules": set(),
+             "visiontrain.core.config": {"visiontrain.engine.optim.schedules", "visiontrain.catalog"},
+             "visiontrain.engine.optim.schedules": set(), "visiontrain.catalog": set(),
              "visiontrain.data.samplers": {"visiontrain.models.yolo"}, "visiontrain.models.yolo": set(),
-             "visiontrain.cli": {"visiontrain.engine.loop.trainer"},
-             "visiontrain.engine.state.checkpoint": {"visiontrain.engine.records.metrics_file"},
-             "visiontrain.engine.records.metrics_file": {"visiontrain.engine.state.run_files"},
-             "visiontrain.engine.state.run_files": set()}
+             "visiontrain.app.cli": {"visiontrain.engine.loop.trainer"},
+             "visiontrain.rundir.metrics_file": {"visiontrain.engine.state.checkpoint"},
+             "visiontrain.engine.state.checkpoint": {"visiontrain.rundir.run_files"},
+             "visiontrain.report.page": {"visiontrain.tune.study"}, "visiontrain.tune.study": set(),
+             "visiontrain.rundir.run_files": set()}
     assert upward_arrows(graph) == [
-        "visiontrain.config (config) -> visiontrain.engine.step.schedules (engine/step)",
+        "visiontrain.core.config (core) -> visiontrain.engine.optim.schedules (engine/optim)",
         "visiontrain.data.samplers (data) -> visiontrain.models.yolo (models)",
         "visiontrain.engine.loop.trainer (engine/loop) -> visiontrain.tasks.detr (tasks)",
-        "visiontrain.engine.state.checkpoint (engine/state) -> visiontrain.engine.records.metrics_file (engine/records)"]
+        "visiontrain.report.page (report) -> visiontrain.tune.study (tune)",
+        "visiontrain.rundir.metrics_file (rundir) -> visiontrain.engine.state.checkpoint (engine/state)"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert room_of("visiontrain.report") == "app" and room_of("visiontrain.engine") == "engine/parallel"
-    assert all(room_of(module_name(p)) in ROOMS for p in SRC.rglob("*.py"))  # no engine file outside a room
+    assert room_of("visiontrain.report.page") == "report" and room_of("visiontrain.engine") == "engine/parallel"
+    assert room_of("visiontrain.__main__") == "app" and room_of("visiontrain") == "core"
+    assert all(room_of(module_name(p)) in ROOMS for p in SRC.rglob("*.py"))  # every file in a room
+
+
+def test_only_the_package_s_entry_points_and_the_catalogue_sit_at_the_top():
+    assert sorted(p.name for p in SRC.glob("*.py")) == ["__init__.py", "__main__.py", "catalog.py"]
 
 
 def test_the_architecture_page_names_only_modules_that_exist():
@@ -216,7 +223,7 @@ def test_the_architecture_page_names_only_modules_that_exist():
     from visiontrain.engine.protocols import part as parts
     from visiontrain.engine.protocols import task
     from visiontrain.engine.state import checkpoint
-    from visiontrain.engine.state import checkpoint_format
+    from visiontrain.rundir import checkpoint_format
     from visiontrain.engine.step import eval_loop
     from visiontrain.engine.step import pipeline as step
     from visiontrain.engine.step import source

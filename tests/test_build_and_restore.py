@@ -1,5 +1,5 @@
 """Build separate from run: ``validate`` builds the evaluation side only, and validate, predict and
-export rebuild a model from a checkpoint through one path (``visiontrain.trained``)."""
+export rebuild a model from a checkpoint through one path (``visiontrain.use.trained``)."""
 from __future__ import annotations
 
 import json
@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from toy_task import toy_config, train
-from visiontrain import cli
+from visiontrain.app import cli
 from visiontrain.engine.setup import loaders as loaders_module
 from visiontrain.engine.setup import training as run_module
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
-from visiontrain.trained import load_trained
+from visiontrain.use.trained import load_trained
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +59,6 @@ def test_ema_asked_of_a_checkpoint_without_one_is_the_same_error_everywhere(tmp_
     with pytest.raises(CheckpointError, match="no EMA weights"):
         load_trained(run_dir).model(ema=True)
     with pytest.raises(CheckpointError, match="no EMA weights"):  # export goes through the same path
-        from visiontrain.export import export_checkpoint
+        from visiontrain.use.export import export_checkpoint
 
         export_checkpoint(run_dir, "onnx", tmp_path / "x.onnx", use_ema=True)

@@ -13,20 +13,20 @@ import sys
 from pathlib import Path
 
 from visiontrain import catalog
-from visiontrain import config as C
+from visiontrain.core import config as C
 
 SRC = Path(catalog.__file__).parent
 FIRST_IMPORTS = {
     "the package": "import visiontrain",
-    "the config": "import visiontrain.config",
+    "the config": "import visiontrain.core.config",
     "Trainer": "from visiontrain import Trainer; Trainer",
     "a task's module": "import visiontrain.tasks.detr",
-    "the CLI": "import visiontrain.cli",
+    "the CLI": "import visiontrain.app.cli",
     "Predictor": "from visiontrain import Predictor; Predictor",
 }
 LOADS = """
 import json, sys
-from visiontrain.config import config_from_dict, describe_keys, dump_config, list_recipes, load_config
+from visiontrain.core.config import config_from_dict, describe_keys, dump_config, list_recipes, load_config
 import yaml
 
 saved = config_from_dict(yaml.safe_load(open(sys.argv[1]).read()), source=sys.argv[1])

@@ -15,7 +15,7 @@ import format1_run
 from procs import cli_here
 from toy_task import ToyTask, toy_config
 from visiontrain.engine.loop.trainer import Trainer
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
 
 FIXTURE = Path(__file__).parent / "fixtures" / "format1"
@@ -96,7 +96,7 @@ def test_the_format_1_checkpoint_commit_22eb1c6_wrote_resumes_and_continues(tmp_
 
 
 def test_a_format_1_checkpoint_reads_as_the_current_format(tmp_path):
-    from visiontrain.trained import load_trained
+    from visiontrain.use.trained import load_trained
 
     state = load_checkpoint(FIXTURE / "last.pt")
     assert state[fmt.FORMAT] == fmt.FORMAT_VERSION and not fmt.missing_entries(state)
@@ -161,11 +161,11 @@ class ReadsOf(dict):
 
 def test_only_the_format_module_reads_a_checkpoint_entry_by_name(tmp_path, monkeypatch):
     """Every reader of a checkpoint goes through engine.state.checkpoint_format: resume, validate/predict/
-    export (trained.py), --init, consolidate's check and the FSDP pruning of directories."""
+    export (use/trained.py), --init, consolidate's check and the FSDP pruning of directories."""
     from visiontrain.engine.parallel.distributed import DistInfo
     from visiontrain.engine.state.sharded import ShardedCheckpoints
     from visiontrain.engine.state.weights import load_init_weights
-    from visiontrain.trained import load_trained
+    from visiontrain.use.trained import load_trained
 
     cfg = toy_config(trainer__max_steps=4, ema__enabled=True)
     Trainer(cfg, ToyTask(cfg), tmp_path / "a").fit()

@@ -1,4 +1,4 @@
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 
 ensure_torchvision()
 
@@ -314,7 +314,7 @@ def test_plain_cnn_is_the_preset_and_a_recipe_on_it_takes_another_model():
     assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), spelled.state_dict().values()))
     assert sum(p.numel() for p in plain.parameters()) == 104_426
     # the preset is the model's name, not task.model_args, so the recipe's model can be swapped for a timm one
-    from visiontrain import config as C
+    from visiontrain.core import config as C
     from visiontrain.tasks import build_task
 
     cfg = C.load_config("classify-fashion", ["task.model=resnet18", "data.name=digits"])

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from visiontrain import config as C
+from visiontrain.core import config as C
 from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.tasks import build_task
 from visiontrain.tasks.classification import MixSwitchOff, mix_batch

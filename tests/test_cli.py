@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from procs import cli_here, in_process, run_cli
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
 
 QUICK = ["data.name=digits", "data.batch_size=64", "trainer.epochs=2", "trainer.log_every=5",
@@ -132,7 +132,7 @@ def test_missing_dataset_path_is_a_clear_error(tmp_path):
 
 
 def test_import_names_what_it_could_not_find(tmp_path, capsys, monkeypatch):
-    from visiontrain.cli import main
+    from visiontrain.app.cli import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", sys.path[:])  # --import adds the directory it imports from

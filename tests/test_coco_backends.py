@@ -96,7 +96,7 @@ def test_the_backends_are_the_two_libraries_and_faster_coco_eval_is_the_default(
 
 
 def test_a_backend_not_installed_is_an_error_naming_the_key(monkeypatch):
-    from visiontrain.config import ConfigError
+    from visiontrain.core.config import ConfigError
 
     monkeypatch.setitem(sys.modules, "faster_coco_eval", None)  # what an environment without it imports
     with pytest.raises(ConfigError, match=r"^eval.coco_backend=faster-coco-eval: the faster-coco-eval package "
@@ -168,7 +168,7 @@ def test_the_key_reaches_fit_and_validate(tmp_path, tmp_path_factory, rcnn_check
     table and PR curves come from that one evaluation), and validate's, where it can be overridden."""
     from detection_helpers import mosaic_coco
 
-    from visiontrain import cli
+    from visiontrain.app import cli
 
     root = mosaic_coco(tmp_path_factory, 4, 2)
     run = tmp_path / "run"
@@ -197,7 +197,7 @@ def test_the_key_reaches_fit_and_validate(tmp_path, tmp_path_factory, rcnn_check
 def test_a_bad_backend_is_a_one_line_usage_error(capfd, tmp_path):
     """Refused as the config is read, so in this process (a config error's stderr from the real entry
     point is checked whole in tests/reliability/test_bad_input.py)."""
-    from visiontrain import cli
+    from visiontrain.app import cli
 
     capfd.readouterr()
     code = cli.main(["fit", "detect-faster-rcnn", "eval.coco_backend=pycoco", "trainer.max_steps=1",

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from toy_task import toy_config, train
-from visiontrain import cli
+from visiontrain.app import cli
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""visiontrain.config: recipes, typed overrides, errors that name the key, docs, dump round trip."""
+"""visiontrain.core.config: recipes, typed overrides, errors that name the key, docs, dump round trip."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,13 +8,13 @@ from typing import Literal
 import pytest
 import yaml
 
-from visiontrain import config as C
-from visiontrain.config import ConfigError, load_config
+from visiontrain.core import config as C
+from visiontrain.core.config import ConfigError, load_config
 from visiontrain.data.datasets.sources import FashionMnistDataConfig
-from visiontrain.engine.step.schedules import ScheduleConfig
+from visiontrain.engine.optim.schedules import ScheduleConfig
 from visiontrain.engine.protocols.task import registered_task
 from visiontrain.tasks.classification import ClassificationConfig
-from visiontrain.typed_config import all_keys
+from visiontrain.core.typed_config import all_keys
 
 FASHION = "classify-fashion"
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from procs import cli_here
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import atomic_save, load_checkpoint
 from visiontrain.engine.state.files import CheckpointError
 

@@ -14,9 +14,9 @@ import torch
 from PIL import Image
 from torch import nn
 
-from visiontrain import config as C
-from visiontrain.inference import Predictor
-from visiontrain.predict import predict_images
+from visiontrain.core import config as C
+from visiontrain.use.inference import Predictor
+from visiontrain.use.predict import predict_images
 from visiontrain.tasks import build_task
 
 # YOLOv3 on a 64 x 64 input: 3 anchors per stride 8 / 16 / 32 (as tests/test_yolo.py), 3 classes
@@ -114,7 +114,7 @@ def test_faster_rcnn_emits_no_degenerate_box_after_mapping_to_the_original():
 
 
 def test_output_names_are_unique_and_keep_the_inputs_tree(tmp_path):
-    from visiontrain.predict import output_names
+    from visiontrain.use.predict import output_names
 
     d = str(tmp_path)
     assert output_names([f"{d}/x/p.jpg", f"{d}/x/q.png"]) == [Path("p.png"), Path("q.png")]  # as before

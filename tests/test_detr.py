@@ -306,7 +306,7 @@ def test_backbone_weights_from_a_grey_timm_classifier(tmp_path):
     import timm
     from safetensors.torch import save_file
 
-    from visiontrain import config as C
+    from visiontrain.core import config as C
     from visiontrain.tasks.detr import DetrTask
 
     grey = timm.create_model("resnet18", num_classes=10, in_chans=1)

@@ -10,7 +10,7 @@ from PIL import Image
 
 from detection_helpers import mosaic_coco
 from procs import cli_here
-from visiontrain import config as C
+from visiontrain.core import config as C
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from detection_helpers import vt
 from procs import cli_here
 from test_host_syncs import ALL_ON, run_counted
 from test_resume import Crash, CrashAt, assert_bit_identical, fit_and_crash_resume
-from visiontrain import config as C
+from visiontrain.core import config as C
 from visiontrain.data.samplers import SeededDataset
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.engine.protocols.hooks import Hook
@@ -156,7 +156,7 @@ def dino_cosine_scheduler(base: float, final: float, epochs: int, niter: int, wa
 def test_recipe_schedules_are_dinos_at_every_iteration(recipe):
     """lr, weight decay and teacher momentum from DINO's cosine_scheduler, the teacher temperature
     from its per-epoch np.linspace, with DINO's own arguments taken from the recipe."""
-    from visiontrain.engine.step.schedules import StepClock, build_schedule
+    from visiontrain.engine.optim.schedules import StepClock, build_schedule
 
     cfg = C.load_config(recipe, [])
     epochs, niter, s = cfg.trainer.epochs, 8, cfg.schedules  # 8 iterations an epoch: half an epoch is whole
@@ -352,7 +352,7 @@ def test_cli_smoke_fit_evaluates_at_init_and_saves_the_centre(fitted):
     assert ckpt["task"]["center"].shape == (1, 64) and ckpt["task"]["center"].abs().sum() > 0
     assert json.loads((run / "summary.json").read_text())["best"]["ema"] > 0
     # the plots show the teacher's entropy among the training curves and its k-NN accuracy
-    from visiontrain.engine.records.metrics_file import read_metrics
+    from visiontrain.rundir.metrics_file import read_metrics
     from visiontrain.engine.records.plots import curve_figures
 
     figures = curve_figures(*read_metrics(run / "metrics.jsonl"))

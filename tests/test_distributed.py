@@ -100,7 +100,7 @@ def test_sharded_evaluation_counts_every_sample_once(world):
     """The eval sampler pads the set so that every rank runs as many batches (FSDP's forwards are
     collectives); the padding repeats must not be counted. Each rank's shard evaluated on its own
     (the all-reduce sums them): the confusion counts add up to the set, and top-1 to one process's."""
-    from visiontrain.config import load_config
+    from visiontrain.core.config import load_config
     from visiontrain.engine.setup.loaders import eval_loader
     from visiontrain.engine.parallel.distributed import DistInfo, real_samples
     from visiontrain.engine.step.eval_loop import EvalData
@@ -135,8 +135,8 @@ def test_fit_nproc_leaves_no_log_dir_of_torchrun_behind(monkeypatch, tmp_path):
     import tempfile
 
     import torch.distributed.run as torchrun
-    from visiontrain import launch
-    from visiontrain.process_tree import LAUNCHER_PID_ENV
+    from visiontrain.app import launch
+    from visiontrain.core.process_tree import LAUNCHER_PID_ENV
 
     seen = {}
 

@@ -12,7 +12,7 @@ from detection_helpers import mosaic_coco, vt
 from test_dino import NO_WARMUP, TINY as DINO_TINY
 from test_rcnn import TINY as RCNN_TINY
 from test_yolo import TINY as YOLO_TINY
-from visiontrain import cli
+from visiontrain.app import cli
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,7 @@ import pytest
 from dataset_trees import build_coco, build_image_folder, build_voc, build_yolo
 from procs import shell_env
 from shipped import LENGTH_AND_SIZE
-from visiontrain import config as C
+from visiontrain.core import config as C
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -353,7 +353,7 @@ def test_small_recipe_commands_are_marked():
 
 
 def test_every_full_recipe_has_a_page():
-    from visiontrain.config import list_recipes
+    from visiontrain.core.config import list_recipes
 
     assert set(FULL_RECIPES) | set(SMALL_RECIPES) == set(list_recipes()), \
         "a recipe was added or removed: give it a page in docs/recipes/ and update this test"
@@ -408,7 +408,7 @@ def cli_argv(tokens: list[str], files: dict[str, str]) -> list[str] | None:
     for n, tok in enumerate(tokens):
         if tok == "visiontrain" and (n == 0 or tokens[n - 1] not in ("install", "import")):
             return tokens[n + 1:]
-        if tok.endswith(".py") and "visiontrain.cli" in files.get(tok, ""):
+        if tok.endswith(".py") and "visiontrain.app.cli" in files.get(tok, ""):
             return tokens[n + 1:]
     return None
 
@@ -438,8 +438,8 @@ def page_dirs(tmp_path_factory) -> dict[Path, Path]:
 def test_cli_command_lines_parse_and_load(page_dirs):
     """Every `visiontrain ...` line in a shell block (marked or not) parses with the CLI's parser,
     and fit / show-config / benchmark lines load their recipe with their overrides."""
-    from visiontrain import cli
-    from visiontrain import config as C
+    from visiontrain.app import cli
+    from visiontrain.core import config as C
 
     parser = cli.build_parser()
     problems, seen = [], 0
@@ -505,8 +505,8 @@ def _is_mapping(tp: typing.Any) -> bool:
 
 
 def key_exists(key: str) -> bool:
-    from visiontrain import config as C
-    from visiontrain.engine.step.schedules import ScheduleConfig
+    from visiontrain.core import config as C
+    from visiontrain.engine.optim.schedules import ScheduleConfig
 
     C.load_catalog()  # every built-in section, as a config loader has them
 
@@ -604,7 +604,7 @@ def test_config_keys_written_in_the_docs_exist(page_dirs):
 
 
 def test_subcommands_written_in_the_docs_exist():
-    from visiontrain import cli
+    from visiontrain.app import cli
 
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
@@ -659,8 +659,8 @@ def test_claims_that_once_disagreed_with_the_code():
     assert "changes no file" in checkpoints  # tests/test_cli.py::test_refuses_to_overwrite_and_resume_auto_continues
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "the gradient norm when `trainer.clip_grad` is set" in readme  # the step computes it only to clip
-    from visiontrain.commands import _recipe_summary
-    from visiontrain.config import RECIPES_DIR
+    from visiontrain.app.commands import _recipe_summary
+    from visiontrain.core.config import RECIPES_DIR
 
     summary = _recipe_summary(RECIPES_DIR / "classify-fashion.yaml")
     quoted = re.search(r"reaches ([\d.]+) % test top-1 in about (\w+) minutes", readme)

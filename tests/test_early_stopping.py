@@ -7,7 +7,7 @@ import pytest
 
 from procs import run_cli
 from toy_task import ToyTask, toy_config, train
-from visiontrain.config import ConfigError
+from visiontrain.core.config import ConfigError
 from visiontrain.engine.loop.trainer import Trainer
 
 # 256 samples / batch 32 = 8 steps an epoch, one evaluation an epoch. The scripted metric (max)

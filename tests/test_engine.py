@@ -10,7 +10,7 @@ import torch
 
 from toy_task import toy_config, train
 from visiontrain.engine.protocols.hooks import Hook
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
 from visiontrain.engine.step.guards import NonFiniteLossError
 

@@ -18,10 +18,10 @@ from PIL import Image, ImageFile
 from dataset_trees import (ALL_ORIENTATIONS, build_coco, build_image_folder, build_voc, build_yolo, save_photo,
                            upright_copy)
 from procs import cli_here
-from visiontrain import config as C
+from visiontrain.core import config as C
 from visiontrain.data.detection.images import BadAnnotationError, image_size
 from visiontrain.data.images import image_tensor, open_rgb
-from visiontrain.inference import Predictor
+from visiontrain.use.inference import Predictor
 from visiontrain.tasks import build_task
 
 BUILD = {"coco": build_coco, "yolo": build_yolo, "voc": build_voc}

@@ -16,10 +16,10 @@ from PIL import Image
 import procs
 from detection_helpers import vt
 from toy_task import ToyTask, toy_config
-from visiontrain import config as C
+from visiontrain.core import config as C
 from visiontrain.engine.protocols.task import ExportUnsupported
-from visiontrain.engine.state import checkpoint_format as fmt
-from visiontrain.export import export_model
+from visiontrain.rundir import checkpoint_format as fmt
+from visiontrain.use.export import export_model
 from visiontrain.tasks import build_task
 
 TOL = 1e-4
@@ -141,7 +141,7 @@ def test_detector_onnx_takes_any_height_and_width(onnx_export, family):
     onnxruntime against PyTorch: a size baked into the graph would give other shapes or values."""
     import onnxruntime as ort
 
-    from visiontrain.export import max_abs_diff
+    from visiontrain.use.export import max_abs_diff
 
     task, model, info, result = onnx_export(family)
     spec = task.export_spec(model, info)
@@ -192,7 +192,7 @@ def docs_script(name: str) -> str:
 def assert_the_docs_script_agrees(onnx_export, family: str, image: Path, same_as: Path | None = None) -> None:
     """docs/inference.md's onnxruntime script on ``image`` and ``Predictor`` on ``same_as`` (default:
     ``image``), threshold 0: the same classes, boxes and scores, to float rounding."""
-    from visiontrain.inference import Predictor
+    from visiontrain.use.inference import Predictor
 
     task, model, info, result = onnx_export(family)
     script = image.parent / "onnx_predict.py"
@@ -259,7 +259,7 @@ def test_cli_exports_a_checkpoint_and_prints_the_difference(classify_checkpoint,
     its metadata is the checkpoint's classes and validation transform, and the docs' onnxruntime
     script on an 8 x 8 digit gives the Python API's probabilities."""
     from visiontrain.engine.state.checkpoint import load_checkpoint
-    from visiontrain.inference import Predictor
+    from visiontrain.use.inference import Predictor
 
     proc = vt("export", str(classify_checkpoint), "--format", "onnx", "--ema")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -296,7 +296,7 @@ def test_cli_failure_is_one_clear_line(rcnn_checkpoint, tmp_path, capfd):
     lines = [line for line in proc.stderr.splitlines() if not line.startswith("torchvision ")]
     assert len(lines) == 1 and lines[0].startswith("visiontrain: error: ") and \
         "cannot export to exported-program" in lines[0], proc.stderr
-    from visiontrain import cli
+    from visiontrain.app import cli
 
     capfd.readouterr()
     assert cli.main(["export", str(rcnn_checkpoint), "--format", "onnx", "--ema", "--out", str(tmp_path / "x")]) == 2

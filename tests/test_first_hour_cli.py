@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from visiontrain import cli, config as C
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.app import cli
+
+from visiontrain.core import config as C
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
 
 DIGITS = ["classify-fashion", "data.name=digits", "trainer.progress=plain", "eval.every=0", "trainer.plots=false"]

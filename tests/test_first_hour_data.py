@@ -84,7 +84,7 @@ def test_grouped_sampler_error_says_what_grouping_is_and_the_switch() -> None:
 
 
 def test_loaders_say_once_how_many_images_each_epoch_leaves_out(caplog) -> None:
-    from visiontrain.config import load_config
+    from visiontrain.core.config import load_config
     from visiontrain.engine.setup.loaders import loaders
     from visiontrain.engine.parallel.distributed import DistInfo
     from visiontrain.engine.protocols.task import TaskData

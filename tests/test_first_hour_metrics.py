@@ -71,10 +71,10 @@ def _null_run(path: Path) -> Path:
 
 
 def test_readers_take_null_as_a_missing_value(tmp_path):
-    from visiontrain.compare import read_run, table_rows
-    from visiontrain.engine.records.metrics_file import read_metrics
+    from visiontrain.report.compare import read_run, table_rows
+    from visiontrain.rundir.metrics_file import read_metrics
     from visiontrain.engine.records.plots import curve_figures
-    from visiontrain.report import build_report
+    from visiontrain.report.page import build_report
 
     run = _null_run(tmp_path / "run")
     train, evals = read_metrics(run / "metrics.jsonl")
@@ -92,7 +92,7 @@ def test_readers_take_null_as_a_missing_value(tmp_path):
 
 # ---------------------------------------------------------------- item 14: one scale per kind
 def _classification_task(classes: int):
-    from visiontrain import config as C
+    from visiontrain.core import config as C
     from visiontrain.tasks import build_task
 
     task = build_task(C.load_config("classify-fashion", ["data.name=digits"]))

@@ -11,7 +11,7 @@ from PIL import Image
 
 from procs import run_cli
 from toy_task import toy_config, train
-from visiontrain import config as C
+from visiontrain.core import config as C
 from visiontrain.engine.setup.training import build_training
 from visiontrain.engine.records.first_look import parameter_table
 from visiontrain.tasks import build_task

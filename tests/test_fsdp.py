@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from procs import run_cli
 from test_distributed import run
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
 
 FSDP = {"distributed__strategy": "fsdp"}

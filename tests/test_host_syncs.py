@@ -21,7 +21,7 @@ import torch
 
 from devices import ON_CUDA
 from toy_task import ToyTask, toy_config
-from visiontrain import config as C
+from visiontrain.core import config as C
 from visiontrain.engine.loop.trainer import Trainer, next_micro_batches
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.tasks import build_task

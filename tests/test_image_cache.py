@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import dataset_trees
-from visiontrain import config as C
+from visiontrain.core import config as C
 from visiontrain.data import image_cache
 from visiontrain.data.detection.images import image_size, read_rgb
 from visiontrain.data.detection.splits import build_detection_splits
@@ -166,7 +166,7 @@ def test_training_with_the_cache_is_bit_identical_and_resumes_exactly(tmp_path, 
     from detection_helpers import mosaic_coco
     from test_resume import assert_bit_identical, fit_and_crash_resume, state_of
     from visiontrain.engine.loop.trainer import Trainer
-    from visiontrain.engine.records.metrics_file import read_metrics
+    from visiontrain.rundir.metrics_file import read_metrics
     from visiontrain.tasks import build_task
 
     root = mosaic_coco(tmp_path_factory, 8, 2)

@@ -12,8 +12,8 @@ import torch
 
 from dataset_trees import add_image_folder_split, build_image_folder
 from procs import cli_here
-from visiontrain import config as C
-from visiontrain.trained import load_trained
+from visiontrain.core import config as C
+from visiontrain.use.trained import load_trained
 
 
 def test_validate_split_test_evaluates_the_image_folders_test_directory(tmp_path: Path, capfd) -> None:

@@ -12,9 +12,9 @@ import torch
 from PIL import Image
 
 from procs import cli_here
-from visiontrain import config as C
-from visiontrain.engine.state import checkpoint_format as fmt
-from visiontrain.inference import Classification, Detections, Predictor
+from visiontrain.core import config as C
+from visiontrain.rundir import checkpoint_format as fmt
+from visiontrain.use.inference import Classification, Detections, Predictor
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +175,7 @@ def test_every_input_kind_gives_the_same_boxes(detector):
 
 def test_bad_input_is_a_clear_error(classifier, detector):
     from visiontrain.engine.protocols.task import PredictUnsupported
-    from visiontrain.inference import check_predicts
+    from visiontrain.use.inference import check_predicts
     from visiontrain.tasks import build_task
 
     cases = [(lambda: classifier("missing.png"), "image file missing.png does not exist"),
@@ -195,7 +195,7 @@ def test_bad_input_is_a_clear_error(classifier, detector):
 
 
 def test_cli_predict_errors_are_one_line(classify_checkpoint, tmp_path, capsys):
-    from visiontrain.cli import main
+    from visiontrain.app.cli import main
 
     (tmp_path / "bad.png").write_bytes(b"not an image")
     noise_png(tmp_path / "ok.png", 8, 8)

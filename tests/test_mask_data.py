@@ -20,7 +20,7 @@ from torchvision import tv_tensors
 
 from detection_helpers import (MASK_BACKGROUND, MASK_COLOURS, MASK_SCENES, masks_coco, masks_yolo, scene_image,
                                scene_masks, yolo_polygon_line)
-from visiontrain.config import load_config
+from visiontrain.core.config import load_config
 from visiontrain.data.detection import masks as M
 from visiontrain.data.detection.base import BadAnnotationError, training_target
 from visiontrain.data.detection.coco import read_coco

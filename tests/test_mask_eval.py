@@ -23,7 +23,7 @@ from pycocotools import mask as coco_mask
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from visiontrain import config as C
+from visiontrain.core import config as C
 from visiontrain.evaluation.coco import COCO_BACKENDS, COCO_METRICS, coco_evaluation
 from visiontrain.evaluation.previews import MASK_ALPHA, PALETTE, Tile, class_rgb, mask_outline, paint_masks, tiles_image
 from visiontrain.tasks import build_task
@@ -281,7 +281,7 @@ def test_masks_are_painted_filled_or_outlined_in_their_class_colour_at_the_top_l
 def test_preview_draws_the_first_batchs_masks_filled(coco_tree, tmp_path):
     """``visiontrain preview`` of a mask_rcnn config (and first_look's train_batch.png, the same
     ``preview_figures``): the grey images come out with the class colours blended over the masks."""
-    from visiontrain import cli
+    from visiontrain.app import cli
 
     out = tmp_path / "preview"
     # the scene's COCO tree instead of fashion-mosaic: known masks on plain grey images
@@ -295,7 +295,7 @@ def test_preview_draws_the_first_batchs_masks_filled(coco_tree, tmp_path):
 
 
 def test_the_report_shows_each_mask_figure_beside_its_box_figure():
-    from visiontrain.report import _plot_order
+    from visiontrain.report.page import _plot_order
 
     names = ["val_masks", "throughput", "pr_curves", "val_detections", "losses", "mask_pr_curves", "confusion_matrix"]
     ordered = [p.stem for p in sorted((Path(f"{n}.png") for n in names), key=_plot_order)]

@@ -16,7 +16,7 @@ from pycocotools import mask as coco_mask
 
 import procs
 from detection_helpers import vt
-from visiontrain.inference import Detections, Predictor
+from visiontrain.use.inference import Detections, Predictor
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_predict_draws_the_masks_and_writes_them_as_rle(predictor, val_paths, tm
     from torchvision.utils import draw_bounding_boxes
 
     from visiontrain.evaluation.previews import PALETTE
-    from visiontrain.predict import MASK_ALPHA, drawn_detections, predict_images
+    from visiontrain.use.predict import MASK_ALPHA, drawn_detections, predict_images
 
     out = tmp_path / "out"
     count = predict_images(predictor, val_paths, out, score_threshold=0.0)
@@ -124,7 +124,7 @@ def test_predict_draws_the_masks_and_writes_them_as_rle(predictor, val_paths, tm
 
 @pytest.fixture(scope="module")
 def mask_onnx(mask_run, tmp_path_factory) -> dict:
-    from visiontrain.export import export_checkpoint
+    from visiontrain.use.export import export_checkpoint
 
     return export_checkpoint(mask_run, "onnx", tmp_path_factory.mktemp("onnx") / "masks.onnx")
 
@@ -222,7 +222,7 @@ def test_documented_paste_is_paste_masks(tmp_path):
 
 
 def test_validate_on_the_test_split_gives_mask_ap(mask_run, capsys):
-    from visiontrain.cli import main
+    from visiontrain.app.cli import main
 
     assert main(["validate", str(mask_run), "--split", "test"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

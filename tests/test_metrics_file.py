@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from visiontrain.engine.records import metrics_file as M
+from visiontrain.rundir import metrics_file as M
 from visiontrain.engine.records.run_log import RunLogger
 
 
@@ -64,7 +64,7 @@ def test_rewind_keeps_what_was_logged_up_to_the_checkpoint(tmp_path):
 
 
 def test_report_and_compare_read_runs_without_torch():
-    code = "import sys, visiontrain.report, visiontrain.compare; print('torch' in sys.modules)"
+    code = "import sys, visiontrain.report.page, visiontrain.report.compare; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

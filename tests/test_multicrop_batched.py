@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 from visiontrain.data import batch_ops as B
 from visiontrain.data import multicrop_batched as M
 from visiontrain.data.multicrop import MultiCropSpec, blur_kernel_size

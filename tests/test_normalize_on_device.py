@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from devices import TEST_DEVICE
-from visiontrain import config as C
+from visiontrain.core import config as C
 from visiontrain.data.normalize import NormalizeOnDevice
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.tasks import build_task

@@ -7,8 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from visiontrain.engine.records import metrics_file
-from visiontrain.engine.state import run_files
+from visiontrain.rundir import metrics_file
+from visiontrain.rundir import run_files
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "visiontrain"
 APP = sorted(p for p in SRC.glob("*.py"))  # cli, commands, compare, report, predict, inference, export...
@@ -29,12 +29,12 @@ def test_exit_codes_are_assigned_in_one_module():
                 node, ast.AnnAssign) else []
             names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
             assigned += [f"{path.relative_to(SRC)}: {n}" for n in names if n.startswith("EXIT_")]
-    assert assigned and all(a.startswith("exit_codes.py: ") for a in assigned), assigned
+    assert assigned and all(a.startswith("core/exit_codes.py: ") for a in assigned), assigned
 
 
 def test_the_cli_returns_named_exit_codes():
-    """``return 2`` in cli.py or commands.py would be a second spelling of EXIT_USAGE."""
-    literal = [f"{p.name}:{n.lineno}" for p in (SRC / "cli.py", SRC / "commands.py")
+    """``return 2`` in app/cli.py or app/commands.py would be a second spelling of EXIT_USAGE."""
+    literal = [f"{p.name}:{n.lineno}" for p in (SRC / "app/cli.py", SRC / "app/commands.py")
                for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Return)
                and isinstance(n.value, ast.Constant) and isinstance(n.value.value, int) and n.value.value != 0]
     assert not literal, literal
@@ -98,7 +98,7 @@ def spelled_row_keys(path: Path) -> list[str]:
 
 
 def test_compare_and_report_read_rows_by_the_schema_names():
-    spelled = [s for name in ("compare.py", "report.py") for s in spelled_row_keys(SRC / name)]
+    spelled = [s for name in ("report/compare.py", "report/page.py") for s in spelled_row_keys(SRC / name)]
     assert not spelled, spelled
 
 

@@ -1,4 +1,4 @@
-"""visiontrain.engine.step.param_groups: no-decay rules, lr multipliers, coverage, optimizers; and freezing
+"""visiontrain.engine.optim.param_groups: no-decay rules, lr multipliers, coverage, optimizers; and freezing
 (visiontrain.models.freezing)."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
 
-from visiontrain.engine.step.param_groups import (NormGroups, ParamGroupError, build_optimizer, build_param_groups,
-                                                  check_coverage, is_fused, no_decay_names)
+from visiontrain.engine.optim.param_groups import (NormGroups, ParamGroupError, build_optimizer, build_param_groups,
+                                                   check_coverage, is_fused, no_decay_names)
 from visiontrain.models.freezing import freeze_parameters
 
 

@@ -14,14 +14,14 @@ from torch.utils.data import DataLoader, IterableDataset
 from crashes import Crash, CrashAt
 from toy_task import ToyData, ToyTask, toy_config
 
-from visiontrain import config as C
+from visiontrain.core import config as C
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.engine.protocols.cadence import Cadence
 from visiontrain.engine.protocols.part import Progress
 from visiontrain.engine.protocols.task import TaskData
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
-from visiontrain.engine.step.schedules import StepClock
+from visiontrain.engine.optim.schedules import StepClock
 
 ENGINE = Path(__file__).resolve().parents[1] / "src" / "visiontrain" / "engine"
 

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from visiontrain import cli
-from visiontrain.engine.records import metrics_file as M
+from visiontrain.app import cli
+from visiontrain.rundir import metrics_file as M
 from visiontrain.engine.records.run_log import LOWEST_ROWS, MAX_CLASS_ROWS, RunLogger
 
 TABLE = {"cat": {"AP": 0.25, "AP50": 0.5, "n_gt": 3},
@@ -82,10 +82,10 @@ def test_a_table_of_many_classes_prints_its_lowest_rows(tmp_path, capsys):
 
 
 def test_the_report_shows_the_table_and_compare_and_best_checkpoints_pass_it_over(tmp_path, capsys):
-    from visiontrain.compare import read_run, table_rows
+    from visiontrain.report.compare import read_run, table_rows
     from visiontrain.engine.parts.checkpointer import Checkpointer
     from visiontrain.engine.state.checkpoint import BestTracker
-    from visiontrain.report import build_report
+    from visiontrain.report.page import build_report
 
     _log_eval(tmp_path)
     html = build_report(tmp_path)

@@ -121,7 +121,7 @@ def test_a_plot_that_fails_is_logged_and_training_goes_on(tmp_path, caplog):
 
 @pytest.fixture(scope="module")
 def fashion_run(tmp_path_factory):
-    from visiontrain import config as C
+    from visiontrain.core import config as C
     from visiontrain.engine.loop.trainer import Trainer
     from visiontrain.tasks import build_task
 

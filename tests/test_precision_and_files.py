@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from toy_task import ToyTask, toy_config
-from visiontrain.config import ConfigError
+from visiontrain.core.config import ConfigError
 from visiontrain.engine.loop.trainer import Trainer
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
 from visiontrain.engine.state.weights import load_init_weights
 from visiontrain.engine.step import precision

@@ -16,9 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
-from visiontrain.exit_codes import EXIT_PREEMPTED
+from visiontrain.core.exit_codes import EXIT_PREEMPTED
 
 from procs import finish, popen
 
@@ -70,7 +70,7 @@ def test_every_stop_signal_sets_the_flag_the_loop_reads():
     """SIGTERM and SIGUSR1 go through one handler into one flag; the run below shows what the loop
     does with it (one full run: the signal that reaches the flag makes no difference after it)."""
     from visiontrain.engine.parts.preemption import StopFlag
-    from visiontrain.stop_signals import STOP_SIGNALS
+    from visiontrain.core.stop_signals import STOP_SIGNALS
 
     assert set(STOP_SIGNALS) == {signal.SIGTERM, signal.SIGUSR1, signal.SIGINT}
     for sig in STOP_SIGNALS:

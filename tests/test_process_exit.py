@@ -12,8 +12,8 @@ PROBE = """
 import atexit, gc, sys
 # registered before the command: runs after everything the command registers
 atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0))
-from visiontrain import process_tree
-from visiontrain.cli import main
+from visiontrain.core import process_tree
+from visiontrain.app.cli import main
 main(["show-config", "classify-fashion"])  # a Python caller's call
 print("after a call:", process_tree._final_collection_skipped, gc.get_freeze_count())
 if sys.argv[1] == "command":

@@ -43,8 +43,8 @@ def test_benchmark_reports_throughput_split_and_memory_and_writes_nothing(tmp_pa
 
 def test_benchmark_init_starts_the_timed_steps_from_those_weights(classify_checkpoint):
     """`benchmark --init CKPT` (as `fit --init`): its first step starts from the checkpoint's weights."""
-    from visiontrain import config as C
-    from visiontrain.benchmark import run_benchmark
+    from visiontrain.core import config as C
+    from visiontrain.app.benchmark import run_benchmark
     from visiontrain.engine.protocols.hooks import Hook
     from safetensors.torch import load_file
     from visiontrain.tasks import build_task
@@ -69,8 +69,8 @@ def test_benchmark_init_starts_the_timed_steps_from_those_weights(classify_check
 def test_benchmark_steps_are_the_runs_first_steps_with_its_schedules():
     """The lr of benchmark's steps is the run's at those steps (its warm-up): a detector trained at the
     full lr from step 1 diverged, and its steps then cost a third less than fit's."""
-    from visiontrain import config as C
-    from visiontrain.benchmark import run_benchmark
+    from visiontrain.core import config as C
+    from visiontrain.app.benchmark import run_benchmark
     from visiontrain.engine.protocols.hooks import Hook
     from visiontrain.tasks import build_task
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from toy_task import toy_config
-from visiontrain import cli
-from visiontrain import config as C
-from visiontrain.compare import config_diff
+from visiontrain.app import cli
+from visiontrain.core import config as C
+from visiontrain.report.compare import config_diff
 from visiontrain.engine.records.provenance import git_state
 
 

@@ -12,9 +12,9 @@ from torch import nn
 
 from detection_helpers import mosaic_coco
 from procs import cli_here
-from visiontrain import config as C
+from visiontrain.core import config as C
 from visiontrain.engine.loop.trainer import Trainer
-from visiontrain.engine.step.schedules import StepClock, build_schedule
+from visiontrain.engine.optim.schedules import StepClock, build_schedule
 from visiontrain.tasks import build_task
 
 # Small enough for a few seconds a step on one core; the recipe's structure otherwise. Loaded in-process:

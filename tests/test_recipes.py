@@ -23,8 +23,8 @@ import yaml
 from dataset_trees import build_coco, build_image_folder, build_voc
 from procs import run_cli
 from shipped import LENGTH_AND_SIZE
-from visiontrain import config as C
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.core import config as C
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
 
 STEPS = 3
@@ -165,7 +165,7 @@ def test_validate_on_the_test_split(recipe_runs):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["split"] == "test" and result["data_split"] == "test" and 0 <= result["AP50"] <= 1
-    from visiontrain.trained import load_trained
+    from visiontrain.use.trained import load_trained
 
     with pytest.raises(C.ConfigError, match="data.test_split=val is data.val_split, which training used"):
         load_trained(run_dir, ["data.test_split=val"], split="test")

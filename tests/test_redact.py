@@ -1,10 +1,10 @@
-"""URLs as the tool prints and writes them (``visiontrain.redact``): passwords and tokens masked,
+"""URLs as the tool prints and writes them (``visiontrain.core.redact``): passwords and tokens masked,
 everything else kept, so that the message still says which database, bucket or server it means."""
 from __future__ import annotations
 
 import pytest
 
-from visiontrain.redact import redact_url, scrub
+from visiontrain.core.redact import redact_url, scrub
 
 
 @pytest.mark.parametrize("url, shown", [

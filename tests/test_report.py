@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from toy_task import toy_config, train
-from visiontrain import cli, report
+from visiontrain.app import cli
+from visiontrain.report.page import page
 
 RED = (1.0, 0.0, 0.0)  # the test plot's bars: found again in the screenshot, so the PNG was drawn
 

@@ -12,7 +12,7 @@ import torch
 from crashes import Crash, CrashAt
 from devices import deterministic_kernels
 from toy_task import ToyTask, toy_config
-from visiontrain import config as C
+from visiontrain.core import config as C
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.tasks import build_task
 
@@ -113,7 +113,7 @@ class EventRecorder:
 
 
 def logged_rows(run_dir) -> list[tuple[str, int]]:
-    from visiontrain.engine.records.metrics_file import METRICS_FILE
+    from visiontrain.rundir.metrics_file import METRICS_FILE
 
     return [(row["kind"], row["step"]) for row in map(json.loads, (run_dir / METRICS_FILE).read_text().splitlines())]
 

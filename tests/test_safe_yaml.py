@@ -1,6 +1,6 @@
 """A YAML "billion laughs" (nine levels of ten aliases: 10^9 values from a few hundred bytes) in
 each file a user may have been sent is one line naming the file, at once, instead of a hang
-(visiontrain/safe_yaml.py)."""
+(visiontrain/core/safe_yaml.py)."""
 from __future__ import annotations
 
 import time
@@ -9,7 +9,7 @@ import pytest
 
 from dataset_trees import build_yolo
 from procs import cli_here
-from visiontrain import safe_yaml
+from visiontrain.core import safe_yaml
 
 DEEP = "names: " + "[" * 3000 + "]" * 3000 + "\n"  # past PyYAML's recursion: a RecursionError traceback
 BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from visiontrain.engine.step.schedules import Schedule, ScheduleConfig, StepClock, build_schedule, scale_lr_by_batch
+from visiontrain.engine.optim.schedules import Schedule, ScheduleConfig, StepClock, build_schedule, scale_lr_by_batch
 
 
 def values(sched: Schedule, steps: list[int]) -> list[float]:

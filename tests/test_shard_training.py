@@ -31,7 +31,7 @@ from visiontrain.data.shards.layout import expand_braces, split_pattern
 from visiontrain.data.shards.reader import ShardSpec, ShardSplit, shard_index
 from visiontrain.data.shards.samples import SplitSamples
 from visiontrain.data.shards.sampler import ShardBatchSampler, buffer_shuffle
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
 
 SIZES = [7, 13, 5, 11, 9, 3, 8, 12, 4]  # 72 samples in 9 shards of uneven sizes

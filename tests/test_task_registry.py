@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from visiontrain import config as C
-from visiontrain.config import doc
+from visiontrain.core import config as C
+from visiontrain.core.config import doc
 from visiontrain.engine.protocols.task import TASK_REGISTRY, Prediction, Task, TaskConfig, TaskData, register_task
-from visiontrain.inference import Detections, Predictor
+from visiontrain.use.inference import Detections, Predictor
 from visiontrain.tasks import build_task
 
 

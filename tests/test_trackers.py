@@ -12,7 +12,7 @@ from toy_task import ToyTask, toy_config
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.engine.records import tracking
 from visiontrain.engine.records.tensorboard import TensorBoardTracker
-from visiontrain.engine.state.run_files import TENSORBOARD_DIR
+from visiontrain.rundir.run_files import TENSORBOARD_DIR
 
 
 class Recording:

@@ -17,12 +17,12 @@ import pytest
 import yaml
 
 from toy_task import ToyTask, toy_config
-from visiontrain import cli
-from visiontrain import config as C
+from visiontrain.app import cli
+from visiontrain.core import config as C
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.engine.protocols.hooks import Hook
-from visiontrain.engine.records.metrics_file import ROW_KEYS, is_number, read_metrics
-from visiontrain.stop_signals import Preempted
+from visiontrain.rundir.metrics_file import ROW_KEYS, is_number, read_metrics
+from visiontrain.core.stop_signals import Preempted
 
 from visiontrain.engine.records.mlflow_tracker import MAX_PARAM, LoggingConfig, MlflowTracker, name, params_of
 
@@ -157,7 +157,7 @@ def test_a_sharded_best_checkpoint_goes_with_the_directory_it_names(tmp_path):
     import torch
 
     from visiontrain.engine.records.mlflow_tracker import weight_files
-    from visiontrain.engine.state import checkpoint_format as fmt
+    from visiontrain.rundir import checkpoint_format as fmt
 
     ckpts = tmp_path / "checkpoints"
     for name in ("step-8.dcp", "step-16.dcp"):  # step-16: last.pt's, not the best's

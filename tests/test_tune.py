@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from procs import alive, descendants, finish, popen, run_cli, wait_for
-from visiontrain import cli
+from visiontrain.app import cli
 
 # digits: the offline dataset on which a trial takes seconds. Batches of 16 make a trial long enough
 # (about 180 steps) for a tuner to stop it part-way (the pruning and kill tests need that).
@@ -76,7 +76,7 @@ def test_a_bad_space_is_one_line_before_any_trial(tmp_path, capsys, text, extra,
 
 
 def test_a_study_continues_only_its_own_search(tmp_path, capsys):
-    from visiontrain.tuning import TuneSettings, prepare
+    from visiontrain.tune.study import TuneSettings, prepare
 
     study = tmp_path / "study"
     first = space_file(tmp_path, SPACE)
@@ -225,7 +225,7 @@ def test_a_storage_that_cannot_be_opened_is_one_line_without_its_password(tmp_pa
 def test_evaluations_are_reported_by_their_number_not_their_step(tmp_path):
     """Trials of different batch sizes evaluate at different steps after the same epochs: the pruner
     compares them at the evaluation's number. The one at step 0 (the initialisation) is not reported."""
-    from visiontrain.tuning_trial import Objective, Watch
+    from visiontrain.tune.trial import Objective, Watch
 
     class Trial:
         def __init__(self):

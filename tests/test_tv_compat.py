@@ -1,4 +1,4 @@
-"""visiontrain._tv_compat.ensure_torchvision, each check in a fresh interpreter."""
+"""visiontrain.core._tv_compat.ensure_torchvision, each check in a fresh interpreter."""
 import json
 import os
 import subprocess
@@ -13,7 +13,7 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 PRELUDE = """
 import json, logging, sys, time
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s:%(levelname)s:%(message)s")
-from visiontrain import _tv_compat
+from visiontrain.core import _tv_compat
 t0 = time.perf_counter()
 mode = _tv_compat.ensure_torchvision()
 dt = time.perf_counter() - t0
@@ -132,7 +132,7 @@ def test_torchvision_imported_first_is_a_clear_error(first, cache):
             import torchvision
         except Exception:
             pass
-        from visiontrain._tv_compat import ensure_torchvision
+        from visiontrain.core._tv_compat import ensure_torchvision
         try:
             ensure_torchvision()
         except RuntimeError as e:
@@ -146,7 +146,7 @@ def test_missing_compiler_is_a_clear_error(first, tmp_path):
     if first[0]["mode"] == "native":
         pytest.skip("torchvision loads natively here; nothing to stub")
     r = run("""
-        from visiontrain._tv_compat import ensure_torchvision
+        from visiontrain.core._tv_compat import ensure_torchvision
         try:
             ensure_torchvision()
         except RuntimeError as e:

@@ -6,10 +6,10 @@ import pytest
 
 from crashes import Crash, CrashAt
 from toy_task import ToyTask, toy_config
-from visiontrain import cli
+from visiontrain.app import cli
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.engine.protocols.hooks import Hook
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
 
 HOOKS = ["user_hooks_example:LossEveryFour", "user_hooks_example:CountsEvaluations"]

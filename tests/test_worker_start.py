@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from procs import run_cli
-from visiontrain.config import load_config
+from visiontrain.core.config import load_config
 from visiontrain.engine.setup.loaders import loaders, worker_context
 from visiontrain.engine.parallel.distributed import DistInfo
 from visiontrain.engine.step.source import stop_workers
@@ -74,7 +74,7 @@ def test_the_forkserver_and_its_workers_leave_stop_signals_to_the_training_proce
     import signal
     from multiprocessing import forkserver
 
-    from visiontrain.stop_signals import STOP_SIGNALS, ignore_stop_signals
+    from visiontrain.core.stop_signals import STOP_SIGNALS, ignore_stop_signals
 
     loader = DataLoader(TakesTheLock(), batch_size=2, num_workers=1, worker_init_fn=ignore_stop_signals,
                         multiprocessing_context=worker_context("forkserver"), persistent_workers=True)
@@ -91,7 +91,7 @@ def test_a_dataset_class_a_worker_cannot_import_is_refused_at_start(monkeypatch)
     """A notebook's class: the forkserver's workers could not unpickle it."""
     import types
 
-    from visiontrain.config import ConfigError
+    from visiontrain.core.config import ConfigError
     from visiontrain.engine.setup.worker_check import check_sendable_to_workers
 
     class NotebookDataset(torch.utils.data.Dataset):

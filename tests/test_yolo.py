@@ -16,7 +16,7 @@ import torch
 from detection_helpers import mosaic_coco
 from procs import cli_here
 from test_host_syncs import ALL_ON, run_counted
-from visiontrain import config as C
+from visiontrain.core import config as C
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.models.yolo import decode, postprocess
 from visiontrain.models.yolo_loss import (batched_box_iou, build_targets, mixup, multiscale_size, rescale_batch,
@@ -192,7 +192,7 @@ def test_evaluate_reports_voc07_and_coco_per_class_and_keeps_the_figures():
     import numpy as np
 
     from visiontrain.data.detection.base import BadDataPolicy, DetectionDataset, ImageRecord
-    from visiontrain.engine.records.metrics_file import PER_CLASS
+    from visiontrain.rundir.metrics_file import PER_CLASS
     from visiontrain.engine.records.plots import render
     from visiontrain.evaluation import detection_confusion, voc_map
 
@@ -233,7 +233,7 @@ def test_evaluate_reports_voc07_and_coco_per_class_and_keeps_the_figures():
 
 
 def test_no_weight_decay_on_biases_and_batch_norm():
-    from visiontrain.engine.step.param_groups import build_param_groups
+    from visiontrain.engine.optim.param_groups import build_param_groups
 
     cfg = C.load_config("detect-yolov3", TINY)
     model = build_task(cfg).build_model({"num_classes": 3})
@@ -251,7 +251,7 @@ def test_no_weight_decay_on_biases_and_batch_norm():
 
 @pytest.mark.parametrize("fmt, suffix", [("onnx", ".onnx"), ("torchscript", ".torchscript.pt")])
 def test_export_round_trips(fmt, suffix, tmp_path):
-    from visiontrain.export import export_model
+    from visiontrain.use.export import export_model
 
     torch.manual_seed(0)
     task = build_task(C.load_config("detect-yolov3", TINY + ["task.val_size=64"]))

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from visiontrain import config as C
-from visiontrain.config import doc
+from visiontrain.core import config as C
+from visiontrain.core.config import doc
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.engine.protocols.task import Task, TaskConfig, TaskData, register_task
 from visiontrain.engine.step.eval_loop import EvalData

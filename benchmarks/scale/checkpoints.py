@@ -35,7 +35,7 @@ QUICK = ("vit_tiny (5.7M)", "vit_small (22M)")
 
 
 def _build(spec: str):
-    from visiontrain._tv_compat import ensure_torchvision
+    from visiontrain.core._tv_compat import ensure_torchvision
 
     ensure_torchvision()  # torchvision's native ops on a CPU-only torch, before timm imports it
     if spec.startswith("timm:"):

@@ -33,7 +33,7 @@ def table(classes: int, rng: random.Random) -> dict[str, dict[str, float]]:
 def write_run(run_dir: Path, classes: int) -> int:
     """A detection run's metrics.jsonl: a training row every 50 steps, an evaluation (model and EMA,
     each with its per-class table) every 500; the size of one evaluation row in bytes."""
-    from visiontrain.engine.records.metrics_file import make_row
+    from visiontrain.rundir.metrics_file import make_row
     from visiontrain.engine.records.run_log import dumps_json
 
     rng = random.Random(0)

@@ -115,7 +115,7 @@ def tensorboard_seconds(run_dir: Path, out: Path, *, event_a_scalar: bool = Fals
     ``event_a_scalar``: the tracker's path before, an ``add_scalar`` (an event) for each value."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from visiontrain.engine.records.metrics_file import ROW_KEYS, is_number, read_metrics
+    from visiontrain.rundir.metrics_file import ROW_KEYS, is_number, read_metrics
     from visiontrain.engine.records.tensorboard import TensorBoardTracker
 
     metrics = read_metrics(run_dir)
@@ -149,10 +149,10 @@ def rewind_seconds(run_dir: Path, steps: int, rewind: Callable[[Path, int], None
 
 def in_process(work: Path, run: Path, other: Path, steps: int) -> dict[str, float]:
     """The costs measured inside this process (start-up left out): the growing part of each."""
-    from visiontrain.compare import compare
-    from visiontrain.engine.records.metrics_file import rewind
+    from visiontrain.report.compare import compare
+    from visiontrain.rundir.metrics_file import rewind
     from visiontrain.engine.records.plots import write_curves
-    from visiontrain.report import write_report
+    from visiontrain.report.page import write_report
 
     return {
         "report (in process)": timed(lambda: write_report(other, work / f"report-{steps}-in.html")),

@@ -119,7 +119,7 @@ def make_folder(root: Path, images: int, classes: int = 1000) -> None:
 
 def measure(kind: str, path: str) -> dict:
     """In this process: read the data as `fit` does, timed, with the memory it took."""
-    from visiontrain._tv_compat import ensure_torchvision
+    from visiontrain.core._tv_compat import ensure_torchvision
 
     ensure_torchvision()
     from visiontrain.data.datasets.image_folder import build_image_folder

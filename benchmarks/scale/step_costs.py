@@ -33,14 +33,14 @@ def _median_s(fn, repeats: int = REPEATS) -> float:
 def measure(name: str) -> dict:
     import torch
 
-    from visiontrain._tv_compat import ensure_torchvision
+    from visiontrain.core._tv_compat import ensure_torchvision
 
     ensure_torchvision()
     import timm
 
     from visiontrain.engine.step.ema import ModelEma
     from visiontrain.engine.step.guards import check_weights
-    from visiontrain.engine.step.param_groups import build_param_groups, check_coverage
+    from visiontrain.engine.optim.param_groups import build_param_groups, check_coverage
     from visiontrain.engine.step.pipeline import TrainStep
 
     torch.set_num_threads(1)

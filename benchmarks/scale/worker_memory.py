@@ -62,14 +62,14 @@ def read_index(kind: str, form: str, path: str):
 def measure(spec: str) -> dict:
     """``START:FORM:KIND:PATH``: the loader's workers at their first batch and after BATCHES."""
     start, form, kind, path = spec.split(":", 3)
-    from visiontrain._tv_compat import ensure_torchvision
+    from visiontrain.core._tv_compat import ensure_torchvision
 
     ensure_torchvision()
     import torch
     from torch.utils.data import DataLoader, RandomSampler
 
     from visiontrain.engine.setup.loaders import worker_context
-    from visiontrain.process_tree import start_worker
+    from visiontrain.core.process_tree import start_worker
 
     before, started = rss_kib(), time.perf_counter()
     dataset = read_index(kind, form, path)

@@ -51,7 +51,7 @@ def measure(overrides: list[str]) -> dict[str, float]:
     """One epoch of the training loader, in this process: seconds to the first batch, images/s after it."""
     import torch
 
-    from visiontrain import config as C
+    from visiontrain.core import config as C
     from visiontrain.engine.parallel.distributed import DistInfo
     from visiontrain.engine.setup.loaders import loaders
     from visiontrain.tasks import build_task

@@ -15,15 +15,15 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_LAZY = {"Predictor": "visiontrain.inference", "Classification": "visiontrain.inference",
-         "ClassScore": "visiontrain.inference", "Detections": "visiontrain.inference",
+_LAZY = {"Predictor": "visiontrain.use.inference", "Classification": "visiontrain.use.inference",
+         "ClassScore": "visiontrain.use.inference", "Detections": "visiontrain.use.inference",
          "Hook": "visiontrain.engine.protocols.hooks", "Cadence": "visiontrain.engine.protocols.cadence",
          "Task": "visiontrain.engine.protocols.task", "TaskConfig": "visiontrain.engine.protocols.task",
          "TaskData": "visiontrain.engine.protocols.task",
          "ExportSpec": "visiontrain.engine.protocols.task", "Prediction": "visiontrain.engine.protocols.task",
          "register_task": "visiontrain.engine.protocols.task", "EvalData": "visiontrain.engine.step.eval_loop",
          "TrainSource": "visiontrain.engine.step.source", "Trainer": "visiontrain.engine.loop.trainer",
-         "load_config": "visiontrain.config", "build_task": "visiontrain.tasks"}
+         "load_config": "visiontrain.core.config", "build_task": "visiontrain.tasks"}
 __all__ = ["__version__", *_LAZY]
 
 

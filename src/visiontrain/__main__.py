@@ -1,3 +1,3 @@
-from visiontrain.cli import main
+from visiontrain.app.cli import main
 
 raise SystemExit(main())

@@ -20,15 +20,15 @@ import sys
 import threading
 from pathlib import Path
 
-from visiontrain.typed_config import ConfigError
+from visiontrain.core.typed_config import ConfigError
 
 #: Every built-in registering module, lowest room first, with what it registers.
 BUILT_IN: dict[str, str] = {
     "visiontrain.engine.protocols.task": "the task section, typed by task.name",
     "visiontrain.engine.parallel.distributed": "the distributed section",
     "visiontrain.engine.step.trainer_config": "the trainer section",
-    "visiontrain.engine.step.param_groups": "the optim section",
-    "visiontrain.engine.step.schedules": "the schedules section",
+    "visiontrain.engine.optim.param_groups": "the optim section",
+    "visiontrain.engine.optim.schedules": "the schedules section",
     "visiontrain.engine.step.ema": "the ema section",
     "visiontrain.engine.records.mlflow_tracker": "the logging section and the MLflow tracker",
     "visiontrain.engine.parts.evaluator": "the eval section",

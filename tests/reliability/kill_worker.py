@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 import toy_task  # noqa: E402  (registers the toy task and its config section)
-from visiontrain import cli  # noqa: E402
+from visiontrain.app import cli  # noqa: E402
 from visiontrain.engine.records import run_log as run_logging  # noqa: E402
 
 recipe, run_dir, spec = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])

@@ -4,7 +4,7 @@ what was expected; nothing already written (a run dir's checkpoints, metrics, we
 Bad data under ``data.on_bad_annotation=skip`` is dropped and counted instead. RELIABILITY.md lists
 these cases with the messages observed.
 
-A command refused before any training runs ``visiontrain.cli.main`` in this process (``refused``):
+A command refused before any training runs ``visiontrain.app.cli.main`` in this process (``refused``):
 its subject is the message, the exit code and the files left, and a process of its own would cost
 5-9 s of start-up for each. What only a real ``python -m visiontrain`` shows runs in one: that the
 whole of stderr is one line from the real entry point (a config error,
@@ -27,8 +27,8 @@ from conftest import build_once
 from dataset_trees import broken_inside_jpeg, build_coco, build_voc
 from detection_helpers import vt
 from procs import cli_here, in_process
-from visiontrain import config as C
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.core import config as C
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
 
 # Bad input is this file's subject; the runs load in-process where the data is small (the errors a

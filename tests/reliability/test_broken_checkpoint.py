@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from toy_task import toy_config, train
-from visiontrain import cli
-from visiontrain import config as C
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.app import cli
+from visiontrain.core import config as C
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import CheckpointError, atomic_save, load_checkpoint, read_checkpoint_file
 from visiontrain.engine.state import run_dir as run_dir_module
 

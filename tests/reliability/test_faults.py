@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from toy_task import ToyTask, toy_config, train
-from visiontrain import cli
-from visiontrain import config as C
+from visiontrain.app import cli
+from visiontrain.core import config as C
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.engine.protocols.hooks import Hook
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state import files as files_module
 from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
 from visiontrain.engine.step.guards import NonFiniteLossError

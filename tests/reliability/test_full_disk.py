@@ -22,12 +22,12 @@ import pytest
 import torch
 
 from toy_task import toy_config
-from visiontrain import config as C
+from visiontrain.core import config as C
 from visiontrain.engine.records.run_log import RunLogger
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state import files as files_module
 from visiontrain.engine.state.checkpoint import CheckpointError, atomic_save, load_checkpoint, write_run_file
-from visiontrain.engine.state.write_failure import WriteError
+from visiontrain.rundir.write_failure import WriteError
 
 WORKER = Path(__file__).parent / "kill_worker.py"
 FULL = r"the disk is full \(No space left on device; \d+ MiB free on that file system\)"
@@ -161,7 +161,7 @@ def test_a_run_whose_disk_fills_up_exits_2_in_one_line_and_its_last_checkpoint_l
 
 
 def test_the_plain_reason_keeps_the_system_words_for_every_space_error() -> None:
-    from visiontrain.engine.state.write_failure import why_not_written
+    from visiontrain.rundir.write_failure import why_not_written
 
     for code, plain in ((errno.ENOSPC, "the disk is full"), (errno.EDQUOT, "the disk quota is used up")):
         reason = why_not_written(OSError(code, os.strerror(code)), Path("/"))

@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 
 import procs
 from toy_task import toy_config
-from visiontrain import config as C
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.core import config as C
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
 
 WORKER = Path(__file__).parent / "kill_worker.py"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from procs import alive, descendants, group, wait_for
 
-from visiontrain.exit_codes import EXIT_PEER_LOST
+from visiontrain.core.exit_codes import EXIT_PEER_LOST
 
 # classify-fashion as shipped on the embedded digits, long enough to be killed while it trains
 RUN = ["classify-fashion", "data.name=digits", "data.batch_size=32", "trainer.epochs=200", "trainer.progress=plain"]

@@ -20,11 +20,11 @@ import pytest
 from conftest import build_once
 from procs import cli_here
 from toy_task import toy_config
-from visiontrain import cli
-from visiontrain import config as C
+from visiontrain.app import cli
+from visiontrain.core import config as C
 from visiontrain.engine.records import run_log as logging_module
-from visiontrain.engine.records.metrics_file import METRICS_FILE
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.rundir.metrics_file import METRICS_FILE
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
 
 # A finished digits run (4 steps) whose files are then made unwritable; its subject is the files, so
@@ -65,12 +65,12 @@ def read_only(directory: Path, *args: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
-# Runs each command line of argv[1] (a JSON list) through visiontrain.cli.main in this one process,
+# Runs each command line of argv[1] (a JSON list) through visiontrain.app.cli.main in this one process,
 # file descriptors 1 and 2 caught per command (what a C++ library prints too; an uncaught error's
 # traceback, exit 1, as a process of its own would end), and prints [[code, stdout, stderr], ...].
 COMMANDS_IN_ONE_PROCESS = """
 import json, os, sys, tempfile, traceback
-from visiontrain import cli
+from visiontrain.app import cli
 results = []
 for argv in json.loads(sys.argv[1]):
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:

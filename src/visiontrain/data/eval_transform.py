@@ -3,7 +3,7 @@
 One object serves three readers, so that none of them keeps a second copy of the rule: the
 datasets prepare their validation items with it, its :meth:`EvalTransform.spec` goes into the
 checkpoint's ``data_info["preprocess"]`` (and into an exported ONNX file's metadata), and
-``visiontrain.inference`` rebuilds it from there to prepare a user's image exactly as a validation
+``visiontrain.use.inference`` rebuilds it from there to prepare a user's image exactly as a validation
 item was prepared when the model was scored.
 
 The rule: bring the pixels to [0, 1] (uint8 divided by the format's top value: 255 for an image
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 
 SPEC_KEYS = ("size", "resize", "mean", "std", "geometry_on_uint8")
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from visiontrain.config import ConfigError
+from visiontrain.core.config import ConfigError
 
 log = logging.getLogger("visiontrain")
 

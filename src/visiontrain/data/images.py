@@ -5,7 +5,7 @@ CMYK go through PIL's ``convert("RGB")``. 16-bit grey is first scaled to 8 bits 
 (/257, as torchvision's ``to_dtype(uint8, scale=True)`` does), because ``convert`` would clip every
 value above 255 to white; 32-bit integer grey, whose range is unknown, by the image's maximum.
 An image given in memory (a PIL image, a numpy array, a tensor) follows the same rule
-(:func:`image_tensor`, what ``visiontrain.inference`` reads its inputs with).
+(:func:`image_tensor`, what ``visiontrain.use.inference`` reads its inputs with).
 
 Orientation: a file (or a PIL image) with an EXIF orientation tag, as every phone photo has, is
 turned upright as image viewers and annotation tools show it (PIL's ``exif_transpose``), so pixels,

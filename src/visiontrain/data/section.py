@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from visiontrain.config import register_section
+from visiontrain.core.config import register_section
 from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler
-from visiontrain.typed_config import doc
+from visiontrain.core.typed_config import doc
 
 
 @dataclass

@@ -9,7 +9,7 @@ never builds one.
 The server also ignores the stop signals, as the workers do: a scheduler signals the whole job,
 and stopping is the training process's decision (it finishes the step, writes last.pt and exits).
 The server ends with the training process however that one ends, SIGKILL included
-(``visiontrain.process_tree``), and its workers with it.
+(``visiontrain.core.process_tree``), and its workers with it.
 """
 import multiprocessing.context
 import os
@@ -27,7 +27,7 @@ def _in_forkserver() -> bool:
     return False
 
 
-from visiontrain.process_tree import (WORKER_PARENT_ENV, end_with_parent, expected_pid,  # noqa: E402
+from visiontrain.core.process_tree import (WORKER_PARENT_ENV, end_with_parent, expected_pid,  # noqa: E402
                                       skip_final_collection)
 
 # The forkserver, or a spawned worker (multiprocessing marks a spawned child ``_inheriting`` while it
@@ -39,7 +39,7 @@ if _in_forkserver() or getattr(multiprocessing.current_process(), "_inheriting",
         os.environ[WORKER_PARENT_ENV] = str(os.getpid())  # the parent its forked workers check
         skip_final_collection()  # it exits when the training process does (its workers use os._exit)
 
-from visiontrain._tv_compat import ensure_torchvision  # noqa: E402
+from visiontrain.core._tv_compat import ensure_torchvision  # noqa: E402
 
 ensure_torchvision()
 
@@ -49,7 +49,7 @@ import torchvision.transforms.v2  # noqa: E402,F401
 import visiontrain.data.datasets  # noqa: E402,F401
 import visiontrain.data.detection  # noqa: E402,F401
 import visiontrain.data.samplers  # noqa: E402,F401
-from visiontrain.stop_signals import ignore_stop_signals  # noqa: E402
+from visiontrain.core.stop_signals import ignore_stop_signals  # noqa: E402
 
 if _in_forkserver():
     ignore_stop_signals()

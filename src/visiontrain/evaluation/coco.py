@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from visiontrain.config import ConfigError, doc, extend_section
+from visiontrain.core.config import ConfigError, doc, extend_section
 
 __all__ = ["coco_api", "coco_evaluate", "coco_evaluation", "CocoEvaluation", "gather_detections", "to_coco_results",
            "COCO_BACKENDS", "COCO_METRICS", "PER_CLASS_COLUMNS"]

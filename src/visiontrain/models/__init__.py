@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 from visiontrain.models.small_cnn import SmallCNN
 
 __all__ = ["SmallCNN", "build_model"]

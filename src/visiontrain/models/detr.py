@@ -19,7 +19,7 @@ import copy
 import math
 from collections.abc import Sequence
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 
 ensure_torchvision()
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 
 ensure_torchvision()
 

@@ -9,7 +9,7 @@ import re
 
 from torch import nn
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 
 __all__ = ["freeze_parameters"]
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 
 ensure_torchvision()
 

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 from visiontrain.models import MIN_BOX_SIZE, check_pretrained_reachable, pretrained_error
 
 #: GluonCV's / Darknet's nine COCO anchors (w, h) in input pixels, three per stride 8, 16, 32.

@@ -2,7 +2,7 @@
 named in ``visiontrain.catalog``; ``build_task`` builds whichever task a config names, a user's included."""
 from __future__ import annotations
 
-from visiontrain.config import Config
+from visiontrain.core.config import Config
 from visiontrain.engine.protocols.task import Task, TaskData, registered_task
 
 

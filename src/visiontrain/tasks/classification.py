@@ -13,14 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from visiontrain.config import doc
+from visiontrain.core.config import doc
 from visiontrain.data.datasets import build_classification_data, check_image_files, classification_eval_transform
 from visiontrain.data.datasets.sources import ImageFolderDataConfig, reader_args
 from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.data.normalize import NormalizeOnDevice
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.protocols.task import ExportSpec, Prediction, Task, TaskConfig, TaskData, register_task
-from visiontrain.engine.records.metrics_file import PER_CLASS
+from visiontrain.rundir.metrics_file import PER_CLASS
 from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.evaluation.confusion import classification_per_class
 from visiontrain.evaluation.figures import confusion_figure

@@ -13,13 +13,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from visiontrain.config import doc
+from visiontrain.core.config import doc
 from visiontrain.data.bad_data import listed
 from visiontrain.data.detection.masks import decode, segmentations
 from visiontrain.data.detection.sources import detection_source
 from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD, NormalizeOnDevice
 from visiontrain.engine.protocols.task import Prediction, Task, TaskConfig, TaskData
-from visiontrain.engine.records.metrics_file import PER_CLASS
+from visiontrain.rundir.metrics_file import PER_CLASS
 from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.evaluation.coco import coco_api, coco_evaluation, to_coco_results
 from visiontrain.evaluation.confusion import BACKGROUND, CONFUSION_IOU, CONFUSION_SCORE, detection_confusion

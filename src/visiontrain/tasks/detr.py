@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from visiontrain.config import doc
+from visiontrain.core.config import doc
 from visiontrain.engine.protocols.task import DictOutputs, ExportSpec, register_task
 from visiontrain.engine.state.checkpoint import CheckpointError
 from visiontrain.engine.state.weights import load_init_weights

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import Subset
 
-from visiontrain.config import ConfigError, doc
+from visiontrain.core.config import ConfigError, doc
 from visiontrain.data.batch_ops import channels_last as to_channels_last
 from visiontrain.data.datasets import build_classification_data, check_image_files
 from visiontrain.data.datasets.sources import ImageFolderDataConfig, reader_args

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from visiontrain.config import doc
+from visiontrain.core.config import doc
 from visiontrain.engine.protocols.task import ExportSpec, register_task
 from visiontrain.evaluation.coco import COCO_METRICS, coco_evaluation
 from visiontrain.evaluation.figures import ShownImage, masks_figure, pr_curves_figure

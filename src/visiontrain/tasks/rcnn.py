@@ -16,10 +16,10 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from visiontrain._tv_compat import ensure_torchvision
-from visiontrain.config import doc
+from visiontrain.core._tv_compat import ensure_torchvision
+from visiontrain.core.config import doc
 from visiontrain.engine.protocols.task import ExportSpec, TaskData, register_task
-from visiontrain.engine.step.param_groups import NormGroups, build_param_groups
+from visiontrain.engine.optim.param_groups import NormGroups, build_param_groups
 from visiontrain.tasks.detection import DetectionConfig, DetectionTask, unread_data_keys
 
 LOSSES = ("loss_objectness", "loss_rpn_box_reg", "loss_classifier", "loss_box_reg")

@@ -14,10 +14,10 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from visiontrain.config import doc
+from visiontrain.core.config import doc
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.protocols.task import ExportSpec, register_task
-from visiontrain.engine.records.metrics_file import PER_CLASS
+from visiontrain.rundir.metrics_file import PER_CLASS
 from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.evaluation.voc import voc_map
 from visiontrain.models import MIN_BOX_SIZE

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 
 DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
 CACHE_ENV = "VISIONTRAIN_DATA_CACHE"

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 from visiontrain.data.bad_data import check_skipped_share, class_difference, listed
 from visiontrain.data.datasets.in_memory import IMAGENET_MEAN, IMAGENET_STD, VAL_CROP_RATIO, check_augment, tv_v2
 from visiontrain.data.eval_transform import EvalTransform

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401  (re-exported)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from visiontrain.config import register_kind
+from visiontrain.core.config import register_kind
 from visiontrain.data.section import DataConfig, ImageFileKeys, SplitKeys
-from visiontrain.typed_config import doc
+from visiontrain.core.typed_config import doc
 
 
 @dataclass

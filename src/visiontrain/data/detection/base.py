@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 from visiontrain.data.bad_data import listed
 from visiontrain.data.detection import masks
 from visiontrain.data.detection.images import BadAnnotationError, read_rgb

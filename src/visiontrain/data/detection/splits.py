@@ -13,7 +13,7 @@ from visiontrain.data.detection.voc import read_voc
 from visiontrain.data.detection.yolo import read_yolo
 from visiontrain.data.image_cache import open_caches
 from visiontrain.data.shards.datasets import read_shards_detection
-from visiontrain.typed_config import did_you_mean
+from visiontrain.core.typed_config import did_you_mean
 
 FORMATS = ("coco", "voc", "yolo", "fashion-mosaic", "neon-trees")
 MASK_FORMATS = ("coco", "yolo", "fashion-mosaic")  # the sources with instance masks (polygons or RLE)

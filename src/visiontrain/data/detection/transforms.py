@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 
 ensure_torchvision()
 import torchvision.transforms.v2 as T  # noqa: E402

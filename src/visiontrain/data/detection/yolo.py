@@ -23,10 +23,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from visiontrain import safe_yaml
+from visiontrain.core import safe_yaml
 from visiontrain.data.bad_data import warn_spelled_alike
-from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset,
-                                             ImageRecord)
+from visiontrain.data.detection.base import (BadAnnotationError, BadDataPolicy, DetectionDataset, ImageRecord)
 from visiontrain.data.detection.coco import ids_text, keep_boxes, probe_images
 from visiontrain.data.detection.masks import polygon_rle
 

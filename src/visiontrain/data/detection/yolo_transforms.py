@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 from visiontrain.data.detection.transforms import IMAGENET_MEAN, sanitize_boxes, to_model_input
 
 ensure_torchvision()

@@ -22,7 +22,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable
 
-from visiontrain.redact import redact_url, scrub
+from visiontrain.core.redact import redact_url, scrub
 
 log = logging.getLogger("visiontrain")
 RETRIES = 5

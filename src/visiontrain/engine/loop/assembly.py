@@ -9,7 +9,7 @@ order is the order of the hook events and of the parts after each step. Whatever
 under ``hooks``, each by its import path. So a new stateful periodic duty is one new file (a
 ``Part``, or a ``Hook`` with a ``cadence``, and the dataclass of its config section) and one
 registration: a line in :data:`PARTS`, or :func:`register_part` from outside the engine, which
-registers the section too; the trainer, the checkpointer and ``config.py`` do not change.
+registers the section too; the trainer, the checkpointer and ``core/config.py`` do not change.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from visiontrain.config import Config, register_section
+from visiontrain.core.config import Config, register_section
 from visiontrain.engine.parts.checkpointer import Checkpointer
 from visiontrain.engine.parts.early_stop import EarlyStopping
 from visiontrain.engine.parts.evaluator import Evaluator
@@ -30,7 +30,7 @@ from visiontrain.engine.records.plots import PlotHook
 from visiontrain.engine.records.profiling import ProfileSteps
 from visiontrain.engine.records.provenance import Launch
 from visiontrain.engine.records.tracking import TrackRun, Tracker, make_trackers
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import RngState, WeightsState
 
 PartFactory = Callable[[Any], "Hook | Sequence[Hook] | None"]

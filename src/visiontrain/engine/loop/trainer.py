@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from visiontrain.config import Config, dump_config
+from visiontrain.core.config import Config, dump_config
 from visiontrain.engine.loop import assembly
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.protocols.part import Progress
@@ -23,8 +23,8 @@ from visiontrain.engine.records.run_log import RunLogger
 from visiontrain.engine.setup.placement import seed_everything
 from visiontrain.engine.setup.training import build_training
 from visiontrain.engine.state.checkpoint import write_run_config
-from visiontrain.engine.state.checkpoint_format import States
-from visiontrain.engine.state.run_files import LAST_CHECKPOINT
+from visiontrain.rundir.checkpoint_format import States
+from visiontrain.rundir.run_files import LAST_CHECKPOINT
 from visiontrain.engine.step.accumulation import accum_steps_at
 from visiontrain.engine.step.guards import OutOfMemory, is_out_of_memory, out_of_memory_message
 from visiontrain.engine.step.metrics import StepRecorder

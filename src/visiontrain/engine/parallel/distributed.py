@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from visiontrain.config import register_section
-from visiontrain.typed_config import doc
+from visiontrain.core.config import register_section
+from visiontrain.core.typed_config import doc
 
 
 @dataclass

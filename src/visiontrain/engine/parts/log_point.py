@@ -21,12 +21,12 @@ import torch
 from visiontrain.engine.parallel.distributed import DistInfo, all_reduce_mean
 from visiontrain.engine.protocols.cadence import Cadence
 from visiontrain.engine.protocols.part import Part, Progress
-from visiontrain.engine.records.metrics_file import COMPUTE_S, DATA_S, SAMPLES_PER_S, TRAIN
+from visiontrain.rundir.metrics_file import COMPUTE_S, DATA_S, SAMPLES_PER_S, TRAIN
 from visiontrain.engine.records.run_log import RunLogger
 from visiontrain.engine.step.accumulation import samples_per_step
 from visiontrain.engine.step.guards import check_rows
 from visiontrain.engine.step.metrics import EpochMeans, PendingRows, StepRecorder
-from visiontrain.engine.step.scalars import ScheduledScalars
+from visiontrain.engine.optim.scalars import ScheduledScalars
 from visiontrain.engine.step.trainer_config import TrainerConfig
 
 

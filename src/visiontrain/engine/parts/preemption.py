@@ -28,8 +28,8 @@ from typing import Any, Callable
 import torch
 
 from visiontrain.engine.protocols.part import Part
-from visiontrain.engine.state.run_files import LAST_CHECKPOINT
-from visiontrain.stop_signals import STOP_SIGNALS, Preempted
+from visiontrain.rundir.run_files import LAST_CHECKPOINT
+from visiontrain.core.stop_signals import STOP_SIGNALS, Preempted
 
 
 @atexit.register

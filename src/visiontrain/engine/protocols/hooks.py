@@ -24,7 +24,7 @@ import sys
 import weakref
 from typing import Any, Sequence
 
-from visiontrain.config import ConfigError
+from visiontrain.core.config import ConfigError
 from visiontrain.engine.protocols.cadence import Cadence
 
 EVENTS = ("before_train", "before_epoch", "before_step", "after_backward", "after_step", "after_epoch",

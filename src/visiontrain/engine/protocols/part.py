@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from visiontrain.engine.protocols.hooks import Hook
-from visiontrain.engine.step.schedules import StepClock
+from visiontrain.engine.optim.schedules import StepClock
 
 
 class Part(Hook):

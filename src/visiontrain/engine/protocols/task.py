@@ -17,10 +17,10 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from visiontrain.config import Config, ConfigError, register_kind, register_section
+from visiontrain.core.config import Config, ConfigError, register_kind, register_section
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.step.eval_loop import EvalData
-from visiontrain.typed_config import did_you_mean, doc
+from visiontrain.core.typed_config import did_you_mean, doc
 
 
 @dataclass
@@ -105,7 +105,7 @@ class PredictUnsupported(ValueError):
 
 
 class Prediction(enum.Enum):
-    """What a task's ``predict`` gives for an image. ``visiontrain.inference``, ``visiontrain predict``
+    """What a task's ``predict`` gives for an image. ``visiontrain.use.inference``, ``visiontrain predict``
     and the CLI read a task's predictions by this declaration, never by the task's class, so a new
     family (masks, later) is a new member here and a reader for it, not a switch on task types. The
     value is ``Predictor.kind``."""
@@ -201,7 +201,7 @@ class Task(abc.ABC):
         """The model's prediction on each raw image (uint8 [C, H, W], or float in [0, 1]), prepared
         exactly as evaluation prepares a validation item: ``{"probabilities": [C]}`` from a
         classifier, ``{"boxes", "scores", "labels"}`` (XYXY in the image's own pixels) from a
-        detector. ``visiontrain.inference`` and ``visiontrain predict`` call it; a task without
+        detector. ``visiontrain.use.inference`` and ``visiontrain predict`` call it; a task without
         predictions says so here."""
         raise PredictUnsupported(f"task {self.name!r} makes no predictions on images")
 

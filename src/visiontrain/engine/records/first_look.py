@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from visiontrain.config import Config
+from visiontrain.core.config import Config
 from visiontrain.engine.parallel.distributed import DistInfo
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.protocols.task import Task
@@ -37,7 +37,7 @@ from visiontrain.engine.setup.loaders import train_loader, train_sampler
 from visiontrain.engine.setup.placement import seed_everything
 from visiontrain.engine.setup.training import TrainingRun
 from visiontrain.engine.state.checkpoint import write_run_file
-from visiontrain.engine.state.run_files import MODEL_SUMMARY_FILE, PLOTS_DIR
+from visiontrain.rundir.run_files import MODEL_SUMMARY_FILE, PLOTS_DIR
 from visiontrain.engine.step.pipeline import to_device
 from visiontrain.engine.step.source import LoaderSource, TrainSource
 

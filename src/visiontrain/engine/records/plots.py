@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from visiontrain.engine.protocols.hooks import Hook
-from visiontrain.engine.records.metrics_file import (COMPUTE_S, DATA_S, SAMPLES_PER_S, STEP, Row, ema_key, is_ema,
-                                                     model_key, numeric_keys, read_metrics, series)
-from visiontrain.engine.state.run_files import PLOTS_DIR
-from visiontrain.engine.step.schedules import SCHEDULED_SCALARS
+from visiontrain.rundir.metrics_file import (COMPUTE_S, DATA_S, SAMPLES_PER_S, STEP, Row, ema_key, is_ema, model_key,
+                                             numeric_keys, read_metrics, series)
+from visiontrain.rundir.run_files import PLOTS_DIR
+from visiontrain.engine.optim.schedules import SCHEDULED_SCALARS
 from visiontrain.evaluation.panels import panel_grid
 
 log = logging.getLogger("visiontrain")

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from visiontrain.engine.protocols.hooks import Hook
-from visiontrain.engine.state.run_files import PROFILE_DIR
+from visiontrain.rundir.run_files import PROFILE_DIR
 
 
 class ProfileSteps(Hook):

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import visiontrain
-from visiontrain.engine.state.run_files import PROVENANCE_FILE
+from visiontrain.rundir.run_files import PROVENANCE_FILE
 
 #: Versions every launch records; a tracker adds its own package (``Tracker.packages``).
 PACKAGES = ("torch", "torchvision", "timm", "numpy")

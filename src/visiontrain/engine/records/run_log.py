@@ -33,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from visiontrain.engine.protocols.hooks import Hook
-from visiontrain.engine.records.metrics_file import (SAMPLES_PER_S, is_per_class, make_row, model_key, per_class_tables,
-                                                     rewind)
+from visiontrain.rundir.metrics_file import (SAMPLES_PER_S, is_per_class, make_row, model_key, per_class_tables, rewind)
 from visiontrain.engine.records.tracking import Tracker
-from visiontrain.engine.state.run_files import METRICS_FILE
-from visiontrain.engine.state.write_failure import WriteError, why_not_written
+from visiontrain.rundir.run_files import METRICS_FILE
+from visiontrain.rundir.write_failure import WriteError, why_not_written
 
 #: Plain lines wrap at this many columns; continuation lines are indented under the text.
 WIDTH = 100

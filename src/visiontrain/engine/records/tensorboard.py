@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from visiontrain.engine.state.run_files import TENSORBOARD_DIR
+from visiontrain.rundir.run_files import TENSORBOARD_DIR
 
 
 class TensorBoardTracker:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from visiontrain.config import Config, ConfigError
+from visiontrain.core.config import Config, ConfigError
 from visiontrain.engine.parallel.distributed import DistInfo, wrap_ddp
 from visiontrain.engine.parallel.fsdp import shard_model
 from visiontrain.engine.state.sharded import ShardedCheckpoints

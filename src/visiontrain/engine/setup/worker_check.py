@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from visiontrain.config import ConfigError
+from visiontrain.core.config import ConfigError
 
 _MAX_DEPTH = 40  # how deep the search for the culprit descends (object graphs of datasets are shallow)
 

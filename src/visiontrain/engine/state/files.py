@@ -25,8 +25,8 @@ from typing import IO, Any
 
 import torch
 
-from visiontrain.engine.state.checkpoint_format import CheckpointError
-from visiontrain.engine.state.write_failure import why_not_written
+from visiontrain.rundir.checkpoint_format import CheckpointError
+from visiontrain.rundir.write_failure import why_not_written
 
 
 def give_usual_mode(path: str | os.PathLike) -> None:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from visiontrain.engine.parallel.distributed import DistInfo, broadcast_object
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.files import CheckpointError, read_checkpoint_file
 
 DCP_DIR = re.compile(r"^step-\d+(-\d+)?\.dcp$")

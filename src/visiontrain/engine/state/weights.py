@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from visiontrain.engine.state import checkpoint_format as fmt
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import CheckpointError, give_usual_mode, load_checkpoint
 from visiontrain.engine.state.files import not_weights
 
@@ -145,7 +145,7 @@ def check_resume_compatible(state: dict[str, Any], run: Any, source: str) -> Non
     theirs = sharded_shapes(Path(source).parent, record) if sharded else shapes_of(fmt.model_weights(state))
     detail = weights_misfit(theirs, run.raw_model.state_dict())
     if detail:
-        from visiontrain.config import config_to_dict
+        from visiontrain.core.config import config_to_dict
 
         theirs_text = _model_text(fmt.config_of(state), fmt.data_info_of(state))
         own_text = _model_text(config_to_dict(run.cfg), run.data_info)

@@ -2,8 +2,8 @@
 an epoch, how many samples it trains on, and how many steps the run has."""
 from __future__ import annotations
 
-from visiontrain.config import Config
-from visiontrain.engine.step.schedules import StepClock
+from visiontrain.core.config import Config
+from visiontrain.engine.optim.schedules import StepClock
 from visiontrain.engine.step.trainer_config import TrainerConfig
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from visiontrain.config import register_section
+from visiontrain.core.config import register_section
 from visiontrain.engine.parallel.fsdp import local
-from visiontrain.typed_config import doc
+from visiontrain.core.typed_config import doc
 
 
 @dataclass

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from visiontrain.engine.parallel.fsdp import local
-from visiontrain.engine.state.run_files import LAST_CHECKPOINT
+from visiontrain.rundir.run_files import LAST_CHECKPOINT
 from visiontrain.engine.step.metrics import Rows
 
 

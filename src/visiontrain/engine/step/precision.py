@@ -20,7 +20,7 @@ from typing import Any, ContextManager, Mapping
 
 import torch
 
-from visiontrain.config import ConfigError
+from visiontrain.core.config import ConfigError
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: The CPU capabilities (``torch.cpu.get_capabilities()``'s names) that compute each dtype natively:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from visiontrain.config import register_section
-from visiontrain.typed_config import doc
+from visiontrain.core.config import register_section
+from visiontrain.core.typed_config import doc
 
 
 @dataclass

@@ -25,15 +25,17 @@ from typing import Any, Callable
 
 import yaml
 
-from visiontrain import catalog, safe_yaml
-from visiontrain.typed_config import (ConfigError, all_keys, build_typed, check_value, did_you_mean, doc, type_name,
-                                      unknown_key)
+from visiontrain import catalog
+
+from visiontrain.core import safe_yaml
+from visiontrain.core.typed_config import (ConfigError, all_keys, build_typed, check_value, did_you_mean, doc,
+                                           type_name, unknown_key)
 
 __all__ = ["Config", "ConfigError", "SECTIONS", "Section", "config_from_dict", "config_to_dict", "describe_keys",
            "doc", "dump_config", "extend_section", "flatten", "list_recipes", "load_config", "parse_overrides",
            "register_kind", "register_section"]
 
-RECIPES_DIR = Path(__file__).parent / "recipes"
+RECIPES_DIR = Path(__file__).parents[1] / "recipes"
 #: The order a dumped config and `show-config --docs` list the built-in sections in (a recipe's
 #: order); a section registered later comes after them, in the order of registration.
 LISTED_FIRST = ("task", "data", "optim", "schedules", "trainer", "ema", "eval", "checkpoint", "distributed",

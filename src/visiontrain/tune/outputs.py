@@ -16,15 +16,15 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from visiontrain import config as C
+from visiontrain.core import config as C
 from visiontrain.engine.records.run_log import dumps_json
-from visiontrain.engine.state.run_files import METRICS_FILE, MLFLOW_RUN_FILE, REPORT_FILE
+from visiontrain.rundir.run_files import METRICS_FILE, MLFLOW_RUN_FILE, REPORT_FILE
 from visiontrain.engine.state.checkpoint import write_run_file
-from visiontrain.redact import redact_url
-from visiontrain.report import CSS, _duration, _figure, _fmt, write_report
-from visiontrain.tuning import FAILURE_ATTR, RESUMES_ATTR, RUN_DIR_ATTR, Search, counted
-from visiontrain.tuning_space import override
-from visiontrain.tuning_trial import Outcome
+from visiontrain.core.redact import redact_url
+from visiontrain.report.page import CSS, _duration, _figure, _fmt, write_report
+from visiontrain.tune.study import FAILURE_ATTR, RESUMES_ATTR, RUN_DIR_ATTR, Search, counted
+from visiontrain.tune.space import override
+from visiontrain.tune.trial import Outcome
 
 log = logging.getLogger("visiontrain")
 

@@ -20,8 +20,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from visiontrain.config import register_section
-from visiontrain.typed_config import doc
+from visiontrain.core.config import register_section
+from visiontrain.core.typed_config import doc
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""The command line: parse it, run the command (``visiontrain.commands``), map errors to exit codes
-(``visiontrain.exit_codes``).
+"""The command line: parse it, run the command (``visiontrain.app.commands``), map errors to exit codes
+(``visiontrain.core.exit_codes``).
 
     visiontrain recipes
     visiontrain fit RECIPE|FILE [k=v ...] [--run-dir DIR] [--resume auto|PATH] [--init PATH] [--nproc N]
@@ -26,16 +26,16 @@ from typing import Any
 
 import yaml
 
-from visiontrain import config as C
-from visiontrain.commands import (cmd_benchmark, cmd_compare, cmd_consolidate, cmd_export, cmd_fit, cmd_predict,
-                                  cmd_preview, cmd_recipes, cmd_report, cmd_shard, cmd_show_config,
-                                  cmd_tune, cmd_validate)
-from visiontrain.engine.state.write_failure import WriteError
-from visiontrain.exit_codes import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_PEER_LOST, EXIT_USAGE
+from visiontrain.core import config as C
+from visiontrain.app.commands import (cmd_benchmark, cmd_compare, cmd_consolidate, cmd_export, cmd_fit, cmd_predict,
+                                      cmd_preview, cmd_recipes, cmd_report, cmd_shard, cmd_show_config, cmd_tune,
+                                      cmd_validate)
+from visiontrain.rundir.write_failure import WriteError
+from visiontrain.core.exit_codes import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_PEER_LOST, EXIT_USAGE
 from visiontrain.catalog import import_user
-from visiontrain.launch import command_line
-from visiontrain.process_tree import skip_final_collection
-from visiontrain.stop_signals import Preempted
+from visiontrain.app.launch import command_line
+from visiontrain.core.process_tree import skip_final_collection
+from visiontrain.core.stop_signals import Preempted
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):

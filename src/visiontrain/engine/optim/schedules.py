@@ -54,8 +54,8 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Callable, Literal, get_args
 
-from visiontrain.config import register_section
-from visiontrain.typed_config import doc
+from visiontrain.core.config import register_section
+from visiontrain.core.typed_config import doc
 
 
 ScheduleShape = Literal["constant", "cosine", "linear", "step", "multistep", "poly"]

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from visiontrain.engine.step.schedules import SCHEDULED_SCALARS, Schedule, ScheduleConfig, StepClock, build_schedule
+from visiontrain.engine.optim.schedules import SCHEDULED_SCALARS, Schedule, ScheduleConfig, StepClock, build_schedule
 
 log = logging.getLogger("visiontrain")
 

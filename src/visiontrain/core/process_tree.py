@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 
-from visiontrain.stop_signals import ignore_stop_signals
+from visiontrain.core.stop_signals import ignore_stop_signals
 
 #: prctl option: the signal this process gets when its parent (thread) dies (linux/prctl.h).
 PR_SET_PDEATHSIG = 1

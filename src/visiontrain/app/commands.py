@@ -1,6 +1,6 @@
 """What each command of the CLI does: load the config or the checkpoint, call the engine or the app
 module that does the work, print the result (one JSON line for a program to read). Parsing the
-command line and turning errors into exit codes is ``visiontrain.cli``'s.
+command line and turning errors into exit codes is ``visiontrain.app.cli``'s.
 """
 from __future__ import annotations
 
@@ -12,21 +12,21 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from visiontrain import config as C
-from visiontrain.compare import compare, config_diff
+from visiontrain.core import config as C
+from visiontrain.report.compare import compare, config_diff
 from visiontrain.data.shards.layout import parse_size
 from visiontrain.engine.protocols.hooks import load_hooks
-from visiontrain.engine.records.metrics_file import per_class_tables
+from visiontrain.rundir.metrics_file import per_class_tables
 from visiontrain.engine.records.provenance import Launch
 from visiontrain.engine.records.run_log import class_table_text, dumps_json
 from visiontrain.engine.records.tracking import FINISHED, end_trackers, make_trackers, status_of
-from visiontrain.engine.state.checkpoint_format import model_weights, sharded_record, step_of
-from visiontrain.engine.state.run_files import CHECKPOINTS_DIR, LAST_CHECKPOINT, REPORT_FILE, SUMMARY_FILE
-from visiontrain.engine.state.run_lock import check_free, held
-from visiontrain.exit_codes import EXIT_USAGE
-from visiontrain.launch import end_with_launcher, run_torchrun
-from visiontrain.report import write_report
-from visiontrain.stop_signals import Preempted, ignore_stop_signals
+from visiontrain.rundir.checkpoint_format import model_weights, sharded_record, step_of
+from visiontrain.rundir.run_files import CHECKPOINTS_DIR, LAST_CHECKPOINT, REPORT_FILE, SUMMARY_FILE
+from visiontrain.rundir.run_lock import check_free, held
+from visiontrain.core.exit_codes import EXIT_USAGE
+from visiontrain.app.launch import end_with_launcher, run_torchrun
+from visiontrain.report.page import write_report
+from visiontrain.core.stop_signals import Preempted, ignore_stop_signals
 
 
 def print_json(value: Any) -> None:
@@ -228,7 +228,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from visiontrain.engine.parts.evaluator import evaluate_models
     from visiontrain.engine.setup.training import build_evaluation
-    from visiontrain.trained import load_trained
+    from visiontrain.use.trained import load_trained
 
     trained = load_trained(args.target, args.overrides, split=args.split)
     ema = trained.model(ema=True) if trained.has_ema else None
@@ -243,10 +243,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     """A classifier's top-k classes (predictions.json, --sheet: sheet.png) or a detector's boxes
-    (drawings and detections.json), through the Python API (``visiontrain.inference``)."""
+    (drawings and detections.json), through the Python API (``visiontrain.use.inference``)."""
     from visiontrain.engine.protocols.task import Prediction
-    from visiontrain.inference import Predictor
-    from visiontrain.predict import classify_images, predict_images
+    from visiontrain.use.inference import Predictor
+    from visiontrain.use.predict import classify_images, predict_images
 
     if args.top_k is not None and args.top_k < 1:
         raise C.ConfigError(f"--top-k: must be an integer >= 1 (classes written per image), got {args.top_k}")
@@ -268,7 +268,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from visiontrain.engine.protocols.task import ExportUnsupported
-    from visiontrain.export import export_checkpoint
+    from visiontrain.use.export import export_checkpoint
 
     try:
         result = export_checkpoint(args.checkpoint, args.format, args.out, use_ema=args.ema)
@@ -295,7 +295,7 @@ def cmd_consolidate(args: argparse.Namespace) -> int:
 
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
-    from visiontrain.benchmark import format_report, run_benchmark
+    from visiontrain.app.benchmark import format_report, run_benchmark
     from visiontrain.engine.parallel.distributed import shutdown
     from visiontrain.tasks import build_task
 
@@ -335,8 +335,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from visiontrain.tuning import TuneSettings, prepare, run_search
-    from visiontrain.tuning_outputs import after_trial, summary_text, write_outputs
+    from visiontrain.tune.study import TuneSettings, prepare, run_search
+    from visiontrain.tune.outputs import after_trial, summary_text, write_outputs
 
     settings = TuneSettings(recipe=args.recipe, space=args.space, trials=args.trials, study_dir=Path(args.study_dir),
                             overrides=list(args.overrides), storage=args.storage, study_name=args.study_name,

@@ -27,8 +27,8 @@ from torch import nn
 
 from visiontrain import __version__
 from visiontrain.engine.protocols.task import ExportSpec, ExportUnsupported, Task
-from visiontrain.engine.state.write_failure import WriteError, os_error_in, why_not_written
-from visiontrain.trained import load_trained
+from visiontrain.rundir.write_failure import WriteError, os_error_in, why_not_written
+from visiontrain.use.trained import load_trained
 
 FORMATS: dict[str, str] = {"onnx": ".onnx", "exported-program": ".pt2", "torchscript": ".torchscript.pt"}
 ONNX_OPSET = 17

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from visiontrain.config import Config
+from visiontrain.core.config import Config
 from visiontrain.engine.loop.trainer import Trainer, next_micro_batches
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.protocols.task import Task

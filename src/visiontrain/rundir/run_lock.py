@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from visiontrain.config import ConfigError
-from visiontrain.engine.state.run_files import CHECKPOINTS_DIR, LOCK_FILE
+from visiontrain.core.config import ConfigError
+from visiontrain.rundir.run_files import CHECKPOINTS_DIR, LOCK_FILE
 
 #: Errors of a file system that cannot lock (no lock manager, a FUSE mount without locking).
 NO_LOCKING = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from visiontrain.engine.state.run_files import METRICS_FILE
+from visiontrain.rundir.run_files import METRICS_FILE
 
 #: The row kinds: a training log window, and an evaluation.
 TRAIN, EVAL = "train", "eval"

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from visiontrain.process_tree import LAUNCHER_PID_ENV, end_with_parent, expected_pid
+from visiontrain.core.process_tree import LAUNCHER_PID_ENV, end_with_parent, expected_pid
 
 #: The user's command line, passed to the ranks a ``--nproc`` launch starts (their own differs).
 COMMAND_ENV = "VISIONTRAIN_COMMAND"
@@ -31,7 +31,7 @@ def run_torchrun(args: argparse.Namespace) -> int:
 
     imports = list(args.imports)
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)  # python my_task.py fit --nproc N
-    if main_file and Path(main_file).resolve() != Path(__file__).with_name("__main__.py").resolve():
+    if main_file and Path(main_file).resolve() != (Path(__file__).parents[1] / "__main__.py").resolve():
         imports.append(main_file)  # the ranks import it as a module: it registers its task
     argv = [*(a for m in imports for a in ("--import", m)), "fit", args.recipe, *args.overrides]
     for flag, value in (("--run-dir", args.run_dir), ("--resume", args.resume), ("--init", args.init)):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import signal
 
-from visiontrain.exit_codes import EXIT_INTERRUPTED, EXIT_PREEMPTED
+from visiontrain.core.exit_codes import EXIT_INTERRUPTED, EXIT_PREEMPTED
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
@@ -16,7 +16,7 @@ def ignore_stop_signals(_worker_id: int = 0) -> None:
     """DataLoader ``worker_init_fn``: leave stopping to the main process. A scheduler signals every
     process of the job, and a worker killed by it would take the run down before the checkpoint is
     written. (A worker still exits when its loader shuts it down, and with its parent, however that
-    one dies: ``visiontrain.process_tree.start_worker``, which calls this.)"""
+    one dies: ``visiontrain.core.process_tree.start_worker``, which calls this.)"""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 

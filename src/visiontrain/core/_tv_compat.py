@@ -74,7 +74,7 @@ def _missing_symbols(sos, search_dirs):
 def _c_source(symbols) -> str:
     out = ["#include <stdio.h>\n#include <stdlib.h>",
            "static void vt_die(const char *s) { fprintf(stderr, \"visiontrain: CUDA stub %s called, "
-           "but torch is a CPU-only build (see visiontrain._tv_compat)\\n\", s); abort(); }"]
+           "but torch is a CPU-only build (see visiontrain.core._tv_compat)\\n\", s); abort(); }"]
     for i, (sym, typ) in enumerate(sorted(symbols.items())):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", sym):
             raise RuntimeError(f"cannot stub symbol with unusual name {sym!r}")
@@ -146,7 +146,7 @@ def ensure_torchvision() -> str:
                 state["mode"] = "native"
                 return "native"
             raise RuntimeError("torchvision was imported (and failed to load its native ops) before "
-                               "visiontrain._tv_compat.ensure_torchvision() ran. ensure_torchvision() must run "
+                               "visiontrain.core._tv_compat.ensure_torchvision() ran. ensure_torchvision() must run "
                                "before anything imports torchvision or timm; call it first, in a fresh process.")
         spec = importlib.util.find_spec("torchvision")
         tv_dir = Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else None

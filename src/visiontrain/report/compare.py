@@ -20,11 +20,11 @@ from typing import Any
 
 import yaml
 
-from visiontrain import safe_yaml
-from visiontrain.config import flatten
-from visiontrain.engine.records.metrics_file import (SAMPLES_PER_S, Metrics, Row, is_ema, is_per_class, nan_for_null,
-                                                     read_metrics, series)
-from visiontrain.engine.state.run_files import CONFIG_FILE, SUMMARY_FILE
+from visiontrain.core import safe_yaml
+from visiontrain.core.config import flatten
+from visiontrain.rundir.metrics_file import (SAMPLES_PER_S, Metrics, Row, is_ema, is_per_class, nan_for_null,
+                                             read_metrics, series)
+from visiontrain.rundir.run_files import CONFIG_FILE, SUMMARY_FILE
 
 
 @dataclass

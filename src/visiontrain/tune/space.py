@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from visiontrain import config as C
-from visiontrain import safe_yaml
+from visiontrain.core import config as C
+from visiontrain.core import safe_yaml
 
 #: A parameter's distribution: the one key of its mapping that names the kind.
 KINDS = ("float", "log", "int", "categorical")

@@ -1,4 +1,4 @@
-"""`visiontrain predict`: a checkpoint's predictions on image files, through ``visiontrain.inference``.
+"""`visiontrain predict`: a checkpoint's predictions on image files, through ``visiontrain.use.inference``.
 
 A detector's boxes are drawn on each image and written as COCO results (detections.json), an
 instance segmenter's masks too (filled in their class's colour under the boxes; each result's
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from visiontrain._tv_compat import ensure_torchvision
+from visiontrain.core._tv_compat import ensure_torchvision
 from visiontrain.evaluation.coco import to_coco_results
 from visiontrain.evaluation.figures import image_sheet
 from visiontrain.evaluation.previews import MASK_ALPHA, PALETTE
@@ -67,7 +67,7 @@ def predict_images(predictor: Any, images: list[str], out: Path, *, score_thresh
     and OUT/detections.json (COCO results format; image_id = position in the argument list, 1-based;
     each result also names its input, ``file_name`` as given, and its drawing, ``drawn``, relative to
     OUT; an instance segmenter's results carry their mask as ``segmentation``, COCO's compressed RLE
-    at the input's size). ``predictor``: a detection ``visiontrain.inference.Predictor``;
+    at the input's size). ``predictor``: a detection ``visiontrain.use.inference.Predictor``;
     ``score_threshold`` None: the task's ``predict_threshold``. Returns the detection count."""
     ensure_torchvision()  # nothing before this point need have loaded torchvision (e.g. the rcnn task)
     from PIL import Image
@@ -95,7 +95,7 @@ def classify_images(predictor: Any, images: list[str], out: Path, *, top_k: int 
     ``top`` classes (``class_id``, ``name``, ``probability``), most probable first; with ``sheet``,
     OUT/sheet.png: each input with its top class and probability. Images are read and classified
     a batch at a time. Returns what was written."""
-    from visiontrain.inference import CLASSIFICATION_BATCH
+    from visiontrain.use.inference import CLASSIFICATION_BATCH
 
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []

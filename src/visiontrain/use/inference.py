@@ -29,7 +29,7 @@ from torch import nn
 from visiontrain.data.detection.masks import segmentations
 from visiontrain.data.images import image_tensor
 from visiontrain.engine.protocols.task import Prediction, PredictUnsupported, Task
-from visiontrain.trained import load_trained
+from visiontrain.use.trained import load_trained
 
 DEFAULT_TOP_K = 5
 DETECTION_BATCH = 1  # a detector's batch pads its images to one size: one at a time sees each as it is

@@ -23,15 +23,17 @@ from typing import Any
 
 import yaml
 
-from visiontrain import catalog, safe_yaml
-from visiontrain.compare import RunRecord, read_run
-from visiontrain.engine.records.metrics_file import (COMPUTE_S, DATA_S, EPOCH, ROW_KEYS, SAMPLES_PER_S, STEP, TIME,
-                                                     ema_key, is_number, is_per_class, per_class_tables)
+from visiontrain import catalog
+
+from visiontrain.core import safe_yaml
+from visiontrain.report.compare import RunRecord, read_run
+from visiontrain.rundir.metrics_file import (COMPUTE_S, DATA_S, EPOCH, ROW_KEYS, SAMPLES_PER_S, STEP, TIME, ema_key,
+                                             is_number, is_per_class, per_class_tables)
 from visiontrain.engine.records.plots import write_curves
 from visiontrain.engine.records.provenance import read_provenance
-from visiontrain.engine.state.run_files import (CONFIG_FILE, MODEL_SUMMARY_FILE, PLOTS_DIR, PROVENANCE_FILE,
-                                                REPORT_FILE, SUMMARY_FILE)
-from visiontrain.engine.state.write_failure import WriteError, why_not_written
+from visiontrain.rundir.run_files import (CONFIG_FILE, MODEL_SUMMARY_FILE, PLOTS_DIR, PROVENANCE_FILE, REPORT_FILE,
+                                          SUMMARY_FILE)
+from visiontrain.rundir.write_failure import WriteError, why_not_written
 
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1f2328;
