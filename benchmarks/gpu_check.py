@@ -11,7 +11,7 @@ ones alone after them:
 
   env         the GPU, driver, CUDA, cuDNN and package versions; a bf16 matrix product's TFLOP/s;
               builds fashion-mosaic (the small detection recipes' data) while the tests run
-  tests       `pytest -m cuda`: the suite's CUDA paths on the GPU (tests/devices.py): the step in
+  tests       `pytest -m cuda`: the suite's CUDA paths on the GPU (tests/support/devices.py): the step in
               fp32 / bf16 / fp16 with clipping, accumulation and skipped steps (fused optimizers),
               the side-stream prefetch from pinned memory, normalisation on the device, exact resume
               with deterministic kernels and forkserver workers beside a CUDA context, and CUDA's
@@ -365,7 +365,7 @@ def stage_profile(args: argparse.Namespace, out: Results) -> None:
 
 SMALL_RECIPES = ["detect-faster-rcnn", "segment-mask-rcnn", "detect-detr", "detect-yolov3", "ssl-dino",
                  "classify-fashion"]
-# --dry-run only: the run's size (tests/shipped.py's keys)
+# --dry-run only: the run's size (tests/support/shipped.py's keys)
 DRY_SIZES = {
     "classify-fashion": ["data.batch_size=8"],
     "ssl-dino": ["data.batch_size=4"],

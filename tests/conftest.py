@@ -2,7 +2,7 @@
 
 THE RULE for every test that runs a built-in recipe: a user runs `visiontrain fit RECIPE` with the
 recipe as written (its DataLoader workers and their start method, precision, transforms, schedules).
-A test may change the run's length and size (tests/shipped.py: trainer.max_steps, data.limit_*,
+A test may change the run's length and size (tests/support/shipped.py: trainer.max_steps, data.limit_*,
 batch and image sizes) and nothing else without a comment saying why, next to the override. Three
 recipes once crashed at their first batch while the whole suite passed, because every detection
 test set data.num_workers=0. tests/test_recipes.py runs every recipe as shipped; a test about
@@ -19,7 +19,7 @@ from typing import Callable
 # Every test process (and the subprocesses the CLI tests start) uses the same thread count:
 # bit-exact comparisons between two runs need identical reduction orders.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# cuBLAS reads this when it starts: with it, deterministic kernels (tests/devices.py) can be asked for
+# cuBLAS reads this when it starts: with it, deterministic kernels (tests/support/devices.py) can be asked for
 # on CUDA. It changes nothing on the CPU.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
@@ -32,11 +32,11 @@ from visiontrain.core._tv_compat import ensure_torchvision  # noqa: E402
 
 ensure_torchvision()
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "support"))  # the helpers the tests import by name
 import toy_task  # noqa: E402,F401  (registers the "toy" task used by engine tests)
 import registries  # noqa: E402
 
-if os.environ.get("VISIONTRAIN_TOLERANCE_LOG"):  # what each float tolerance absorbed here (tests/tolerance_log.py)
+if os.environ.get("VISIONTRAIN_TOLERANCE_LOG"):  # what each float tolerance absorbed here (tests/support/tolerance_log.py)
     import tolerance_log  # noqa: E402
 
     tolerance_log.install(os.environ["VISIONTRAIN_TOLERANCE_LOG"])
@@ -47,13 +47,13 @@ check_required_device()
 
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "cuda: a code path that differs on a GPU; benchmarks/gpu_check.py runs "
-                                       "these on CUDA (tests/devices.py)")
+                                       "these on CUDA (tests/support/devices.py)")
 
 
 @pytest.fixture(autouse=True)
 def _registries_as_they_were():
     """A test may register a task, a data kind, a section, a part or a tracker of its own: after it,
-    the registries are as they were before it (they are the process's; tests/registries.py)."""
+    the registries are as they were before it (they are the process's; tests/support/registries.py)."""
     before = registries.snapshot()
     yield
     registries.restore(before)

@@ -274,3 +274,16 @@ def test_the_public_names_resolve_without_loading_torch_up_front():
     code = "import sys, visiontrain; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
         == "False"
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_the_tests_import_helpers_from_support_and_never_another_test_module():
+    """A helper two test files share lives in tests/support/; a test module imported by another ran
+    that module's imports and fixtures in a place nobody looks, and the three that did so formed a cycle."""
+    loose = sorted(p.name for p in TESTS.glob("*.py") if not p.name.startswith("test_") and p.name != "conftest.py")
+    assert not loose, f"helpers outside tests/support/: {loose}"
+    importing = sorted(f"{p.relative_to(TESTS)} imports {m}" for p in TESTS.rglob("*.py") for m in imports_of(p)
+                       if m.split(".")[-1].startswith("test_"))
+    assert not importing, importing

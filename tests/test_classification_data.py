@@ -12,6 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
+from dataset_trees import build_png_tree  # noqa: E402
 from visiontrain.data.datasets import build_classification_data  # noqa: E402
 from visiontrain.data.datasets.fashion_mnist import DEBIAN_DIR, DatasetFormatError, read_idx  # noqa: E402
 from visiontrain.models import SmallCNN, build_model  # noqa: E402
@@ -212,23 +213,8 @@ def test_idx_reader_validates(tmp_path):
         read_idx(cut, expect_magic=0x801, expect_dims=(None,))
 
 
-# ---------------------------------------------------------------- image-folder
-def _png_tree(root: Path, classes: dict[str, list[str]], n: int = 3) -> None:
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for split, names in classes.items():
-        for c in names:
-            (root / split / c).mkdir(parents=True)
-            for i in range(n):
-                arr = rng.integers(0, 256, size=(20 + 4 * i, 24, 3), dtype=np.uint8)
-                mode = "L" if i == 1 else "RGB"  # a grey file must still come out RGB
-                img = Image.fromarray(arr[..., 0] if mode == "L" else arr, mode=mode)
-                img.save(root / split / c / f"{i}.png")
-
-
 def test_image_folder(tmp_path):
-    _png_tree(tmp_path, {"train": ["cat", "dog"], "val": ["cat", "dog"]})
+    build_png_tree(tmp_path, {"train": ["cat", "dog"], "val": ["cat", "dog"]})
     d = build_classification_data("image-folder", root=str(tmp_path), image_size=16, augment="none")
     assert (d.num_classes, d.class_names, d.in_channels, d.image_size) == (2, ["cat", "dog"], 3, 16)
     assert (len(d.train), len(d.val), d.random_train_transforms) == (6, 6, False)
@@ -258,7 +244,7 @@ def test_image_folder_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="train/<class>") as info:
         build_classification_data("image-folder", root=str(missing), image_size=16, augment="none")
     assert str(missing) in str(info.value) and "val/<class>" in str(info.value)
-    _png_tree(tmp_path / "bad", {"train": ["cat", "dog"], "val": ["cat", "emu"]}, n=1)
+    build_png_tree(tmp_path / "bad", {"train": ["cat", "dog"], "val": ["cat", "emu"]}, n=1)
     with pytest.raises(ValueError) as info:
         build_classification_data("image-folder", root=str(tmp_path / "bad"), image_size=16, augment="none")
     msg = str(info.value)

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from test_evaluation import _dets, _gt
+from detection_helpers import coco_detections, coco_truth
 
 from visiontrain.evaluation.coco import COCO_BACKENDS, CocoEvaluation, coco_api, coco_evaluation
 
@@ -92,7 +92,7 @@ def test_the_backends_are_the_two_libraries_and_faster_coco_eval_is_the_default(
     assert coco_api("faster-coco-eval")[1].__module__.startswith("faster_coco_eval")
     assert coco_api("pycocotools")[1].__module__.startswith("pycocotools")
     with pytest.raises(ValueError, match=r"COCO backend 'detectron2': expected one of faster-coco-eval, pycocotools"):
-        coco_evaluation(_gt(), _dets(), backend="detectron2")
+        coco_evaluation(coco_truth(), coco_detections(), backend="detectron2")
 
 
 def test_a_backend_not_installed_is_an_error_naming_the_key(monkeypatch):
@@ -101,24 +101,24 @@ def test_a_backend_not_installed_is_an_error_naming_the_key(monkeypatch):
     monkeypatch.setitem(sys.modules, "faster_coco_eval", None)  # what an environment without it imports
     with pytest.raises(ConfigError, match=r"^eval.coco_backend=faster-coco-eval: the faster-coco-eval package "
                                           r"cannot be imported .*; install it \(pip install faster-coco-eval"):
-        coco_evaluation(_gt(), _dets())
-    assert coco_evaluation(_gt(), _dets(), backend="pycocotools").metrics["AP"] > 0
+        coco_evaluation(coco_truth(), coco_detections())
+    assert coco_evaluation(coco_truth(), coco_detections(), backend="pycocotools").metrics["AP"] > 0
 
 
 def test_backends_agree_on_the_evaluation_fixtures():
     """tests/test_evaluation.py's scene, its per-class variant (categories out of id order, one never
     detected, one without ground truth), the perfect and the empty result sets, a set without small boxes."""
-    gt, dets = _gt(), _dets()
+    gt, dets = coco_truth(), coco_detections()
     cases = [(gt, dets), (gt, []), (gt, [{"image_id": a["image_id"], "category_id": a["category_id"],
                                           "bbox": list(a["bbox"]), "score": 1.0} for a in gt["annotations"]])]
-    per_class_gt, per_class_dets = _gt(), _dets()
+    per_class_gt, per_class_dets = coco_truth(), coco_detections()
     per_class_gt["annotations"] += [{"id": 100 + i, "image_id": im, "category_id": 12, "bbox": b, "area": 400.0,
                                      "iscrowd": 0} for i, (im, b) in enumerate([(1, [400, 10, 20, 20]),
                                                                                 (5, [500, 300, 20, 20])])]
     per_class_gt["categories"] = [{"id": 9, "name": "c"}, {"id": 1, "name": "a"}, {"id": 15, "name": "e"},
                                   {"id": 5, "name": "b"}, {"id": 12, "name": "d"}]
     per_class_dets.append({"image_id": 2, "category_id": 15, "bbox": [5.0, 5.0, 30.0, 30.0], "score": 0.8})
-    no_small = _gt()
+    no_small = coco_truth()
     no_small["annotations"] = [a for a in no_small["annotations"] if a["area"] >= 32 ** 2]
     cases += [(per_class_gt, per_class_dets), (no_small, dets)]
     for i, (g, d) in enumerate(cases):
@@ -137,7 +137,7 @@ def test_backends_agree_on_random_scenes(seed):
 def test_the_comparison_sees_a_changed_score():
     """The equality above is no tautology: one detection's score moved changes AP, and ``differences``
     reports it (as it would a backend that ranked detections differently)."""
-    gt, dets = _gt(), _dets()
+    gt, dets = coco_truth(), coco_detections()
     moved = copy.deepcopy(dets)
     moved[3]["score"] = 0.99  # the false positive on image 1 now outranks the true positives of class 1
     before, after = coco_evaluation(gt, dets), coco_evaluation(gt, moved, backend="pycocotools")

@@ -129,7 +129,7 @@ def test_a_killed_ddp_run_with_ema_and_batchnorm_resumes_to_the_straight_runs_ro
 def test_two_ranks_differ_from_one_process_with_twice_the_batch_with_batchnorm(tmp_path):
     """docs/distributed.md's caveat: BatchNorm normalises over each rank's own B samples, so the loss
     differs from one process's already at step 1 (without it they are equal: tests/test_distributed.py)."""
-    from test_distributed import first_loss, run
+    from toy_ranks import first_loss, run
 
     common = {"task__batchnorm": True, "trainer__max_steps": 3, "trainer__log_every": 1, "optim__name": "adamw",
               "optim__lr": 0.01}

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
 
+from host_reads import count_reads
 from visiontrain.models.detr import DETR, downsample_mask, postprocess, sine_position_encoding
 from visiontrain.models.detr_loss import HungarianMatcher, SetCriterion, detr_weight_dict
 
@@ -241,23 +242,6 @@ def test_num_boxes_is_averaged_over_ranks(monkeypatch):
     torch.testing.assert_close(dist_losses["loss_bbox"], local["loss_bbox"] * 4 / 6)
     torch.testing.assert_close(dist_losses["loss_giou"], local["loss_giou"] * 4 / 6)
     torch.testing.assert_close(dist_losses["loss_ce"], local["loss_ce"])
-
-
-READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__", "__repr__",
-         "__format__")
-
-
-def count_reads(monkeypatch) -> dict[str, int]:
-    """Counts every tensor method that reads a value to the host, until ``monkeypatch.undo()``."""
-    calls: dict[str, int] = dict.fromkeys(READS, 0)
-    for name in READS:
-        original = getattr(torch.Tensor, name)
-
-        def wrapper(t, *a, _name=name, _orig=original, **k):
-            calls[_name] += 1
-            return _orig(t, *a, **k)
-        monkeypatch.setattr(torch.Tensor, name, wrapper)
-    return calls
 
 
 def test_criterion_reads_from_device_once_per_batch(monkeypatch):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torchvision.ops import box_convert, box_iou, sigmoid_focal_loss
 
-from test_detr import count_reads
+from host_reads import count_reads
 from visiontrain.models.detr import DETR, postprocess
 from visiontrain.models.detr_loss import HungarianMatcher, SetCriterion, detr_weight_dict
 from visiontrain.models.detr_queries import QueryOptions, cell_anchors, inverse_sigmoid, query_attention_mask

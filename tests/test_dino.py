@@ -12,8 +12,10 @@ import torch
 
 from detection_helpers import vt
 from procs import cli_here
-from test_host_syncs import ALL_ON, run_counted
-from test_resume import Crash, CrashAt, assert_bit_identical, fit_and_crash_resume
+from host_reads import ALL_ON, run_counted
+from crashes import Crash, CrashAt
+from resume_checks import assert_bit_identical, fit_and_crash_resume
+from tiny import DINO as TINY, DINO_NO_WARMUP as NO_WARMUP
 from visiontrain.core import config as C
 from visiontrain.data.samplers import SeededDataset
 from visiontrain.engine.loop.trainer import Trainer
@@ -21,17 +23,6 @@ from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.evaluation.knn import knn_predict
 from visiontrain.models.dino import dino_loss, update_center
 from visiontrain.tasks import build_task
-
-# 8x8 digits, a 1-block ViT with 2 px patches: a few seconds per run on one thread. These tests are
-# about DINO's loss, teacher, schedules and resume, not the recipe as shipped (test_recipes.py): they
-# load in-process (no workers) and in fp32 (exact comparisons).
-TINY = ["data.name=digits", "task.patch_size=2", "task.global_crop_size=8", "task.local_crop_size=4",
-        "task.backbone_args={embed_dim: 32, depth: 1, num_heads: 2}", "task.out_dim=64", "task.hidden_dim=32",
-        "task.bottleneck_dim=16", "task.local_crops=2", "task.knn_bank=null", "task.blur_sigma=[0.1, 0.5]",
-        "data.batch_size=32", "data.eval_batch_size=200", "data.num_workers=0", "trainer.progress=plain",
-        "trainer.precision=fp32", "trainer.plots=false"]  # no figures (2 s of CPU a run) but in the test of them
-# Runs shorter than an epoch take real steps from the start (a warm-up from 0 would barely move them)
-NO_WARMUP = ["schedules.lr.warmup=0", "schedules.task.teacher_temp.warmup=0"]
 
 
 def cfg_of(*overrides: str) -> C.Config:
@@ -382,9 +373,9 @@ def test_image_folder_rgb_path_of_the_imagenet_recipe(tmp_path, multicrop):
     hue, 3-channel ViT with 16 px patches) on a tiny folder, at reduced sizes; batched (an option of
     the recipe, which ships per_sample), the images of a batch are padded to the largest and cropped
     in the loader."""
-    from test_classification_data import _png_tree
+    from dataset_trees import build_png_tree
 
-    _png_tree(tmp_path, {"train": ["a", "b"], "val": ["a", "b"]}, n=8)
+    build_png_tree(tmp_path, {"train": ["a", "b"], "val": ["a", "b"]}, n=8)
     cfg = C.load_config("ssl-dino-vits16-imagenet", [
         f"data.root={tmp_path}", "data.image_size=32", "data.batch_size=4", "data.num_workers=0",
         "task.global_crop_size=32", "task.local_crop_size=16", "task.local_crops=2", "task.out_dim=32",
@@ -416,9 +407,9 @@ def test_an_image_folder_is_evaluated_and_exported_at_the_training_crop_size(tmp
     """k-NN bank and queries at task.global_crop_size when data.image_size is unset (the folder's own default,
     224 px, once evaluated a 16 px model at 224 px without a word), and the ONNX metadata says exactly that:
     shorter side to int(16 / 0.875) = 18, centre crop 16, ImageNet normalisation."""
-    from test_classification_data import _png_tree
+    from dataset_trees import build_png_tree
 
-    _png_tree(tmp_path, {"train": ["a", "b"], "val": ["a", "b"]}, n=4)
+    build_png_tree(tmp_path, {"train": ["a", "b"], "val": ["a", "b"]}, n=4)
     cfg = C.load_config("ssl-dino", [f"data.root={tmp_path}", *FOLDER])
     with caplog.at_level("INFO", logger="visiontrain"):
         trainer = Trainer(cfg, build_task(cfg), tmp_path / "run")

@@ -3,31 +3,12 @@ DDP and FSDP, with gradient accumulation (non-final micro-steps skip the all-red
 writes (with BatchNorm they differ: tests/test_ddp_replicas.py)."""
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from procs import finish, popen
-
-WORKER = Path(__file__).parent / "dist_worker.py"
-
-
-def run(nproc: int, out: Path, run_dir: Path, resume: Path | None = None, **overrides) -> None:
-    """The toy task on NPROC ranks (torchrun) or one plain process; OUT gets the full weights."""
-    args = [str(WORKER), str(out), str(run_dir), json.dumps(overrides), *([str(resume)] if resume else [])]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args] \
-        if nproc > 1 else [sys.executable, *args]
-    proc = popen(cmd)  # a process group: a hang's every rank is stopped and shown
-    _, err = finish(proc, 240)
-    assert proc.returncode == 0, err[-3000:]
-
-
-def first_loss(run_dir: Path) -> float:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return next(r["total"] for r in rows if r["kind"] == "train" and r["step"] == 1)
+from toy_ranks import first_loss, run
 
 
 def test_two_ranks_equal_one_process_with_twice_the_batch(tmp_path):

@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 
 from detection_helpers import mosaic_coco, vt
-from test_dino import NO_WARMUP, TINY as DINO_TINY
-from test_rcnn import TINY as RCNN_TINY
-from test_yolo import TINY as YOLO_TINY
+from tiny import DINO as DINO_TINY, DINO_NO_WARMUP as NO_WARMUP, RCNN as RCNN_TINY, YOLO as YOLO_TINY
 from visiontrain.app import cli
 
 

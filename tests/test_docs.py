@@ -3,7 +3,7 @@
 Pages: docs/*.md and docs/recipes/*.md. A fenced ```bash block preceded by an HTML comment
 ``<!-- test[: OPTION ...] -->`` on the line just before its opening fence is run with
 ``bash -e -o pipefail`` in a scratch directory, with the venv's ``visiontrain`` and ``python`` first
-on PATH (``visiontrain`` through the warm Python of ``tests/procs.py``: the same console script,
+on PATH (``visiontrain`` through the warm Python of ``tests/support/procs.py``: the same console script,
 forked with torch already imported). Options (docs/README.md lists them for writers):
 
     setup=NAME[,NAME]     build fixtures first: coco, voc, yolo, image-folder (tiny datasets)
@@ -49,95 +49,19 @@ from pathlib import Path
 import pytest
 
 from dataset_trees import build_coco, build_image_folder, build_voc, build_yolo
+from doc_pages import BLOCKS, DOCS, FENCE, PAGES, ROOT, Block, page_files, stray_markers
 from procs import shell_env
 from shipped import LENGTH_AND_SIZE
 from visiontrain.core import config as C
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs"
-PAGES = sorted([*DOCS.glob("*.md"), *(DOCS / "recipes").glob("*.md")])
 
 FULL_RECIPES = ("classify-mobilevit-imagenet", "detect-detr-r50-coco", "detect-detr-fast-r50-coco",
                 "detect-faster-rcnn-r50-coco", "detect-yolov3-darknet53-voc", "segment-mask-rcnn-r50-coco",
                 "ssl-dino-vits16-imagenet")
 SMALL_RECIPES = ("classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3", "segment-mask-rcnn",
                  "ssl-dino")
-OPTIONS = {"setup", "continue", "fit-args", "exit", "timeout", "prints"}
 DEFAULT_TIMEOUT = 300
 JOBS = int(os.environ.get("VISIONTRAIN_DOCS_JOBS", min(2, os.cpu_count() or 1)))
-
-MARK = re.compile(r"^\s*<!--\s*test(?::(?P<args>.*?))?\s*-->\s*$")
-FILE_MARK = re.compile(r"^\s*<!--\s*file:\s*(?P<name>[\w.-]+)\s*-->\s*$")
-FENCE = re.compile(r"^(?P<fence>```+|~~~+)\s*(?P<lang>[\w+-]*)")
-
-
-# ----------------------------------------------------------------------------- reading the pages
-@dataclass
-class Block:
-    page: Path
-    line: int                      # 1-based line of the opening fence
-    lang: str
-    code: str
-    options: dict[str, str] | None = None   # None: not marked
-    file: str | None = None        # <!-- file: NAME -->
-    marker_error: str = ""
-
-    @property
-    def where(self) -> str:
-        first = next((ln.strip() for ln in self.code.splitlines() if ln.strip()), "")
-        return f"{self.page.relative_to(ROOT)}:{self.line}: `{first}`"
-
-
-def parse_options(text: str) -> tuple[dict[str, str], str]:
-    try:
-        tokens = shlex.split(text or "")
-    except ValueError as err:
-        return {}, f"marker options {text!r}: {err}"
-    opts: dict[str, str] = {}
-    for tok in tokens:
-        key, _, value = tok.partition("=")
-        if key not in OPTIONS:
-            return opts, f"unknown marker option {key!r} (known: {', '.join(sorted(OPTIONS))})"
-        opts[key] = value
-    return opts, ""
-
-
-def read_blocks(page: Path) -> list[Block]:
-    lines = page.read_text().splitlines()
-    blocks, i = [], 0
-    while i < len(lines):
-        m = FENCE.match(lines[i])
-        if not m:
-            i += 1
-            continue
-        fence, start = m.group("fence"), i
-        j = i + 1
-        while j < len(lines) and not lines[j].strip().startswith(fence):
-            j += 1
-        block = Block(page, start + 1, m.group("lang"), "\n".join(lines[start + 1:j]) + "\n")
-        prev = lines[start - 1] if start else ""
-        if (mark := MARK.match(prev)):
-            block.options, block.marker_error = parse_options(mark.group("args") or "")
-        elif (fmark := FILE_MARK.match(prev)):
-            block.file = fmark.group("name")
-        blocks.append(block)
-        i = j + 1
-    return blocks
-
-
-def stray_markers(page: Path) -> list[str]:
-    """Marker lines not directly followed by a fence."""
-    lines = page.read_text().splitlines()
-    bad = []
-    for n, line in enumerate(lines):
-        if MARK.match(line) or FILE_MARK.match(line):
-            nxt = lines[n + 1] if n + 1 < len(lines) else ""
-            if not FENCE.match(nxt):
-                bad.append(f"{page.relative_to(ROOT)}:{n + 1}: marker not followed by a fenced block")
-    return bad
-
-
-BLOCKS = {page: read_blocks(page) for page in PAGES}
 
 
 @dataclass
@@ -166,10 +90,6 @@ def build_chains() -> list[Chain]:
 
 
 CHAINS = {c.id: c for c in build_chains()}
-
-
-def page_files(page: Path) -> dict[str, str]:
-    return {b.file: b.code for b in BLOCKS[page] if b.file}
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -329,7 +249,7 @@ def test_markers_are_well_formed():
             for arg in shlex.split((b.options or {}).get("fit-args", "")):
                 if arg.split("=", 1)[0] not in LENGTH_AND_SIZE:  # the reader runs what the page says
                     problems.append(f"{b.where}: fit-args may change the run's length and size only "
-                                    f"(tests/shipped.py), not {arg}")
+                                    f"(tests/support/shipped.py), not {arg}")
         if marked and "continue" in (marked[0].options or {}):
             problems.append(f"{marked[0].where}: the first marked block of a page cannot continue")
     assert not problems, "\n".join(problems)

@@ -1,6 +1,6 @@
 """The step pipeline through the real Trainer: accumulation, clipping, loss weights, the
 non-finite policy, max_steps, schedules applied to the optimizer. The tests marked ``cuda`` run on
-the GPU too (tests/devices.py): there the optimizer is fused and fp16 scales on the device."""
+the GPU too (tests/support/devices.py): there the optimizer is fused and fp16 scales on the device."""
 from __future__ import annotations
 
 import json

@@ -14,41 +14,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from detection_helpers import coco_detections, coco_truth
 from visiontrain.evaluation import (average_precision, classification_per_class, coco_evaluate, coco_evaluation,
                                     detection_confusion, gather_detections, to_coco_results, voc_map)
 
 KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
-
-
-# ---------------------------------------------------------------------------------------- COCO
-def _gt() -> dict:
-    """6 images, categories 1/5/9; small (<32^2), medium and large boxes, a crowd region, an image
-    without annotations."""
-    images = [{"id": i, "width": 640, "height": 480, "file_name": f"{i}.jpg"} for i in (1, 2, 3, 4, 5, 7)]
-    raw = [  # image, category, bbox xywh, iscrowd
-        (1, 1, [10, 10, 20, 20], 0), (1, 5, [100, 100, 60, 50], 0), (1, 9, [200, 150, 200, 150], 0),
-        (2, 1, [50, 60, 25, 30], 0), (2, 1, [300, 200, 150, 120], 0), (2, 9, [0, 0, 400, 300], 1),
-        (3, 5, [30, 40, 15, 18], 0), (3, 5, [400, 300, 80, 90], 0), (3, 9, [100, 100, 300, 250], 0),
-        (4, 9, [20, 20, 64, 64], 0), (4, 1, [500, 400, 12, 10], 0),  # the last one is never found
-        (5, 5, [10, 200, 200, 200], 0), (5, 1, [250, 50, 40, 40], 0),
-    ]  # image 7: no annotations
-    anns = [{"id": k + 1, "image_id": im, "category_id": c, "bbox": b, "area": float(b[2] * b[3]),
-             "iscrowd": cr} for k, (im, c, b, cr) in enumerate(raw)]
-    cats = [{"id": 1, "name": "a"}, {"id": 5, "name": "b"}, {"id": 9, "name": "c"}]
-    return {"images": images, "annotations": anns, "categories": cats}
-
-
-def _dets() -> list[dict]:
-    d = [  # image, category, bbox xywh, score: near hits, loose hits, FPs, a hit on the crowd region
-        (1, 1, [11, 10, 20, 21], 0.95), (1, 5, [104, 98, 58, 55], 0.80), (1, 9, [210, 160, 190, 150], 0.90),
-        (1, 1, [300, 300, 30, 30], 0.60),
-        (2, 1, [52, 58, 22, 30], 0.70), (2, 1, [310, 190, 150, 130], 0.85), (2, 9, [10, 10, 100, 100], 0.50),
-        (3, 5, [33, 42, 15, 18], 0.40), (3, 5, [390, 310, 90, 80], 0.75), (3, 9, [120, 90, 290, 240], 0.65),
-        (3, 1, [100, 100, 50, 50], 0.30),
-        (4, 9, [22, 18, 60, 66], 0.88), (5, 5, [0, 220, 190, 200], 0.55), (5, 1, [250, 50, 40, 40], 0.99),
-        (7, 5, [10, 10, 100, 80], 0.45), (7, 9, [100, 100, 200, 200], 0.35),
-    ]
-    return [{"image_id": i, "category_id": c, "bbox": [float(v) for v in b], "score": s} for i, c, b, s in d]
 
 
 def _pycocotools_reference(tmp_path, gt: dict, dets: list[dict]) -> dict[str, float]:
@@ -65,7 +35,7 @@ def _pycocotools_reference(tmp_path, gt: dict, dets: list[dict]) -> dict[str, fl
 
 
 def test_coco_evaluate_matches_pycocotools(tmp_path):
-    gt, dets = _gt(), _dets()
+    gt, dets = coco_truth(), coco_detections()
     gt_before, dets_before = json.dumps(gt), json.dumps(dets)
     ours, ref = coco_evaluate(gt, dets), _pycocotools_reference(tmp_path, gt, dets)
     assert all(0.0 < ref[k] < 1.0 for k in KEYS)  # non-trivial numbers in every area range
@@ -74,7 +44,7 @@ def test_coco_evaluate_matches_pycocotools(tmp_path):
 
 
 def test_coco_evaluate_perfect_and_empty(capsys):
-    gt = _gt()
+    gt = coco_truth()
     perfect = [{"image_id": a["image_id"], "category_id": a["category_id"], "bbox": list(a["bbox"]),
                 "score": 1.0} for a in gt["annotations"] if not a["iscrowd"]]
     assert coco_evaluate(gt, perfect) == {k: pytest.approx(1.0, abs=1e-12) for k in KEYS}
@@ -85,9 +55,9 @@ def test_coco_evaluate_perfect_and_empty(capsys):
 
 
 def test_coco_evaluate_undefined_is_nan_and_unknown_image_is_an_error():
-    gt = _gt()
+    gt = coco_truth()
     gt["annotations"] = [a for a in gt["annotations"] if a["area"] >= 32 ** 2]  # no small objects
-    assert math.isnan((res := coco_evaluate(gt, _dets()))["APs"]) and 0.0 < res["AP"] < 1.0
+    assert math.isnan((res := coco_evaluate(gt, coco_detections()))["APs"]) and 0.0 < res["AP"] < 1.0
     with pytest.raises(ValueError, match="not in the ground truth"):
         coco_evaluate(gt, [{"image_id": 99, "category_id": 1, "bbox": [0, 0, 5, 5], "score": 0.5}])
 
@@ -99,7 +69,7 @@ def test_coco_per_class_is_pycocotools_restricted_to_each_category(tmp_path):
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    gt, dets = _gt(), _dets()
+    gt, dets = coco_truth(), coco_detections()
     gt["annotations"] += [{"id": 100 + i, "image_id": im, "category_id": 12, "bbox": b, "area": 400.0, "iscrowd": 0}
                           for i, (im, b) in enumerate([(1, [400, 10, 20, 20]), (5, [500, 300, 20, 20])])]
     gt["categories"] = [{"id": 9, "name": "c"}, {"id": 1, "name": "a"}, {"id": 15, "name": "e"},
@@ -199,7 +169,7 @@ def test_to_coco_results():
 
 
 def test_gather_detections_single_process_is_identity():
-    assert gather_detections(dets := _dets()) is dets
+    assert gather_detections(dets := coco_detections()) is dets
 
 
 def _gather_worker(rank: int, init_file: str, out_dir: str) -> None:

@@ -15,6 +15,8 @@ from PIL import Image
 
 import procs
 from detection_helpers import vt
+from doc_pages import docs_script
+from small_detectors import detr, faster_rcnn, onnx_metadata, yolo
 from toy_task import ToyTask, toy_config
 from visiontrain.core import config as C
 from visiontrain.engine.protocols.task import ExportUnsupported
@@ -34,30 +36,6 @@ def classifier():
     return task, task.build_model(info), info
 
 
-def detr():
-    task = build_task(C.load_config("detect-detr", [
-        "task.hidden_dim=32", "task.nheads=2", "task.enc_layers=1", "task.dec_layers=2", "task.dim_feedforward=64",
-        "task.num_queries=5", "task.val_size=64", "task.max_size=96"]))
-    info = {"num_classes": 4}
-    return task, task.build_model(info), info
-
-
-def faster_rcnn():
-    task = build_task(C.load_config("detect-faster-rcnn", [
-        "task.fpn_channels=32", "task.representation_size=64", "task.train_scales=[96]", "task.val_size=96",
-        "task.max_size=128", "task.rpn_pre_nms_top_n=[200,100]", "task.rpn_post_nms_top_n=[100,50]"]))
-    info = {"num_classes": 3}
-    return task, task.build_model(info), info
-
-
-def yolo():
-    task = build_task(C.load_config("detect-yolov3", [
-        "task.backbone_width=0.25", "task.neck_channels=[32,16,8]", "task.val_size=96",
-        "task.conf_threshold=0.0001"]))  # an untrained head scores about 0.005: keep its boxes
-    info = {"num_classes": 3}
-    return task, task.build_model(info), info
-
-
 DETECTORS = {"rcnn": faster_rcnn, "yolo": yolo, "detr": detr}
 
 
@@ -74,22 +52,6 @@ def onnx_export(tmp_path_factory):
                             export_model(task, model, info, "onnx", tmp_path_factory.mktemp(family) / "m.onnx"))
         return done[family]
     return get
-
-
-def onnx_metadata(path: str | Path) -> dict:
-    """metadata_props read with onnx and with onnxruntime (they must agree), JSON decoded."""
-    import onnx
-    import onnxruntime as ort
-
-    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
-    assert props == ort.InferenceSession(str(path)).get_modelmeta().custom_metadata_map
-    out = {}
-    for key, value in props.items():
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "exported-program", "torchscript"])
@@ -180,13 +142,6 @@ def test_detector_onnx_metadata_says_how_to_run_it(onnx_export, family):
         assert meta["resize"] == {"mode": "shorter_side", "shorter_side": t.val_size, "max_longer_side": t.max_size}
     if family == "detr":
         assert meta["class_activation"] == "sigmoid" and meta["top_k"] == 100  # the recipe's focal loss
-
-
-def docs_script(name: str) -> str:
-    """A file block of docs/inference.md, as the docs test writes it."""
-    from test_docs import DOCS, page_files
-
-    return page_files(DOCS / "inference.md")[name]
 
 
 def assert_the_docs_script_agrees(onnx_export, family: str, image: Path, same_as: Path | None = None) -> None:

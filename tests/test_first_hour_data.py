@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from test_classification_data import _png_tree
+from dataset_trees import build_png_tree
 from visiontrain.data.datasets.classification import build_classification_data
 from visiontrain.data.samplers import GroupedBatchSampler
 
@@ -30,7 +30,7 @@ def _labels_by_class(ds, classes: list[str]) -> dict[str, set[int]]:
 # ---------------------------------------------------------------- item 1: hidden folders
 def test_hidden_folders_and_files_are_neither_classes_nor_images(tmp_path: Path) -> None:
     root = tmp_path / ".cache" / "imgs"  # a data root under a hidden directory is still read
-    _png_tree(root, {"train": ["cat", "dog"], "val": ["cat", "dog"]})
+    build_png_tree(root, {"train": ["cat", "dog"], "val": ["cat", "dog"]})
     cat = root / "train" / "cat" / "0.png"
     for hidden in (root / "train" / ".ipynb_checkpoints" / "0-checkpoint.png",  # Jupyter, on opening 0.png
                    root / "train" / "cat" / ".ipynb_checkpoints" / "0-checkpoint.png",
@@ -47,7 +47,7 @@ def test_hidden_folders_and_files_are_neither_classes_nor_images(tmp_path: Path)
 
 
 def test_class_folder_with_only_hidden_files_is_an_error_naming_it(tmp_path: Path) -> None:
-    _png_tree(tmp_path, {"train": ["cat", "dog"], "val": ["cat", "dog"]}, n=1)
+    build_png_tree(tmp_path, {"train": ["cat", "dog"], "val": ["cat", "dog"]}, n=1)
     cat = tmp_path / "train" / "cat"
     (cat / "0.png").rename(cat / ".0.png")
     with pytest.raises(FileNotFoundError) as info:
@@ -59,7 +59,7 @@ def test_class_folder_with_only_hidden_files_is_an_error_naming_it(tmp_path: Pat
 
 # ---------------------------------------------------------------- item 8: balanced limits
 def test_image_folder_limits_keep_every_class_and_are_deterministic(tmp_path: Path) -> None:
-    _png_tree(tmp_path, {"train": ["a", "b", "c"], "val": ["a", "b", "c"]}, n=4)
+    build_png_tree(tmp_path, {"train": ["a", "b", "c"], "val": ["a", "b", "c"]}, n=4)
 
     def build():
         return build_classification_data("image-folder", root=str(tmp_path), image_size=8, augment="none",

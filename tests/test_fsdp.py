@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from procs import run_cli
-from test_distributed import run
+from toy_ranks import run
 from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
 

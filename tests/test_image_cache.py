@@ -164,7 +164,7 @@ def test_training_with_the_cache_is_bit_identical_and_resumes_exactly(tmp_path, 
     with data.cache=ram ends with the weights of one without, and so does a run killed mid-epoch and
     resumed with it; epochs after the first read the images from the cache."""
     from detection_helpers import mosaic_coco
-    from test_resume import assert_bit_identical, fit_and_crash_resume, state_of
+    from resume_checks import assert_bit_identical, fit_and_crash_resume, state_of
     from visiontrain.engine.loop.trainer import Trainer
     from visiontrain.rundir.metrics_file import read_metrics
     from visiontrain.tasks import build_task

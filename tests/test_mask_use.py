@@ -77,7 +77,7 @@ def test_predictor_masks_follow_the_boxes_and_are_those_of_evaluation(predictor,
 
 
 def test_a_box_detector_gives_no_masks():
-    from test_export import faster_rcnn
+    from small_detectors import faster_rcnn
 
     torch.manual_seed(0)
     task, model, info = faster_rcnn()
@@ -130,7 +130,7 @@ def mask_onnx(mask_run, tmp_path_factory) -> dict:
 
 
 def test_onnx_export_outputs_the_masks_and_says_how_to_paste_them(mask_onnx, predictor):
-    from test_export import onnx_metadata
+    from small_detectors import onnx_metadata
 
     t = predictor.task.cfg.task
     assert mask_onnx["outputs"] == ["boxes", "labels", "scores", "masks"]
@@ -161,7 +161,7 @@ def test_the_documented_mask_recipe_on_onnxruntime_gives_the_predictor_masks(mas
                                                                              tmp_path):
     """docs/inference.md's onnxruntime script (numpy: the metadata's mask_paste) on a landscape and
     a portrait image that need no resize: the Predictor's boxes, scores and masks."""
-    from test_export import docs_script
+    from doc_pages import docs_script
 
     script = tmp_path / "onnx_predict.py"
     script.write_text(docs_script("onnx_predict.py"))
@@ -182,7 +182,7 @@ def test_the_documented_mask_recipe_on_onnxruntime_gives_the_predictor_masks(mas
         got, masks = [got[k] for k in order], masks[order]
         assert [d["class_id"] for d in got] == want.labels.tolist()
         # boxes in pixels, the script's rounded to 0.01: apart by at most 0.0062 px on AVX2 kernels and
-        # 0.042 px on ATen's default (scalar) ones, against onnxruntime's own (tests/tolerance_log.py)
+        # 0.042 px on ATen's default (scalar) ones, against onnxruntime's own (tests/support/tolerance_log.py)
         np.testing.assert_allclose(np.reshape([d["box"] for d in got], (-1, 4)), want.boxes.numpy(), atol=0.1)
         # scores (probabilities near 0.01 of this two-step model): apart by 5.1e-6 on AVX2 kernels, 2.8e-5
         # on the default ones
@@ -205,7 +205,7 @@ def test_documented_paste_is_paste_masks(tmp_path):
     masks pixel for pixel: boxes inside, across the edge and outside the image, a box under a pixel."""
     import runpy
 
-    from test_export import docs_script
+    from doc_pages import docs_script
     from visiontrain.models.rcnn import paste_masks
 
     script = tmp_path / "onnx_predict.py"

@@ -2,7 +2,7 @@
 
 The device path must give the model what the CPU path gives it (same augmentation, same pixels to
 float rounding, padding 0), for every recipe family that supports it, and a run must train the same.
-The tests marked ``cuda`` normalise on the GPU when there is one (tests/devices.py).
+The tests marked ``cuda`` normalise on the GPU when there is one (tests/support/devices.py).
 """
 from __future__ import annotations
 
@@ -76,9 +76,9 @@ def test_device_normalisation_gives_the_cpu_pipelines_batch(recipe, coco_root):
 
 @pytest.mark.cuda
 def test_image_folder_normalises_on_the_device(tmp_path):
-    from test_classification_data import _png_tree
+    from dataset_trees import build_png_tree
 
-    _png_tree(tmp_path, {"train": ["a", "b"], "val": ["a", "b"]}, n=4)
+    build_png_tree(tmp_path, {"train": ["a", "b"], "val": ["a", "b"]}, n=4)
     overrides = ["data.name=image-folder", f"data.root={tmp_path}", "data.image_size=16", "data.augment=basic",
                  "task.model=small_cnn"]
     (cpu_images, cpu_labels), _ = first_batch("classify-fashion", overrides, on_device=False)
@@ -110,7 +110,7 @@ def test_channels_last_is_kept():
 
 @pytest.mark.cuda
 def test_a_yolo_run_trains_the_same_either_way(coco_root, tmp_path):
-    from test_yolo import TINY
+    from tiny import YOLO as TINY
 
     totals = {}
     for on_device in (False, True):

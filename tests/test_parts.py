@@ -140,11 +140,11 @@ def test_the_loop_names_no_optional_part_and_no_data_format():
 # ---------------------------------------------------------------------------- a new part
 @pytest.fixture
 def weight_trail():
-    example_part.register()  # taken out again after the test (tests/registries.py)
+    example_part.register()  # taken out again after the test (tests/support/registries.py)
 
 
 def test_a_registered_part_runs_on_its_cadence_and_resumes_where_it_was(tmp_path, weight_trail):
-    """tests/example_part.py and one registration: the part runs every 3 steps, its record is in the
+    """tests/support/example_part.py and one registration: the part runs every 3 steps, its record is in the
     checkpoint under its name, and a run killed and resumed ends with the record of the run that
     was not (the steps before the kill come from the checkpoint)."""
     cfg = toy_config(trainer__epochs=2, checkpoint__every=4, checkpoint__unit="steps")
@@ -189,7 +189,7 @@ def test_a_part_s_own_section_is_set_by_a_recipe_and_an_override_listed_and_chec
 def test_a_part_added_since_the_checkpoint_starts_afresh_and_says_so(tmp_path, capsys):
     cfg = toy_config(trainer__epochs=2, trainer__max_steps=8)
     Trainer(cfg, ToyTask(cfg), tmp_path / "run").fit()
-    example_part.register()  # taken out again after the test (tests/registries.py)
+    example_part.register()  # taken out again after the test (tests/support/registries.py)
     longer = toy_config(trainer__epochs=2)
     resumed = Trainer(longer, ToyTask(longer), tmp_path / "run", resume=str(tmp_path / "run/checkpoints/last.pt"))
     resumed.fit()

@@ -12,17 +12,12 @@ from torch import nn
 
 from detection_helpers import mosaic_coco
 from procs import cli_here
+from tiny import RCNN as TINY
 from visiontrain.core import config as C
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.engine.optim.schedules import StepClock, build_schedule
 from visiontrain.tasks import build_task
 
-# Small enough for a few seconds a step on one core; the recipe's structure otherwise. Loaded in-process:
-# these tests are about the model, its groups and predict; test_recipes.py runs the recipe's workers.
-TINY = ["task.fpn_channels=32", "task.representation_size=64", "task.train_scales=[128]", "task.val_size=128",
-        "task.max_size=192", "task.rpn_batch_size_per_image=64", "task.box_batch_size_per_image=32",
-        "task.rpn_pre_nms_top_n=[200,100]", "task.rpn_post_nms_top_n=[100,50]", "data.batch_size=2",
-        "data.num_workers=0"]
 CLASSES = 3  # the fixture keeps fashion-mosaic's first three categories
 
 

@@ -1,9 +1,9 @@
 """Every built-in recipe, run through the CLI as a user runs it: `visiontrain fit RECIPE` with the
 recipe's own data, DataLoader workers and their start method, precision, transforms and schedules.
 
-What a run here changes is only its length and size (tests/shipped.py): three optimizer steps,
+What a run here changes is only its length and size (tests/support/shipped.py): three optimizer steps,
 fewer evaluation images, and for a full-scale recipe a tiny fixture tree in its real on-disk format
-(tests/dataset_trees.py) with smaller batches and image sizes. Any other override must be listed
+(tests/support/dataset_trees.py) with smaller batches and image sizes. Any other override must be listed
 in ``WHY`` with the reason; ``test_only_length_and_size_are_overridden`` holds the table to that,
 and each run's config.yaml is compared with the recipe key by key. The runs go two at a time in
 the background (each is mostly one thread and its workers), as the docs' commands do.

@@ -19,7 +19,7 @@ import pytest
 
 from toy_task import toy_config, train
 from visiontrain.app import cli
-from visiontrain.report.page import page
+from visiontrain.report import page as report
 
 RED = (1.0, 0.0, 0.0)  # the test plot's bars: found again in the screenshot, so the PNG was drawn
 

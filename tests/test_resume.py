@@ -1,6 +1,6 @@
 """Exact resume: "fit to N" and "fit to k, crash, --resume auto to N" give bit-identical weights,
 with shuffling, random augmentation, mixup, dropout and DataLoader workers on. The tests marked
-``cuda`` hold on a GPU too, with deterministic kernels (tests/devices.py): the CUDA random streams
+``cuda`` hold on a GPU too, with deterministic kernels (tests/support/devices.py): the CUDA random streams
 are in the checkpoint, and the workers start beside a CUDA context."""
 from __future__ import annotations
 
@@ -11,12 +11,10 @@ import torch
 
 from crashes import Crash, CrashAt
 from devices import deterministic_kernels
+from resume_checks import assert_bit_identical, fit_and_crash_resume, state_of
 from toy_task import ToyTask, toy_config
 from visiontrain.core import config as C
 from visiontrain.engine.loop.trainer import Trainer
-from visiontrain.tasks import build_task
-
-
 
 
 def classification_cfg(workers: int) -> C.Config:
@@ -26,34 +24,6 @@ def classification_cfg(workers: int) -> C.Config:
         "task.label_smoothing=0.1", "trainer.epochs=3", "trainer.log_every=7", "trainer.channels_last=false",
         "ema.enabled=true", "ema.decay=0.9", "checkpoint.every=5", "checkpoint.unit=steps",
         "eval.every=1", "eval.unit=epochs", "optim.lr=0.002"])
-
-
-def state_of(trainer: Trainer) -> dict[str, torch.Tensor]:
-    out = {f"model.{k}": v for k, v in trainer.raw_model.state_dict().items()}
-    out.update({f"ema.{k}": v for k, v in trainer.ema.module.state_dict().items()} if trainer.ema else {})
-    return out
-
-
-def assert_bit_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    different = [k for k in a if not torch.equal(a[k], b[k])]
-    assert not different, f"tensors differ after resume: {different[:5]}"
-
-
-def fit_and_crash_resume(cfg: C.Config, base, crash_at: int, position: tuple[int, int, int] | None = None
-                         ) -> tuple[Trainer, Trainer]:
-    """(a run fitted to the end, a run killed at ``crash_at`` then resumed from its last.pt to the
-    end); ``position``: the (step, epoch, step_in_epoch) the resumed run must start from."""
-    full = Trainer(cfg, build_task(cfg), base / "full")
-    full.fit()
-    crashed = Trainer(cfg, build_task(cfg), base / "crashed", hooks=[CrashAt(crash_at)])
-    with pytest.raises(Crash):
-        crashed.fit()
-    resumed = Trainer(cfg, build_task(cfg), base / "crashed", resume=str(base / "crashed" / "checkpoints" / "last.pt"))
-    assert (resumed.step, resumed.epoch, resumed.step_in_epoch) == (position or (crash_at, resumed.epoch,
-                                                                                resumed.step_in_epoch))
-    resumed.fit()
-    return full, resumed
 
 
 @pytest.fixture

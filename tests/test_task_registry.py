@@ -52,7 +52,7 @@ class SquareTask(Task):
 
 @pytest.fixture
 def registered():
-    """Registers the square task for one test (taken out again after it: tests/registries.py)."""
+    """Registers the square task for one test (taken out again after it: tests/support/registries.py)."""
     register_task("square", SquareTask, SquareConfig)
 
 

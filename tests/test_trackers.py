@@ -36,7 +36,7 @@ class Recording:
 @pytest.fixture
 def recording():
     made: list[Recording] = []
-    # taken out again after the test (tests/registries.py)
+    # taken out again after the test (tests/support/registries.py)
     tracking.register_tracker(lambda cfg, run_dir, experiment: made.append(Recording(experiment)) or made[-1])
     return made
 

@@ -1,4 +1,4 @@
-"""tests/warm_python.py: a command forked from the warm Python ends, prints and exits as it would in a
+"""tests/support/warm_python.py: a command forked from the warm Python ends, prints and exits as it would in a
 fresh interpreter, and one it cannot run as such gets a fresh interpreter."""
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import pytest
 
 import procs
 import warm_python
+
+SUPPORT = Path(__file__).parent / "support"  # warm_python.py
 
 SCRIPT = '''
 import json, os, sys, threading, time, atexit
@@ -82,7 +84,7 @@ def test_a_killed_caller_takes_its_command_with_it_and_another_environment_gets_
     shell = procs.shell_env(script.parent / "bin")
     shim = {**procs.warm_server().env, "PATH": shell["PATH"], warm_python.SOCKET_ENV: shell[warm_python.SOCKET_ENV]}
     shell = subprocess.Popen(["bash", "-c", f"visiontrain --version; exec {sys.executable} -S -c "
-                              f"\"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import warm_python;"
+                              f"\"import sys; sys.path.insert(0, {str(SUPPORT)!r}); import warm_python;"
                               f" sys.argv[1:] = ['sleep']; warm_python.shim({str(script)!r})\""],
                              env=shim, stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:

@@ -15,7 +15,8 @@ import torch
 
 from detection_helpers import mosaic_coco
 from procs import cli_here
-from test_host_syncs import ALL_ON, run_counted
+from host_reads import ALL_ON, run_counted
+from tiny import YOLO as TINY
 from visiontrain.core import config as C
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.models.yolo import decode, postprocess
@@ -29,7 +30,6 @@ ANCHORS = torch.tensor([[8., 8.], [6., 14.], [14., 6.], [20., 20.], [14., 34.], 
                         [48., 48.], [36., 80.], [80., 36.]])
 SIZES = [(8, 8), (4, 4), (2, 2)]          # a 64 x 64 input
 N = 3 * (64 + 16 + 4)
-TINY = ["task.backbone=darknet21", "task.backbone_width=0.125", "task.neck_channels=[16,16,8]"]
 
 
 def targets_for(boxes, labels, weights=None, pred_boxes=None, **kw):

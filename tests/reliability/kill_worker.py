@@ -12,7 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the toy task
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # the toy task
 import torch  # noqa: E402
 
 torch.set_num_threads(1)

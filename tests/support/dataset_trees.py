@@ -221,3 +221,20 @@ def add_image_folder_split(root: Path, split: str, per_class: int = 3) -> None:
                 draw.line([10, 10, 30, 30], fill=(0, 240, 240), width=4)
                 draw.line([10, 30, 30, 10], fill=(0, 240, 240), width=4)
             img.save(root / split / name / f"{split}-{i:03d}.png")
+
+
+# ---------------------------------------------------------------- image-folder
+def build_png_tree(root: Path, classes: dict[str, list[str]], n: int = 3) -> None:
+    """An image folder of random PNGs, ``n`` a class, of a few sizes (one file greyscale): ``{split: [class...]}``."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, names in classes.items():
+        for c in names:
+            (root / split / c).mkdir(parents=True)
+            for i in range(n):
+                arr = rng.integers(0, 256, size=(20 + 4 * i, 24, 3), dtype=np.uint8)
+                mode = "L" if i == 1 else "RGB"  # a grey file must still come out RGB
+                img = Image.fromarray(arr[..., 0] if mode == "L" else arr, mode=mode)
+                img.save(root / split / c / f"{i}.png")

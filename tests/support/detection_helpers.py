@@ -127,3 +127,35 @@ def masks_yolo(root: Path, scenes: Sequence[Scene] = MASK_SCENES, splits: Sequen
                 "".join(yolo_polygon_line(label, poly, width, height) + "\n" for label, poly in objects))
     (root / "data.yaml").write_text(f"names: [{', '.join(MASK_CLASSES)}]\n")
     return root
+
+
+# ---------------------------------------------------------------------------------------- COCO
+def coco_truth() -> dict:
+    """6 images, categories 1/5/9; small (<32^2), medium and large boxes, a crowd region, an image
+    without annotations."""
+    images = [{"id": i, "width": 640, "height": 480, "file_name": f"{i}.jpg"} for i in (1, 2, 3, 4, 5, 7)]
+    raw = [  # image, category, bbox xywh, iscrowd
+        (1, 1, [10, 10, 20, 20], 0), (1, 5, [100, 100, 60, 50], 0), (1, 9, [200, 150, 200, 150], 0),
+        (2, 1, [50, 60, 25, 30], 0), (2, 1, [300, 200, 150, 120], 0), (2, 9, [0, 0, 400, 300], 1),
+        (3, 5, [30, 40, 15, 18], 0), (3, 5, [400, 300, 80, 90], 0), (3, 9, [100, 100, 300, 250], 0),
+        (4, 9, [20, 20, 64, 64], 0), (4, 1, [500, 400, 12, 10], 0),  # the last one is never found
+        (5, 5, [10, 200, 200, 200], 0), (5, 1, [250, 50, 40, 40], 0),
+    ]  # image 7: no annotations
+    anns = [{"id": k + 1, "image_id": im, "category_id": c, "bbox": b, "area": float(b[2] * b[3]),
+             "iscrowd": cr} for k, (im, c, b, cr) in enumerate(raw)]
+    cats = [{"id": 1, "name": "a"}, {"id": 5, "name": "b"}, {"id": 9, "name": "c"}]
+    return {"images": images, "annotations": anns, "categories": cats}
+
+
+def coco_detections() -> list[dict]:
+    """Detections of ``coco_truth``'s images: near hits, loose hits, false positives, a hit on the crowd region."""
+    d = [  # image, category, bbox xywh, score: near hits, loose hits, FPs, a hit on the crowd region
+        (1, 1, [11, 10, 20, 21], 0.95), (1, 5, [104, 98, 58, 55], 0.80), (1, 9, [210, 160, 190, 150], 0.90),
+        (1, 1, [300, 300, 30, 30], 0.60),
+        (2, 1, [52, 58, 22, 30], 0.70), (2, 1, [310, 190, 150, 130], 0.85), (2, 9, [10, 10, 100, 100], 0.50),
+        (3, 5, [33, 42, 15, 18], 0.40), (3, 5, [390, 310, 90, 80], 0.75), (3, 9, [120, 90, 290, 240], 0.65),
+        (3, 1, [100, 100, 50, 50], 0.30),
+        (4, 9, [22, 18, 60, 66], 0.88), (5, 5, [0, 220, 190, 200], 0.55), (5, 1, [250, 50, 40, 40], 0.99),
+        (7, 5, [10, 10, 100, 80], 0.45), (7, 9, [100, 100, 200, 200], 0.35),
+    ]
+    return [{"image_id": i, "category_id": c, "bbox": [float(v) for v in b], "score": s} for i, c, b, s in d]

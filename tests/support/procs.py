@@ -5,7 +5,7 @@ Processes are started with ``PYTHONFAULTHANDLER=1`` in their own process group; 
 its timeout, SIGABRT goes to the whole group (torchrun, every rank, DataLoader workers), whose
 fault handlers print every thread's Python stack to stderr, and the test fails with that output.
 A ``visiontrain`` command is forked from a Python that has torch and the other heavy libraries
-imported already (``tests/warm_python.py``: 5-6 s of CPU less a command on a 2-core machine);
+imported already (``tests/support/warm_python.py``: 5-6 s of CPU less a command on a 2-core machine);
 ``VISIONTRAIN_TEST_FRESH_PYTHON=1`` starts every one in a fresh interpreter instead.
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ warmup, dropout and random noise in the data (the RNG streams and the batch seed
 (the scripted metric's count), the log point's unread rows and epoch means, best-k records and an
 early-stopping record. To make it again, from a checkout of the commit that writes format 1::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=OLD_CHECKOUT/src python tests/format1_run.py tests/fixtures/format1
+    OMP_NUM_THREADS=1 PYTHONPATH=OLD_CHECKOUT/src python tests/support/format1_run.py tests/fixtures/format1
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ With ``VISIONTRAIN_TOLERANCE_LOG=FILE`` set, every ``pytest.approx`` comparison,
 ``numpy.testing.assert_allclose`` made by a test appends one JSON line to FILE: the test file and line
 that asked, the largest absolute difference seen there and the tolerance allowed. Run the suite once
 per kind of CPU (or per kernel set: ``ATEN_CPU_CAPABILITY=avx2``, ``=default``, ``=avx512``) and
-compare with ``python tests/tolerance_log.py LOG...``: each site's largest difference on each, against
+compare with ``python tests/support/tolerance_log.py LOG...``: each site's largest difference on each, against
 its tolerance. A tolerance is chosen from that spread (docs/testing.md says how).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-TESTS = str(Path(__file__).resolve().parent)
+TESTS = str(Path(__file__).resolve().parents[1])
 _lock = threading.Lock()
 
 

@@ -14,7 +14,7 @@ tree as it would a fresh one's; its DataLoader workers, forkserver and torchrun 
 What it cannot give a command is a fresh interpreter: the hash seed is the server's, and the
 libraries were imported under the server's environment. So a caller whose environment differs from
 the server's in anything but the per-call keys below gets a fresh interpreter instead
-(``tests/procs.py``), as does every command when ``VISIONTRAIN_TEST_FRESH_PYTHON=1``. Tests of
+(``tests/support/procs.py``), as does every command when ``VISIONTRAIN_TEST_FRESH_PYTHON=1``. Tests of
 the process itself (its parent's death, resource limits, namespaces: tests/reliability) start fresh
 interpreters on purpose.
 
@@ -222,7 +222,7 @@ class Server:
         self._proc = subprocess.Popen([sys.executable, __file__, self.path], env=self.env, stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True)
         if self._proc.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"tests/warm_python.py did not start (exit {self._proc.wait()})")
+            raise RuntimeError(f"tests/support/warm_python.py did not start (exit {self._proc.wait()})")
         self.pid = self._proc.pid
 
     def start(self, argv: list[str], *, module: str | None, cwd: str, env: dict[str, str],
