@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from detection_helpers import vt
-from procs import cli_here
-from host_reads import ALL_ON, run_counted
 from crashes import Crash, CrashAt
+from detection_helpers import vt
+from host_reads import ALL_ON, run_counted
+from procs import cli_here
 from resume_checks import assert_bit_identical, fit_and_crash_resume
 from tiny import DINO as TINY, DINO_NO_WARMUP as NO_WARMUP
 from visiontrain.core import config as C
@@ -72,7 +72,7 @@ def test_knn_weights_votes_by_similarity():
 def test_multicrop_gives_two_global_then_local_crops():
     task = build_task(cfg_of("task.local_crops=3", "task.multicrop=per_sample"))
     data = task.build_data()
-    assert task.device_transform() is None
+    assert task.device_transform(channels_last=False) is None
     torch.manual_seed(0)
     crops, label = data.train[5]
     assert [tuple(c.shape) for c in crops] == [(1, 8, 8)] * 2 + [(1, 4, 4)] * 3
@@ -90,7 +90,7 @@ def test_batched_multicrop_makes_the_same_views_in_the_loader_and_in_the_step():
     keys = [(i, 7) for i in (5, 6, 7)]
     in_loader = build_task(cfg_of("task.local_crops=3", "task.multicrop=batched", "task.multicrop_in=loader"))
     data = in_loader.build_data()
-    assert in_loader.device_transform() is None
+    assert in_loader.device_transform(channels_last=False) is None
     crops, labels = data.train_collate(SeededDataset(data.train).__getitems__(keys))
     assert [tuple(c.shape) for c in crops] == [(3, 1, 8, 8)] * 2 + [(3, 1, 4, 4)] * 3
     assert crops[0].dtype == torch.float32 and not torch.equal(crops[0], crops[1])
@@ -98,11 +98,11 @@ def test_batched_multicrop_makes_the_same_views_in_the_loader_and_in_the_step():
     step_data = in_step.build_data()
     raw = step_data.train_collate(SeededDataset(step_data.train).__getitems__(keys))
     assert raw[0].dtype == torch.uint8 and tuple(raw[0].shape) == (3, 1, 8, 8) and torch.equal(raw[1], labels)
-    step_crops, same_labels = in_step.device_transform()(raw)
+    step_crops, same_labels = in_step.device_transform(channels_last=False)(raw)
     assert same_labels is raw[1] and all(torch.equal(a, b) for a, b in zip(crops, step_crops))
     auto = build_task(cfg_of("task.multicrop=batched"))
     auto.build_data()
-    assert (auto.device_transform() is not None) == torch.cuda.is_available()
+    assert (auto.device_transform(channels_last=False) is not None) == torch.cuda.is_available()
     with pytest.raises(C.ConfigError, match="task.multicrop_in: expected one of 'auto' | 'loader' | 'step'"):
         cfg_of("task.multicrop_in=gpu")
 
@@ -299,9 +299,18 @@ def test_attention_is_plain_on_the_cpu_and_computes_the_same_function():
     torch.testing.assert_close(plain.eval()(x), fused.eval()(x), atol=1e-5, rtol=1e-5)
 
 
-def test_dino_needs_the_ema_teacher():
+def test_dino_needs_the_ema_teacher(tmp_path):
+    """A declaration the build checks (``DinoTask.needs_ema``; the task never reads the ema section):
+    build_task refuses, and so does the Trainer for a task built by hand, before writing anything."""
+    from visiontrain.tasks.dino import DinoTask
+
+    cfg = cfg_of("ema.enabled=false")
+    with pytest.raises(C.ConfigError, match=r"^task dino: the teacher is the engine's EMA of the student .*; "
+                                            r"set ema.enabled=true$"):
+        build_task(cfg)
     with pytest.raises(C.ConfigError, match="ema.enabled=true"):
-        build_task(cfg_of("ema.enabled=false"))
+        Trainer(cfg, DinoTask(cfg), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
 
 
 def test_recipes_load():
@@ -388,7 +397,7 @@ def test_image_folder_rgb_path_of_the_imagenet_recipe(tmp_path, multicrop):
         crops, _ = loader.dataset.dataset[0]
     else:
         crops, labels = loader.collate_fn(loader.dataset.__getitems__([(i, 7) for i in range(4)]))
-        assert labels.shape == (4,) and trainer.task.device_transform() is None
+        assert labels.shape == (4,) and trainer.task.device_transform(channels_last=False) is None
         crops = [c[0] for c in crops]
     assert [tuple(c.shape) for c in crops] == [(3, 32, 32)] * 2 + [(3, 16, 16)] * 2
     trainer.fit()

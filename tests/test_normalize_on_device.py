@@ -43,7 +43,7 @@ def first_batch(recipe: str, overrides: list[str], on_device: bool):
     from visiontrain.engine.parallel.distributed import DistInfo
 
     source, _ = loaders(data, cfg, DistInfo(), torch.device("cpu"))
-    return next(iter(source.batches(0))), task.device_transform()
+    return next(iter(source.batches(0))), task.device_transform(channels_last=False)
 
 
 def on_test_device(batch):

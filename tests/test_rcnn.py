@@ -15,6 +15,7 @@ from procs import cli_here
 from tiny import RCNN as TINY
 from visiontrain.core import config as C
 from visiontrain.engine.loop.trainer import Trainer
+from visiontrain.engine.optim.param_groups import group_rules
 from visiontrain.engine.optim.schedules import StepClock, build_schedule
 from visiontrain.tasks import build_task
 
@@ -102,14 +103,15 @@ def test_seamseg_param_groups_split_norms_from_the_rest(coco_root):
     cfg = tiny_config(coco_root, "schedules.lr.warmup=1")
     task = build_task(cfg)
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Conv2d(4, 4, 1))
-    by_name = {g["name"]: g for g in task.param_groups(net)}
+    by_name = {g["name"]: g for g in task.param_groups(net, group_rules(cfg.optim))}
     assert set(by_name) == {"other_x1", "norm_no_decay_x1"}
     assert by_name["other_x1"]["param_names"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
     assert by_name["other_x1"]["weight_decay"] == 1e-4  # seamseg decays biases; only norms are spared
     assert by_name["norm_no_decay_x1"]["param_names"] == ["1.weight", "1.bias"]
     assert by_name["norm_no_decay_x1"]["weight_decay"] == 0.0
-    frozen = build_task(tiny_config(coco_root, "task.frozen_bn=true", "task.weight_decay_norm=true"))
-    norm = [g for g in frozen.param_groups(net) if g["name"].startswith("norm")]
+    frozen_cfg = tiny_config(coco_root, "task.frozen_bn=true", "task.weight_decay_norm=true")
+    groups = build_task(frozen_cfg).param_groups(net, group_rules(frozen_cfg.optim))
+    norm = [g for g in groups if g["name"].startswith("norm")]
     assert [(g["lr_mult"], g["weight_decay"]) for g in norm] == [(0.0, 1e-4)]  # seamseg: norm lr 0 under bn_frozen
 
     trainer = Trainer(cfg, task, None)

@@ -12,7 +12,8 @@ from torch import nn
 
 from visiontrain.core import config as C
 from visiontrain.core.config import doc
-from visiontrain.engine.protocols.task import TASK_REGISTRY, Prediction, Task, TaskConfig, TaskData, register_task
+from visiontrain.engine.protocols.task import (TASK_REGISTRY, Prediction, Task, TaskConfig, TaskData, TaskInputs,
+                                              register_task)
 from visiontrain.use.inference import Detections, Predictor
 from visiontrain.tasks import build_task
 
@@ -60,7 +61,7 @@ def test_one_call_types_the_task_section_and_builds_the_task(registered):
     cfg = C.config_from_dict({"task": {"name": "square", "side": 6}})
     assert type(cfg.task) is SquareConfig and cfg.task.side == 6
     task = build_task(cfg)
-    assert type(task) is SquareTask and task.cfg is cfg
+    assert type(task) is SquareTask and task.cfg == TaskInputs.of(cfg)  # what it reads of the config
     with pytest.raises(C.ConfigError, match=r"task\.sid\b.*side"):  # the task's own keys, checked as the engine's
         C.config_from_dict({"task": {"name": "square", "sid": 6}})
     assert "task.side" in [row[0] for row in C.describe_keys(cfg)]  # show-config --docs
@@ -126,3 +127,25 @@ def test_a_declaration_the_commands_cannot_act_on_fails_at_registration(name, ta
     with pytest.raises(ValueError, match=message):
         register_task(name, task_class, config_class)
     assert name not in TASK_REGISTRY or TASK_REGISTRY[name].task_class is not task_class
+
+
+def test_a_task_reads_only_its_inputs():
+    """Every built-in task reads of the config only what ``TaskInputs`` holds (its section, data, eval,
+    the seed, the device): a read of ``cfg.trainer`` or ``self.cfg.optim`` in a task's file fails here,
+    as tests/test_parts.py holds the trainer to the parts' names."""
+    import ast
+    import dataclasses
+    from pathlib import Path
+
+    import visiontrain.tasks
+
+    allowed = {f.name for f in dataclasses.fields(TaskInputs)}
+    reads = []
+    for path in sorted(Path(visiontrain.tasks.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute):
+                base = node.value
+                if (base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", None)) == "cfg":
+                    reads.append((f"{path.name}:{node.lineno}", node.attr))
+    assert len(reads) > 30, reads  # the scan finds the tasks' reads (a scan that found none would prove nothing)
+    assert not [f"{where}: cfg.{attr}" for where, attr in reads if attr not in allowed]

@@ -145,14 +145,15 @@ def test_input_size_is_the_same_on_every_rank_and_changes_every_interval():
 
 
 def test_schedule_hook_passes_the_step_and_switches_mixup_off():
-    task = build_task(C.load_config("detect-yolov3", ["task.mixup=true", "task.no_mixup_epochs=2"]))
+    cfg = C.load_config("detect-yolov3", ["task.mixup=true", "task.no_mixup_epochs=2"])
+    task = build_task(cfg)
     hook = YoloSchedule()
-    progress = type("P", (), {"epochs": task.cfg.trainer.epochs})()  # the loop's Progress: the run's length
+    progress = type("P", (), {"epochs": cfg.trainer.epochs})()  # the loop's Progress: the run's length
     hook.trainer = type("T", (), {"task": task, "progress": progress, "step": 37, "epoch": 0})()
     hook.before_step()
     hook.before_epoch()
     assert task.step == 37 and task.mixing
-    hook.trainer.epoch = task.cfg.trainer.epochs - 2
+    hook.trainer.epoch = cfg.trainer.epochs - 2
     hook.before_epoch()
     assert not task.mixing
 

@@ -148,7 +148,7 @@ class ClassificationTask(Task):
                 "preprocess": data.eval_transform.spec()}
         return TaskData(data.train, data.val, info, random_transforms=data.random_train_transforms)
 
-    def device_transform(self) -> Callable[[Any], Any] | None:
+    def device_transform(self, *, channels_last: bool) -> Callable[[Any], Any] | None:
         if not reader_args(self.cfg.data)["uint8_train"]:
             return None
 

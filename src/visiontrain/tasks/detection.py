@@ -123,7 +123,7 @@ class DetectionTask(Task):
         return TaskData(train.with_transform(train_tf), self.val_set, self.info, random_transforms=True,
                         train_collate=collate_detection, eval_collate=collate_detection, group_ids=groups)
 
-    def device_transform(self) -> Callable[[Any], Any] | None:
+    def device_transform(self, *, channels_last: bool) -> Callable[[Any], Any] | None:
         if not detection_source(self.cfg.data).normalize_on_device:
             return None
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import Subset
 
-from visiontrain.core.config import ConfigError, doc
+from visiontrain.core.config import doc
 from visiontrain.data.batch_ops import channels_last as to_channels_last
 from visiontrain.data.datasets import build_classification_data, check_image_files
 from visiontrain.data.datasets.sources import ImageFolderDataConfig, reader_args
@@ -116,12 +116,12 @@ class DinoTask(Task):
     default_loss_weights = {"dino": 1.0}
     metric, mode = "knn_top1", "max"
 
+    needs_ema = ("the teacher is the engine's EMA of the student (with ema.decay=0.996 and schedules.ema_decay: "
+                 "{shape: cosine, end: 1.0})")
+
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
-        if not cfg.ema.enabled:
-            raise ConfigError("task dino: the teacher is the engine's EMA of the student; set ema.enabled=true "
-                              "(with ema.decay=0.996 and schedules.ema_decay: {shape: cosine, end: 1.0})")
-        t = cfg.task
+        t = self.cfg.task
         self.teacher_temp = t.teacher_temp
         self.teacher: nn.Module | None = None
         self.center = torch.zeros(1, t.out_dim)
@@ -170,15 +170,15 @@ class DinoTask(Task):
         return d.image_size
 
     def _on_cuda(self) -> bool:
-        device = self.cfg.trainer.device
+        device = self.cfg.device
         return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
-    def device_transform(self) -> Callable[[Any], Any] | None:
+    def device_transform(self, *, channels_last: bool) -> Callable[[Any], Any] | None:
         """When the step makes the batched crops (``task.multicrop_in``): (uint8 images, labels, view
         parameters) -> (crops, labels) on the training device, so a GPU run's loader only reads images."""
         if self.cropper is None:
             return None
-        crop, channels_last = self.cropper, self.cfg.trainer.channels_last
+        crop = self.cropper
 
         def make_crops(batch: Any) -> tuple[list[torch.Tensor], torch.Tensor]:
             images, labels, params = batch

@@ -11,7 +11,7 @@ data, aspect-ratio grouped batches, COCO evaluation and prediction.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import nn
@@ -19,7 +19,7 @@ from torch import nn
 from visiontrain.core._tv_compat import ensure_torchvision
 from visiontrain.core.config import doc
 from visiontrain.engine.protocols.task import ExportSpec, TaskData, register_task
-from visiontrain.engine.optim.param_groups import NormGroups, build_param_groups
+from visiontrain.engine.optim.param_groups import NormGroups
 from visiontrain.tasks.detection import DetectionConfig, DetectionTask, unread_data_keys
 
 LOSSES = ("loss_objectness", "loss_rpn_box_reg", "loss_classifier", "loss_box_reg")
@@ -119,13 +119,12 @@ class RcnnTask(DetectionTask):
         """The mask branch (``models.rcnn.MaskHead``), None for a box detector: ``mask_rcnn`` has one."""
         return None
 
-    def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
+    def param_groups(self, model: nn.Module, rules: Callable[..., list[dict[str, Any]]]) -> list[dict[str, Any]]:
         """seamseg's groups: norm-layer parameters (lr 0 under frozen_bn, no weight decay unless
         weight_decay_norm) and the rest. The engine's rules build them, so ``optim.lr_mult`` and
         ``optim.no_decay_bias_norm`` still apply on top and every optim key keeps its meaning."""
-        o, t = self.cfg.optim, self.cfg.task
-        return build_param_groups(model, o.weight_decay, no_decay_bias_norm=o.no_decay_bias_norm, lr_mult=o.lr_mult,
-                                  norms=NormGroups(frozen=t.frozen_bn, weight_decay=t.weight_decay_norm))
+        t = self.cfg.task
+        return rules(model, norms=NormGroups(frozen=t.frozen_bn, weight_decay=t.weight_decay_norm))
 
     def model_targets(self, targets: list[dict[str, Any]]) -> list[dict[str, torch.Tensor]]:
         """The targets as torchvision's heads take them: labels from 1 (0 = background)."""

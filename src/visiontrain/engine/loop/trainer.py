@@ -72,7 +72,8 @@ class Trainer:
                                  precision=run.precision.precision, scaler=run.scaler, clip_grad=t.clip_grad,
                                  clip_mode=t.clip_mode, channels_last=t.channels_last,
                                  after_backward=self.hooks.callbacks("after_backward"), recorder=self.recorder,
-                                 mask_nonfinite=t.nonfinite == "skip", on_device=task.device_transform(),
+                                 mask_nonfinite=t.nonfinite == "skip",
+                                 on_device=task.device_transform(channels_last=t.channels_last),
                                  fixed_weights=not any(k.startswith("loss.") for k in run.scalars.schedules),
                                  placed=prefetches(run.device, cfg.data.prefetch_to_device))
         for note in run.notes:

@@ -12,10 +12,11 @@ Every trainable parameter must land in exactly one group; ``check_coverage`` nam
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch
 from torch import nn
@@ -109,6 +110,13 @@ def build_param_groups(model: nn.Module, weight_decay: float, *, no_decay_bias_n
         groups[key]["param_names"].append(name)
     return list(groups.values())
 
+
+
+def group_rules(optim: OptimConfig) -> Callable[..., list[dict[str, Any]]]:
+    """``rules(model, norms=None)``: :func:`build_param_groups` with the ``optim`` section's keys, what
+    a task's ``param_groups`` receives to build its own groups by the engine's rules."""
+    return functools.partial(build_param_groups, weight_decay=optim.weight_decay,
+                             no_decay_bias_norm=optim.no_decay_bias_norm, lr_mult=optim.lr_mult)
 
 def _group_name(kind: str, decay: bool, mult: float) -> str:
     """``decay_x1`` / ``no_decay_x0.1``; with norm groups ``other_x1`` / ``norm_no_decay_x0`` (the

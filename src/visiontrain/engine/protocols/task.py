@@ -47,6 +47,31 @@ class RegisteredTask:
     config_class: type[TaskConfig]
 
 
+@dataclass(frozen=True)
+class TaskInputs:
+    """What a task reads of a run's config, and nothing more (``task.cfg``): its own section, the
+    ``data`` and ``eval`` sections, the seed, and the device the run asks for (``trainer.device`` as
+    written: ``auto``, ``cpu``, ``cuda:1``). The rest of the run reaches a task as an argument of the
+    call that needs it (``device_transform``'s layout, ``param_groups``' optimizer rules) or as a
+    declaration the build checks (``Task.needs_ema``), so a task cannot come to depend on the trainer's,
+    the optimizer's or the EMA's settings unseen."""
+    task: Any
+    data: Any
+    eval: Any
+    seed: int
+    device: str
+
+    @classmethod
+    def of(cls, cfg: Config) -> TaskInputs:
+        return cls(cfg.task, cfg.data, cfg.eval, cfg.seed, cfg.trainer.device)
+
+
+def check_needs(task_class: type[Task], cfg: Config) -> None:
+    """What a task declares it needs of the rest of the run, checked before anything is built."""
+    if task_class.needs_ema and not cfg.ema.enabled:
+        raise ConfigError(f"task {task_class.name}: {task_class.needs_ema}; set ema.enabled=true")
+
+
 #: task.name -> its task. Each built-in task registers itself, named in ``visiontrain.catalog``.
 TASK_REGISTRY: dict[str, RegisteredTask] = {}
 
@@ -123,9 +148,14 @@ class Task(abc.ABC):
     # DDP's unused-parameter search costs a graph traversal every step: only a task whose forward
     # can skip parameters (e.g. a branch taken on some steps only) sets this
     find_unused_parameters: bool = False
+    # A task whose training needs the engine's EMA says why here (DINO: its teacher is the EMA); the
+    # build refuses a config without it (``check_needs``)
+    needs_ema: str = ""
 
-    def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: Config | TaskInputs) -> None:
+        """``cfg``: the run's config, of which the task keeps what it reads (``self.cfg``, a
+        :class:`TaskInputs`), or those inputs themselves."""
+        self.cfg = cfg if isinstance(cfg, TaskInputs) else TaskInputs.of(cfg)
 
     @property
     def loss_weights(self) -> dict[str, float]:
@@ -176,13 +206,18 @@ class Task(abc.ABC):
         start of a fresh run (``trainer.plots``) and by ``visiontrain preview``, after ``build_data``."""
         return {}
 
-    def device_transform(self) -> Callable[[Any], Any] | None:
+    def device_transform(self, *, channels_last: bool) -> Callable[[Any], Any] | None:
         """What the step does to a training batch once it is on the device, before ``losses``
-        (e.g. uint8 -> normalised float under ``data.normalize_on_device``); None: nothing."""
+        (e.g. uint8 -> normalised float under ``data.normalize_on_device``); None: nothing.
+        ``channels_last``: the run's layout (``trainer.channels_last``), for images the transform makes."""
         return None
 
-    def param_groups(self, model: nn.Module) -> list[dict[str, Any]] | None:
-        """Custom optimizer groups; None lets the engine build them from the optim rules."""
+    def param_groups(self, model: nn.Module, rules: Callable[..., list[dict[str, Any]]]
+                     ) -> list[dict[str, Any]] | None:
+        """Custom optimizer groups; None lets the engine build them from the optim rules. ``rules(model,
+        norms=...)`` are the engine's (``optim.weight_decay``, ``no_decay_bias_norm``, ``lr_mult``:
+        ``engine.optim.param_groups.build_param_groups``): a task with groups of its own builds them
+        through it, so every optim key keeps its meaning."""
         return None
 
     def init_weights(self, model: nn.Module) -> str | None:

@@ -164,7 +164,7 @@ def summarize_model(model: nn.Module, task: Task, items: list[Any], collate: Cal
         return ModelSummary(name, modules, None, "not counted under FSDP: each process holds a shard of the layers")
     n = min(FLOP_SAMPLES, len(items))
     try:
-        flops = count_flops(model, task, collate(items[:n]), n, device, task.device_transform())
+        flops = count_flops(model, task, collate(items[:n]), n, device, task.device_transform(channels_last=False))
     except Exception as err:  # noqa: BLE001  (a summary must never stop a run)
         return ModelSummary(name, modules, None, f"counting failed: {type(err).__name__}: {err}")
     return ModelSummary(name, modules, flops, f"one training-mode forward pass of the model on {n} samples of "

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from visiontrain.core.config import Config
 from visiontrain.engine.parallel.distributed import DistInfo, convert_sync_bn, init_distributed
-from visiontrain.engine.protocols.task import Task
+from visiontrain.engine.protocols.task import Task, check_needs
 from visiontrain.engine.setup.loaders import loaders, val_loader
 from visiontrain.engine.setup.placement import distribute, pick_device, seed_everything, uses_fsdp
 from visiontrain.engine.state.checkpoint import prepare_run_dir
@@ -26,7 +26,7 @@ from visiontrain.engine.state.sharded import ShardedCheckpoints
 from visiontrain.engine.state.weights import load_init_weights
 from visiontrain.engine.step.accumulation import make_clock, samples_per_step
 from visiontrain.engine.step.ema import ModelEma
-from visiontrain.engine.optim.param_groups import build_optimizer, build_param_groups, check_coverage
+from visiontrain.engine.optim.param_groups import build_optimizer, check_coverage, group_rules
 from visiontrain.engine.step.precision import PrecisionChoice, choose_precision, make_scaler
 from visiontrain.engine.optim.scalars import ScheduledScalars
 from visiontrain.engine.optim.schedules import StepClock, scale_lr_by_batch
@@ -97,6 +97,7 @@ def place_model(model: nn.Module, cfg: Config, dist: DistInfo, device: torch.dev
 def build_training(cfg: Config, task: Task, run_dir: Path | None, *, resume: bool, init: str | None) -> TrainingRun:
     """A fresh run starts from the task's pretrained parts, then ``--init``; a resumed one will load
     its checkpoint over whatever this builds, so it skips both."""
+    check_needs(type(task), cfg)  # a task built without build_task (from Python) is checked here
     dist, device = start_process(cfg)
     precision = choose_precision(cfg.trainer.precision, device, sharded=uses_fsdp(cfg, dist))
     writes = dist.is_main and run_dir is not None
@@ -116,8 +117,8 @@ def build_training(cfg: Config, task: Task, run_dir: Path | None, *, resume: boo
     # FSDP shards model, EMA and optimizer state (and checkpoints them sharded); else DDP or as is
     wrapped, sharded, units = distribute(model, ema, cfg, task, dist, device, ckpt_dir)
     o = cfg.optim  # parameter groups after sharding: FSDP replaces the parameters by DTensors
-    groups = task.param_groups(model) or build_param_groups(
-        model, o.weight_decay, no_decay_bias_norm=o.no_decay_bias_norm, lr_mult=o.lr_mult)
+    rules = group_rules(o)
+    groups = task.param_groups(model, rules) or rules(model)
     check_coverage(model, groups)
     base_lr = scale_lr_by_batch(o.lr, samples_per_step(cfg, dist.world_size), o.base_batch)
     optimizer = build_optimizer(groups, o.name, lr=base_lr, momentum=o.momentum, beta2=o.beta2, eps=o.eps,
