@@ -122,7 +122,9 @@ def engine_loop(steps: int, nonfinite: str = "raise") -> float:
         "optim": {"name": "adamw", "lr": LR, "no_decay_bias_norm": False},
         # summary off: the start-up's parameter and FLOP count, as Lightning's enable_model_summary=False
         "trainer": {"epochs": 10**6, "max_steps": steps, "log_every": 50, "progress": "plain",
-                    "nonfinite": nonfinite, "summary": False},
+                    "nonfinite": nonfinite, "summary": False,
+                    # the hand-written loop is fp32; precision auto would pick bf16 on a CPU with native bf16
+                    "precision": "fp32"},
         "eval": {"every": 0}, "checkpoint": {"every": 0}})
     torch.manual_seed(0)
     timer = LoopTimer()
