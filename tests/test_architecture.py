@@ -85,7 +85,7 @@ ENGINE_ROOMS = ["parallel", "state", "optim", "step", "protocols", "setup", "rec
 ROOMS = ["core", "rundir", "data", "models", "evaluation", *(f"engine/{r}" for r in ENGINE_ROOMS), "tasks", "catalog",
          "use", "report", "tune", "app"]
 #: The one arrow up: every config loader makes sure the catalogue (which names the registering modules of
-#: every room) is loaded first (core.config.load_catalog).
+#: every room) is loaded first (core.config: catalog.load()).
 UP_ON_PURPOSE = {("visiontrain.core.config", "visiontrain.catalog")}
 # data, models and evaluation sit side by side: none imports another (each is a leaf library).
 SIDE_BY_SIDE = {"data", "models", "evaluation"}

@@ -425,10 +425,11 @@ def _is_mapping(tp: typing.Any) -> bool:
 
 
 def key_exists(key: str) -> bool:
+    from visiontrain import catalog
     from visiontrain.core import config as C
     from visiontrain.engine.optim.schedules import ScheduleConfig
 
-    C.load_catalog()  # every built-in section, as a config loader has them
+    catalog.load()  # every built-in section, as a config loader has them
 
     parts = key.split(".")
     head, rest = parts[0], parts[1:]

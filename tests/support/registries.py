@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from visiontrain import catalog
 from visiontrain.core import config as C
 from visiontrain.engine.loop import assembly
 from visiontrain.engine.protocols import task
@@ -14,7 +15,7 @@ from visiontrain.engine.records import tracking
 
 
 def snapshot() -> dict[str, Any]:
-    C.load_catalog()
+    catalog.load()
     return {"sections": {name: dataclasses.replace(s, kinds=dict(s.kinds)) for name, s in C.SECTIONS.items()},
             "extra_keys": dict(C.EXTRA_KEYS), "tasks": dict(task.TASK_REGISTRY), "parts": list(assembly.PARTS),
             "trackers": list(tracking.TRACKERS)}

@@ -12,21 +12,21 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from visiontrain.app.launch import end_with_launcher, run_torchrun
 from visiontrain.core import config as C
-from visiontrain.report.compare import compare, config_diff
+from visiontrain.core.exit_codes import EXIT_USAGE
+from visiontrain.core.stop_signals import Preempted, ignore_stop_signals
 from visiontrain.data.shards.layout import parse_size
 from visiontrain.engine.protocols.hooks import load_hooks
-from visiontrain.rundir.metrics_file import per_class_tables
 from visiontrain.engine.records.provenance import Launch
 from visiontrain.engine.records.run_log import class_table_text, dumps_json
 from visiontrain.engine.records.tracking import FINISHED, end_trackers, make_trackers, status_of
+from visiontrain.report.compare import compare, config_diff
+from visiontrain.report.page import write_report
 from visiontrain.rundir.checkpoint_format import model_weights, sharded_record, step_of
+from visiontrain.rundir.metrics_file import per_class_tables
 from visiontrain.rundir.run_files import CHECKPOINTS_DIR, LAST_CHECKPOINT, REPORT_FILE, SUMMARY_FILE
 from visiontrain.rundir.run_lock import check_free, held
-from visiontrain.core.exit_codes import EXIT_USAGE
-from visiontrain.app.launch import end_with_launcher, run_torchrun
-from visiontrain.report.page import write_report
-from visiontrain.core.stop_signals import Preempted, ignore_stop_signals
 
 
 def print_json(value: Any) -> None:
@@ -335,8 +335,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from visiontrain.tune.study import TuneSettings, prepare, run_search
     from visiontrain.tune.outputs import after_trial, summary_text, write_outputs
+    from visiontrain.tune.study import TuneSettings, prepare, run_search
 
     settings = TuneSettings(recipe=args.recipe, space=args.space, trials=args.trials, study_dir=Path(args.study_dir),
                             overrides=list(args.overrides), storage=args.storage, study_name=args.study_name,

@@ -26,7 +26,6 @@ from typing import Any, Callable
 import yaml
 
 from visiontrain import catalog
-
 from visiontrain.core import safe_yaml
 from visiontrain.core.typed_config import (ConfigError, all_keys, build_typed, check_value, did_you_mean, doc,
                                            type_name, unknown_key)
@@ -146,13 +145,6 @@ def register_kind(section: str, name: str, config_class: type) -> type:
     return config_class
 
 
-def load_catalog() -> None:
-    """Every built-in section, kind, task and extension registered (``visiontrain.catalog``: the one
-    arrow from here up, on purpose; importing it costs nothing, loading it imports every room), before
-    a config is read."""
-    catalog.load()
-
-
 def listed_sections() -> list[Section]:
     """The sections in the order a recipe lists them (:data:`LISTED_FIRST`, then the others)."""
     first = [SECTIONS[n] for n in LISTED_FIRST if n in SECTIONS]
@@ -167,7 +159,7 @@ class Config:
     seed: int
 
     def __init__(self, seed: int = 0, **sections: Any) -> None:
-        load_catalog()
+        catalog.load()  # every built-in section registered (the one arrow from core up, on purpose)
         self.seed = seed
         for section in listed_sections():
             setattr(self, section.name, sections.pop(section.name) if section.name in sections else section.default())
@@ -238,7 +230,7 @@ def config_from_dict(tree: dict, source: str = "config") -> Config:
     """Validate a plain dict (a recipe after overrides) into a Config."""
     if not isinstance(tree, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(tree).__name__}")
-    load_catalog()
+    catalog.load()
     try:
         return _typed_config(dict(tree))
     except ConfigError as err:

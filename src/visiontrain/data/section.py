@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from visiontrain.core.config import register_section
-from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler
 from visiontrain.core.typed_config import doc
+from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler
 
 
 @dataclass

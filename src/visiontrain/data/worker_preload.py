@@ -28,7 +28,7 @@ def _in_forkserver() -> bool:
 
 
 from visiontrain.core.process_tree import (WORKER_PARENT_ENV, end_with_parent, expected_pid,  # noqa: E402
-                                      skip_final_collection)
+                                           skip_final_collection)
 
 # The forkserver, or a spawned worker (multiprocessing marks a spawned child ``_inheriting`` while it
 # unpickles its process object, which imports this module): end with the parent from now on, before

@@ -19,12 +19,12 @@ from visiontrain.data.detection.masks import decode, segmentations
 from visiontrain.data.detection.sources import detection_source
 from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD, NormalizeOnDevice
 from visiontrain.engine.protocols.task import Prediction, Task, TaskConfig, TaskData
-from visiontrain.rundir.metrics_file import PER_CLASS
 from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.evaluation.coco import coco_api, coco_evaluation, to_coco_results
 from visiontrain.evaluation.confusion import BACKGROUND, CONFUSION_IOU, CONFUSION_SCORE, detection_confusion
 from visiontrain.evaluation.figures import ShownImage, confusion_figure, detections_figure, pr_curves_figure
 from visiontrain.evaluation.previews import Tile, boxes_caption, display_pixels, grid, labels_figure, tiles_image
+from visiontrain.rundir.metrics_file import PER_CLASS
 
 log = logging.getLogger("visiontrain")
 

@@ -18,8 +18,8 @@ from torch import nn
 
 from visiontrain.core._tv_compat import ensure_torchvision
 from visiontrain.core.config import doc
-from visiontrain.engine.protocols.task import ExportSpec, TaskData, register_task
 from visiontrain.engine.optim.param_groups import NormGroups
+from visiontrain.engine.protocols.task import ExportSpec, TaskData, register_task
 from visiontrain.tasks.detection import DetectionConfig, DetectionTask, unread_data_keys
 
 LOSSES = ("loss_objectness", "loss_rpn_box_reg", "loss_classifier", "loss_box_reg")

@@ -17,12 +17,12 @@ from torch import nn
 from visiontrain.core.config import doc
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.protocols.task import ExportSpec, register_task
-from visiontrain.rundir.metrics_file import PER_CLASS
 from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.evaluation.voc import voc_map
 from visiontrain.models import MIN_BOX_SIZE
 from visiontrain.models.yolo import COCO_ANCHORS, STRIDES, YOLOv3, decode, postprocess
 from visiontrain.models.yolo_loss import build_targets, mixup, multiscale_size, pad_targets, rescale_batch, yolo_losses
+from visiontrain.rundir.metrics_file import PER_CLASS
 from visiontrain.tasks.detection import DetectionConfig, DetectionTask, predictions_and_truths, unread_data_keys
 
 

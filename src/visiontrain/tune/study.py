@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from visiontrain.core import config as C
+from visiontrain.core.redact import redact_url, scrub
+from visiontrain.core.stop_signals import STOP_SIGNALS, Preempted
 from visiontrain.engine.protocols.task import registered_task
 from visiontrain.rundir.run_files import MLFLOW_DB_FILE
 from visiontrain.rundir.run_lock import RunDirBusy, check_free
-from visiontrain.core.redact import redact_url, scrub
-from visiontrain.core.stop_signals import STOP_SIGNALS, Preempted
 from visiontrain.tune.space import Param, check_against, override, read_space
 from visiontrain.tune.trial import (COMPLETE, INTERRUPTED, PRUNED, USAGE, Objective, Outcome, TrialProcess, Watch,
                                     fit_command, run_trial, trial_env)

@@ -24,9 +24,9 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from visiontrain.core.exit_codes import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_PREEMPTED, EXIT_USAGE
 from visiontrain.rundir.metrics_file import ema_key, read_metrics
 from visiontrain.rundir.run_files import METRICS_FILE
-from visiontrain.core.exit_codes import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_PREEMPTED, EXIT_USAGE
 
 #: In each trial's run dir: the fit's console output (appended across resumes).
 TRIAL_LOG = "fit.log"

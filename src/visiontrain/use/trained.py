@@ -15,10 +15,10 @@ from torch import nn
 
 from visiontrain.core import config as C
 from visiontrain.engine.protocols.task import Task
-from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
 from visiontrain.engine.state.run_dir import checkpoint_in
 from visiontrain.engine.state.weights import shapes_of, weights_misfit
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.tasks import build_task
 
 

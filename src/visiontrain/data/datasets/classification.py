@@ -33,11 +33,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from visiontrain.core.typed_config import did_you_mean
 from visiontrain.data.cache_dir import data_cache_dir
 from visiontrain.data.datasets.fashion_mnist import CLASS_NAMES, load_fashion_mnist
 from visiontrain.data.datasets.in_memory import check_augment, make_in_memory_pair
 from visiontrain.data.eval_transform import EvalTransform
-from visiontrain.core.typed_config import did_you_mean
 
 DATASETS = ("fashion-mnist", "digits", "image-folder", "shards")
 FILE_SOURCES = ("image-folder", "shards")  # RGB image files, decoded when loaded

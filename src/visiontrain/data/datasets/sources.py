@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from visiontrain.core.config import register_kind
-from visiontrain.data.section import DataConfig, ImageFileKeys, SplitKeys
 from visiontrain.core.typed_config import doc
+from visiontrain.data.section import DataConfig, ImageFileKeys, SplitKeys
 
 
 @dataclass

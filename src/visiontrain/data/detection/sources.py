@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from visiontrain.core.config import register_kind
-from visiontrain.data.section import DataConfig, ImageFileKeys, SplitKeys
 from visiontrain.core.typed_config import did_you_mean, doc
+from visiontrain.data.section import DataConfig, ImageFileKeys, SplitKeys
 
 DETECTION_SOURCES = ("coco", "voc", "yolo", "fashion-mosaic", "neon-trees")
 

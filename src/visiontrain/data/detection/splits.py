@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from visiontrain.core.typed_config import did_you_mean
 from visiontrain.data.bad_data import check_skipped_share, class_difference
 from visiontrain.data.cache_dir import data_cache_dir
 from visiontrain.data.detection import embedded
@@ -13,7 +14,6 @@ from visiontrain.data.detection.voc import read_voc
 from visiontrain.data.detection.yolo import read_yolo
 from visiontrain.data.image_cache import open_caches
 from visiontrain.data.shards.datasets import read_shards_detection
-from visiontrain.core.typed_config import did_you_mean
 
 FORMATS = ("coco", "voc", "yolo", "fashion-mosaic", "neon-trees")
 MASK_FORMATS = ("coco", "yolo", "fashion-mosaic")  # the sources with instance masks (polygons or RLE)

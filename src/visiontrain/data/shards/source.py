@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from visiontrain.core.config import register_kind
+from visiontrain.core.typed_config import doc
 from visiontrain.data.datasets.sources import ImageFolderDataConfig
 from visiontrain.data.detection.sources import DetectionDataConfig
 from visiontrain.data.samplers import ResumableBatchSampler
 from visiontrain.data.shards.layout import split_pattern
 from visiontrain.data.shards.reader import ShardSpec, split_shard_sizes
 from visiontrain.data.shards.sampler import ShardBatchSampler
-from visiontrain.core.typed_config import doc
 
 log = logging.getLogger("visiontrain")
 

@@ -23,13 +23,13 @@ from visiontrain.engine.records.run_log import RunLogger
 from visiontrain.engine.setup.placement import seed_everything
 from visiontrain.engine.setup.training import build_training
 from visiontrain.engine.state.checkpoint import write_run_config
-from visiontrain.rundir.checkpoint_format import States
-from visiontrain.rundir.run_files import LAST_CHECKPOINT
 from visiontrain.engine.step.accumulation import accum_steps_at
 from visiontrain.engine.step.guards import OutOfMemory, is_out_of_memory, out_of_memory_message
 from visiontrain.engine.step.metrics import StepRecorder
 from visiontrain.engine.step.pipeline import TrainStep
 from visiontrain.engine.step.prefetch import device_batches, prefetches
+from visiontrain.rundir.checkpoint_format import States
+from visiontrain.rundir.run_files import LAST_CHECKPOINT
 
 #: How the loop takes the micro-batches of one step from the batch iterator (host-side loading,
 #: no device reads). ``benchmark`` passes its own to time the wait or replay a batch.

@@ -46,7 +46,7 @@ class OptimConfig:
 register_section("optim", OptimConfig, "optimizer section")
 
 __all__ = ["NORM_TYPES", "NormGroups", "ParamGroupError", "build_optimizer", "build_param_groups", "check_coverage",
-           "is_fused", "no_decay_names", "norm_param_names"]
+           "group_rules", "is_fused", "no_decay_names", "norm_param_names"]
 
 NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
 
@@ -111,12 +111,12 @@ def build_param_groups(model: nn.Module, weight_decay: float, *, no_decay_bias_n
     return list(groups.values())
 
 
-
 def group_rules(optim: OptimConfig) -> Callable[..., list[dict[str, Any]]]:
     """``rules(model, norms=None)``: :func:`build_param_groups` with the ``optim`` section's keys, what
     a task's ``param_groups`` receives to build its own groups by the engine's rules."""
     return functools.partial(build_param_groups, weight_decay=optim.weight_decay,
                              no_decay_bias_norm=optim.no_decay_bias_norm, lr_mult=optim.lr_mult)
+
 
 def _group_name(kind: str, decay: bool, mult: float) -> str:
     """``decay_x1`` / ``no_decay_x0.1``; with norm groups ``other_x1`` / ``norm_no_decay_x0`` (the

@@ -16,22 +16,22 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from visiontrain.core.config import config_to_dict, register_section
+from visiontrain.core.typed_config import doc
 from visiontrain.engine.parallel.distributed import broadcast_object, sync_buffers
 from visiontrain.engine.parallel.fsdp import full_state_dict
 from visiontrain.engine.parts.evaluator import checkpoint_metric
 from visiontrain.engine.protocols.cadence import Cadence
 from visiontrain.engine.protocols.part import Part, Progress
-from visiontrain.rundir.metrics_file import SAMPLES_PER_S, ema_key, is_per_class, model_scalars
 from visiontrain.engine.records.run_log import RunLogger, dumps_json
 from visiontrain.engine.setup.training import TrainingRun
-from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import (BestTracker, CheckpointError, WeightsState, atomic_save,
                                                  load_checkpoint, write_run_file)
 from visiontrain.engine.state.run_dir import config_changes
-from visiontrain.rundir.run_files import LAST_CHECKPOINT, SUMMARY_FILE
 from visiontrain.engine.state.weights import check_resume_compatible, save_safetensors
 from visiontrain.engine.step.guards import check_weights
-from visiontrain.core.typed_config import doc
+from visiontrain.rundir import checkpoint_format as fmt
+from visiontrain.rundir.metrics_file import SAMPLES_PER_S, ema_key, is_per_class, model_scalars
+from visiontrain.rundir.run_files import LAST_CHECKPOINT, SUMMARY_FILE
 
 
 @dataclass

@@ -25,13 +25,13 @@ import math
 from typing import Any
 
 from visiontrain.core.config import ConfigError
+from visiontrain.engine.optim.schedules import Schedule, StepClock
 from visiontrain.engine.parallel.distributed import DistInfo, broadcast_object
 from visiontrain.engine.parts.evaluator import EvalConfig, checkpoint_metric
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.protocols.part import Progress
-from visiontrain.rundir.metrics_file import ema_key, model_scalars
 from visiontrain.rundir import checkpoint_format as fmt
-from visiontrain.engine.optim.schedules import Schedule, StepClock
+from visiontrain.rundir.metrics_file import ema_key, model_scalars
 
 
 def patience_start(settings: EvalConfig, clock: StepClock, lr: Schedule | None) -> float:

@@ -17,14 +17,14 @@ from typing import Any, Callable, Literal
 import torch
 
 from visiontrain.core.config import register_section
+from visiontrain.core.typed_config import doc
 from visiontrain.engine.parallel.distributed import sync_buffers
 from visiontrain.engine.protocols.cadence import Cadence
 from visiontrain.engine.protocols.part import Part, Progress
-from visiontrain.rundir.metrics_file import EMA_PREFIX
 from visiontrain.engine.records.run_log import RunLogger
 from visiontrain.engine.setup.training import EvalRun
 from visiontrain.engine.step.eval_loop import EvalData
-from visiontrain.core.typed_config import doc
+from visiontrain.rundir.metrics_file import EMA_PREFIX
 
 
 @dataclass

@@ -18,16 +18,16 @@ from typing import Any, Callable
 
 import torch
 
+from visiontrain.engine.optim.scalars import ScheduledScalars
 from visiontrain.engine.parallel.distributed import DistInfo, all_reduce_mean
 from visiontrain.engine.protocols.cadence import Cadence
 from visiontrain.engine.protocols.part import Part, Progress
-from visiontrain.rundir.metrics_file import COMPUTE_S, DATA_S, SAMPLES_PER_S, TRAIN
 from visiontrain.engine.records.run_log import RunLogger
 from visiontrain.engine.step.accumulation import samples_per_step
 from visiontrain.engine.step.guards import check_rows
 from visiontrain.engine.step.metrics import EpochMeans, PendingRows, StepRecorder
-from visiontrain.engine.optim.scalars import ScheduledScalars
 from visiontrain.engine.step.trainer_config import TrainerConfig
+from visiontrain.rundir.metrics_file import COMPUTE_S, DATA_S, SAMPLES_PER_S, TRAIN
 
 
 class LogPoint(Part):

@@ -27,9 +27,9 @@ from typing import Any, Callable
 
 import torch
 
+from visiontrain.core.stop_signals import STOP_SIGNALS, Preempted
 from visiontrain.engine.protocols.part import Part
 from visiontrain.rundir.run_files import LAST_CHECKPOINT
-from visiontrain.core.stop_signals import STOP_SIGNALS, Preempted
 
 
 @atexit.register

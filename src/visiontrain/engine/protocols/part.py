@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.optim.schedules import StepClock
+from visiontrain.engine.protocols.hooks import Hook
 
 
 class Part(Hook):

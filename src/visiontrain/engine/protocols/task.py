@@ -18,9 +18,9 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from visiontrain.core.config import Config, ConfigError, register_kind, register_section
+from visiontrain.core.typed_config import did_you_mean, doc
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.step.eval_loop import EvalData
-from visiontrain.core.typed_config import did_you_mean, doc
 
 
 @dataclass

@@ -37,9 +37,9 @@ from visiontrain.engine.setup.loaders import train_loader, train_sampler
 from visiontrain.engine.setup.placement import seed_everything
 from visiontrain.engine.setup.training import TrainingRun
 from visiontrain.engine.state.checkpoint import write_run_file
-from visiontrain.rundir.run_files import MODEL_SUMMARY_FILE, PLOTS_DIR
 from visiontrain.engine.step.pipeline import to_device
 from visiontrain.engine.step.source import LoaderSource, TrainSource
+from visiontrain.rundir.run_files import MODEL_SUMMARY_FILE, PLOTS_DIR
 
 log = logging.getLogger("visiontrain")
 

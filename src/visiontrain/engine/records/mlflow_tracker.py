@@ -38,14 +38,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from visiontrain.core.config import ConfigError, flatten, register_section
-from visiontrain.rundir.metrics_file import is_number
+from visiontrain.core.redact import redact_url, scrub
+from visiontrain.core.typed_config import doc
 from visiontrain.engine.records.tracking import register_tracker
 from visiontrain.engine.state.checkpoint import write_run_file
+from visiontrain.rundir.metrics_file import is_number
 from visiontrain.rundir.run_files import (BEST_CHECKPOINT, BEST_EMA_CHECKPOINT, CHECKPOINTS_DIR, CONFIG_FILE,
                                           FINAL_WEIGHTS, MLFLOW_ARTIFACT_DIR, MLFLOW_DB_FILE, MLFLOW_RUN_FILE,
                                           PLOTS_DIR, PROVENANCE_FILE, REPORT_FILE, SUMMARY_FILE)
-from visiontrain.core.redact import redact_url, scrub
-from visiontrain.core.typed_config import doc
 
 
 @dataclass
@@ -152,8 +152,8 @@ def weight_files(run_dir: Path) -> list[tuple[Path, str | None]]:
         files.append((path, CHECKPOINTS_DIR))
         if sharded:
             from visiontrain.engine.state.checkpoint import load_checkpoint
-            from visiontrain.rundir.checkpoint_format import sharded_record
             from visiontrain.engine.state.sharded import dcp_path
+            from visiontrain.rundir.checkpoint_format import sharded_record
 
             record = sharded_record(load_checkpoint(path, resolve_sharded=False))
             if record is not None and (ckpts / str(record["dir"]), CHECKPOINTS_DIR) not in files:

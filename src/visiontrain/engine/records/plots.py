@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from visiontrain.engine.optim.schedules import SCHEDULED_SCALARS
 from visiontrain.engine.protocols.hooks import Hook
+from visiontrain.evaluation.panels import panel_grid
 from visiontrain.rundir.metrics_file import (COMPUTE_S, DATA_S, SAMPLES_PER_S, STEP, Row, ema_key, is_ema, model_key,
                                              numeric_keys, read_metrics, series)
 from visiontrain.rundir.run_files import PLOTS_DIR
-from visiontrain.engine.optim.schedules import SCHEDULED_SCALARS
-from visiontrain.evaluation.panels import panel_grid
 
 log = logging.getLogger("visiontrain")
 

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from visiontrain.core.config import Config, config_to_dict
+from visiontrain.core.stop_signals import Preempted
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.records.provenance import Launch, record_launch
 from visiontrain.engine.records.tensorboard import TensorBoardTracker
 from visiontrain.rundir import checkpoint_format as fmt
-from visiontrain.core.stop_signals import Preempted
 
 FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
 

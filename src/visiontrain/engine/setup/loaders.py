@@ -11,12 +11,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from visiontrain.core.config import Config
+from visiontrain.core.process_tree import WORKER_PARENT_ENV, start_worker
 from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler, SeededDataset
 from visiontrain.data.section import DataConfig
 from visiontrain.engine.parallel.distributed import DistInfo
 from visiontrain.engine.setup.worker_check import check_sendable_to_workers
 from visiontrain.engine.step.source import LoaderSource, TrainSource
-from visiontrain.core.process_tree import WORKER_PARENT_ENV, start_worker
 
 log = logging.getLogger("visiontrain")
 

@@ -16,22 +16,22 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from visiontrain.core.config import Config
+from visiontrain.engine.optim.param_groups import build_optimizer, check_coverage, group_rules
+from visiontrain.engine.optim.scalars import ScheduledScalars
+from visiontrain.engine.optim.schedules import StepClock, scale_lr_by_batch
 from visiontrain.engine.parallel.distributed import DistInfo, convert_sync_bn, init_distributed
 from visiontrain.engine.protocols.task import Task, check_needs
 from visiontrain.engine.setup.loaders import loaders, val_loader
 from visiontrain.engine.setup.placement import distribute, pick_device, seed_everything, uses_fsdp
 from visiontrain.engine.state.checkpoint import prepare_run_dir
-from visiontrain.rundir.run_files import CHECKPOINTS_DIR
 from visiontrain.engine.state.sharded import ShardedCheckpoints
 from visiontrain.engine.state.weights import load_init_weights
 from visiontrain.engine.step.accumulation import make_clock, samples_per_step
 from visiontrain.engine.step.ema import ModelEma
-from visiontrain.engine.optim.param_groups import build_optimizer, check_coverage, group_rules
 from visiontrain.engine.step.precision import PrecisionChoice, choose_precision, make_scaler
-from visiontrain.engine.optim.scalars import ScheduledScalars
-from visiontrain.engine.optim.schedules import StepClock, scale_lr_by_batch
 from visiontrain.engine.step.source import TrainSource
 from visiontrain.models.freezing import freeze_parameters
+from visiontrain.rundir.run_files import CHECKPOINTS_DIR
 
 
 @dataclass

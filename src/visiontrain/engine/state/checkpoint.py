@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.files import CheckpointError, atomic_save, give_usual_mode, read_checkpoint_file
+from visiontrain.engine.state.sharded import ShardedCheckpoints, resolve_full
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.rundir.run_files import (BEST_CHECKPOINT, BEST_EMA_CHECKPOINT, CHECKPOINTS_DIR, CONFIG_FILE,
                                           LAST_CHECKPOINT)
-from visiontrain.engine.state.sharded import ShardedCheckpoints, resolve_full
 from visiontrain.rundir.write_failure import why_not_written
 
 __all__ = ["CheckpointError", "atomic_save", "give_usual_mode", "read_checkpoint_file", "load_checkpoint",

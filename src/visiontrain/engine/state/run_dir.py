@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from visiontrain.core.config import ConfigError, flatten
-from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import CheckpointError, read_checkpoint_file
 from visiontrain.engine.state.files import damage_in
+from visiontrain.engine.state.sharded import dcp_path
+from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.rundir.run_files import (BEST_CHECKPOINT, CHECKPOINTS_DIR, CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT,
                                           METRICS_FILE, MLFLOW_FILES, PLOTS_DIR, PROFILE_DIR, PROVENANCE_FILE,
                                           REPORT_FILE, SUMMARY_FILE, TENSORBOARD_DIR)
-from visiontrain.engine.state.sharded import dcp_path
 from visiontrain.rundir.write_failure import why_not_written
 
 #: What a run writes beside its checkpoints (engine.state.run_files names each).

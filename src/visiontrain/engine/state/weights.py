@@ -7,9 +7,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import CheckpointError, give_usual_mode, load_checkpoint
 from visiontrain.engine.state.files import not_weights
+from visiontrain.rundir import checkpoint_format as fmt
 
 
 def _state_from_file(path: str | Path) -> dict[str, torch.Tensor]:

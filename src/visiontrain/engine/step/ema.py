@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from visiontrain.core.config import register_section
-from visiontrain.engine.parallel.fsdp import local
 from visiontrain.core.typed_config import doc
+from visiontrain.engine.parallel.fsdp import local
 
 
 @dataclass

@@ -17,8 +17,8 @@ import torch.distributed as dist
 from torch import nn
 
 from visiontrain.engine.parallel.fsdp import local
-from visiontrain.rundir.run_files import LAST_CHECKPOINT
 from visiontrain.engine.step.metrics import Rows
+from visiontrain.rundir.run_files import LAST_CHECKPOINT
 
 
 class NonFiniteLossError(FloatingPointError):

@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 from visiontrain.data.batch_ops import channels_last as to_channels_last
+from visiontrain.engine.optim.param_groups import is_fused
 from visiontrain.engine.parallel.distributed import grad_sync_paused
 from visiontrain.engine.parallel.fsdp import is_sharded, local
 from visiontrain.engine.step.metrics import StepRecorder
-from visiontrain.engine.optim.param_groups import is_fused
 from visiontrain.engine.step.precision import autocast
 
 
