@@ -311,7 +311,7 @@ def compile_by_tracing_only() -> None:
     tracing of the same forward and backward graphs, with no code generated from them. Inductor's
     code for the CPU is C++ built by the compiler, 3 to 5 minutes of a 2-core machine for one
     ResNet-18 in both runners, and is not what a GPU runs (Triton); the suite compiles the engine's
-    step with inductor on the CPU (tests/test_precision_and_files.py)."""
+    step with inductor on the CPU (tests/engine/test_precision_and_files.py)."""
     import functools
 
     import torch
@@ -378,7 +378,7 @@ DRY_SIZES = {
 # --dry-run: every recipe's first batch replayed (--synthetic) loads that batch through the recipe's
 # loader as shipped, then replays it: what `visiontrain benchmark` adds to a recipe's run. Its real-data
 # run adds only the loader's next batches, which the suite's run of every recipe loads
-# (tests/test_recipes.py); one recipe takes it, for the stage's pairing of the two figures.
+# (tests/app/test_recipes.py); one recipe takes it, for the stage's pairing of the two figures.
 DRY_REAL_DATA = "classify-fashion"
 
 

@@ -47,7 +47,7 @@ if [ ! -f "$fmnist/train-images-idx3-ubyte.gz" ] && command -v apt-get >/dev/nul
   fi
 fi
 
-# Headless Chromium renders the HTML of `visiontrain report` in the tests (tests/test_report.py).
+# Headless Chromium renders the HTML of `visiontrain report` in the tests (tests/report/test_report.py).
 if [ "${1:-}" = test ] && ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
     echo "[setup] installing Debian package chromium (the report test renders its page)"

@@ -5,7 +5,7 @@ recipe as written (its DataLoader workers and their start method, precision, tra
 A test may change the run's length and size (tests/support/shipped.py: trainer.max_steps, data.limit_*,
 batch and image sizes) and nothing else without a comment saying why, next to the override. Three
 recipes once crashed at their first batch while the whole suite passed, because every detection
-test set data.num_workers=0. tests/test_recipes.py runs every recipe as shipped; a test about
+test set data.num_workers=0. tests/app/test_recipes.py runs every recipe as shipped; a test about
 something else (a loss, a resume, a reader) may load in-process (data.num_workers=0) for speed, and
 says so.
 """
@@ -88,6 +88,21 @@ def build_once(shared: Path, name: str, build: Callable[[Path], None]) -> Path:
     return shared / name
 
 
+@pytest.fixture(scope="session")
+def mosaic_coco(shared_dir) -> Callable[..., Path]:
+    """``mosaic_coco(train_images, val_images, classes=None)``: a small fashion-mosaic laid out as COCO
+    (``annotations/instances_<split>.json``, ``<split>/*.png``; ``classes`` keeps the first N categories),
+    built once a session for each size, whichever worker asks first. Its users read it, never write in it."""
+    from detection_helpers import mosaic_coco_at
+
+    def tree(train_images: int, val_images: int, classes: int | None = None) -> Path:
+        name = f"mosaic-coco-{train_images}-{val_images}" + (f"-{classes}-classes" if classes else "")
+        build = lambda out: mosaic_coco_at(out / "mosaic", out / "coco", train_images, val_images, classes)  # noqa: E731
+        return build_once(shared_dir, name, build) / "coco"
+
+    return tree
+
+
 # One tiny trained checkpoint per family, shared by the export and inference tests (built once a
 # session, whichever worker asks first). Their subject is what is done with a checkpoint, so the
 # runs are as short and small as a checkpoint allows.
@@ -105,14 +120,13 @@ def classify_checkpoint(shared_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
-def rcnn_checkpoint(shared_dir) -> Path:
+def rcnn_checkpoint(shared_dir, mosaic_coco) -> Path:
     """A 2-step Faster R-CNN fit on a 4/2-image fashion-mosaic laid out as COCO; a smaller network,
     loaded in-process and a one-step burn-in, because the subject is what is done with its checkpoint."""
-    from detection_helpers import mosaic_coco_at
     from procs import cli_here
 
     def fit(out: Path) -> None:  # in this process: data.num_workers=0
-        root = mosaic_coco_at(out / "mosaic", out / "coco", 4, 2)
+        root = mosaic_coco(4, 2)
         proc = cli_here("fit", "detect-faster-rcnn", "data.name=coco", f"data.root={root}", "data.batch_size=2",
                         "data.num_workers=0", "task.fpn_channels=32", "task.representation_size=64",
                         "task.train_scales=[96]", "task.val_size=96", "task.max_size=128", "trainer.max_steps=2",

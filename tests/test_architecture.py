@@ -287,3 +287,20 @@ def test_the_tests_import_helpers_from_support_and_never_another_test_module():
     importing = sorted(f"{p.relative_to(TESTS)} imports {m}" for p in TESTS.rglob("*.py") for m in imports_of(p)
                        if m.split(".")[-1].startswith("test_"))
     assert not importing, importing
+
+
+#: Tests about the project as a whole sit at the top of tests/; every other test sits in the folder of
+#: the source room it tests (tests/engine/ for src/visiontrain/engine/...), or in reliability/ (faults
+#: injected into whole runs: kills, full disks, lost peers).
+PROJECT_WIDE = ["test_architecture.py", "test_catalog.py", "test_docs.py", "test_local_imports.py", "test_one_place.py"]
+NOT_ROOMS = {"support", "fixtures", "reliability", "__pycache__"}
+
+
+def test_the_tests_mirror_the_source_rooms():
+    assert sorted(p.name for p in TESTS.glob("test_*.py")) == PROJECT_WIDE
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir()} - NOT_ROOMS
+    source_rooms = {p.name for p in SRC.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders and folders <= source_rooms, f"test folders that are no room of src/visiontrain: " \
+        f"{sorted(folders - source_rooms)}"
+    assert all(p.name.startswith("test_") for room in folders for p in (TESTS / room).glob("*.py")), \
+        "a helper in a room's test folder belongs in tests/support/"

@@ -25,7 +25,7 @@ block must parse with the CLI's own parser and, for fit / show-config / benchmar
 recipe with its overrides; every config key written in code (inline or fenced) must exist; every
 relative link and anchor must resolve; every full-scale recipe has a page; every command that
 trains a small recipe is marked, but for one that is only the recipe as shipped
-(``visiontrain fit RECIPE --run-dir DIR``), which tests/test_recipes.py runs.
+(``visiontrain fit RECIPE --run-dir DIR``), which tests/app/test_recipes.py runs.
 """
 from __future__ import annotations
 
@@ -256,7 +256,7 @@ def test_markers_are_well_formed():
     assert CHAINS, "no marked blocks found in docs/"
 
 
-#: A block that is only this runs a small recipe exactly as shipped: tests/test_recipes.py runs that.
+#: A block that is only this runs a small recipe exactly as shipped: tests/app/test_recipes.py runs that.
 AS_SHIPPED = re.compile(r"visiontrain fit (" + "|".join(map(re.escape, SMALL_RECIPES)) + r") --run-dir [\w./-]+")
 
 
@@ -577,7 +577,7 @@ def test_claims_that_once_disagreed_with_the_code():
     """Three sentences a user acted on and found false; each now says what the code does."""
     checkpoints = (DOCS / "checkpoints.md").read_text()
     assert "evaluates the final weights again" not in checkpoints  # a finished run is left as it is
-    assert "changes no file" in checkpoints  # tests/test_cli.py::test_refuses_to_overwrite_and_resume_auto_continues
+    assert "changes no file" in checkpoints  # tests/app/test_cli.py::test_refuses_to_overwrite_and_resume_auto_continues
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "the gradient norm when `trainer.clip_grad` is set" in readme  # the step computes it only to clip
     from visiontrain.app.commands import _recipe_summary

@@ -34,7 +34,7 @@ from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
 # Bad input is this file's subject; the runs load in-process where the data is small (the errors a
 # worker raises are tested where they differ: test_image_folder_corrupt_image_in_a_worker_is_one_line).
 # trainer.plots=false: the figures at a run's end cost about 2 s of CPU and are not what is tested here
-# (tests/test_plots.py, test_report.py and the recipes' runs draw them)
+# (tests/engine/test_plots.py, test_report.py and the recipes' runs draw them)
 DIGITS = ["data.name=digits", "data.limit_train=64", "data.limit_val=32", "data.batch_size=16",
           "trainer.epochs=1", "trainer.progress=plain", "trainer.plots=false"]
 FOLDER = ["data.name=image-folder", "data.image_size=8", "data.batch_size=4", "trainer.epochs=1",
@@ -589,7 +589,7 @@ def test_pickled_object_checkpoint_refused_fit(pickled_ckpt: tuple[Path, Path], 
 
 def test_resume_other_batch_size_refused_run_dir_kept(run_copy: Path, capfd) -> None:
     """Through the CLI on a run dir: the message, and every file of the run dir as it was, config.yaml
-    included (written only once the resume checks passed). tests/test_resume.py refuses the same at
+    included (written only once the resume checks passed). tests/engine/test_resume.py refuses the same at
     the Trainer."""
     before = digest(run_copy)
     line = refused(capfd, "fit", "classify-fashion", *DIGITS, "data.batch_size=8", "trainer.epochs=2",

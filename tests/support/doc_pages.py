@@ -1,6 +1,6 @@
 """The docs' pages as the docs test reads them: each fenced block, the ``<!-- test[: OPTIONS] -->``
 marker before it (tests/test_docs.py runs the marked ones) or ``<!-- file: NAME -->`` (a file the
-page's commands use), and a page's files by name (tests/test_export.py runs docs/inference.md's script)."""
+page's commands use), and a page's files by name (tests/use/test_export.py runs docs/inference.md's script)."""
 from __future__ import annotations
 
 import re

@@ -1,7 +1,7 @@
 """An example of growing the engine by a part: a stateful duty every N optimizer steps, with its own
 config section.
 
-Adding it takes this file and one registration, :func:`register` (tests/test_parts.py calls it in a
+Adding it takes this file and one registration, :func:`register` (tests/engine/test_parts.py calls it in a
 fixture)::
 
     register_part(WeightTrail.for_run, section=("weight_trail", WeightTrailConfig, WEIGHT_TRAIL_DOC))

@@ -3,7 +3,7 @@
 ``tests/fixtures/format1/`` holds what this script wrote when it ran on that commit's source:
 ``last.pt``, the checkpoint the interrupted run left at step ``CHECKPOINT_AT`` (mid-epoch 1), and
 ``final.pt``, the uninterrupted run's final model and EMA weights, both made on a CPU with AVX-512.
-``tests/test_checkpoint_format.py`` resumes the first with today's code and compares its end with the
+``tests/rundir/test_checkpoint_format.py`` resumes the first with today's code and compares its end with the
 second within float rounding (today's run computes on whatever CPU runs the suite). Its bit-exact check
 makes the same two runs now, on the machine that runs it, and resumes a format-1 copy of the cut run's
 checkpoint (:func:`straight_and_cut`).

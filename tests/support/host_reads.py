@@ -1,6 +1,6 @@
 """Counting a training step's host reads: every Tensor method that reads a value to the host,
 patched while a window of steps runs, and on CUDA every synchronizing call CUDA itself reports
-(tests/test_host_syncs.py; the detector and DINO tests run their steps through it too)."""
+(tests/engine/test_host_syncs.py; the detector and DINO tests run their steps through it too)."""
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,4 @@
-"""Hooks as a user writes them, named by ``trainer.hooks`` in tests/test_user_hooks.py."""
+"""Hooks as a user writes them, named by ``trainer.hooks`` in tests/engine/test_user_hooks.py."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,5 @@
 """A module-level lock and a dataset that takes it: what a library's first-use initialisation in
-another thread looks like to a forked DataLoader worker (tests/test_worker_start.py)."""
+another thread looks like to a forked DataLoader worker (tests/data/test_worker_start.py)."""
 import threading
 
 import torch

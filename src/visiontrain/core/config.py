@@ -280,7 +280,7 @@ def _drop_unread_data_keys(data: dict, kind: type, task: dict, task_keys: dict[s
         if key in own and key not in task_keys or not at_default:
             out[key] = value
     for key in set(out) - set(own):
-        readers = [n for n, k in SECTIONS["data"].kinds.items() if key in {f.name for f in dataclasses.fields(k)}]
+        readers = sorted(n for n, k in SECTIONS["data"].kinds.items() if key in {f.name for f in dataclasses.fields(k)})
         hint = f" (data.name {data.get('name', SECTIONS['data'].default_kind)!r} does not read it; " \
                f"{', '.join(readers)} do)" if readers else ""
         raise unknown_key("data.", key, sorted(own), [f"data.{k}" for k in own], hint)
@@ -288,9 +288,11 @@ def _drop_unread_data_keys(data: dict, kind: type, task: dict, task_keys: dict[s
 
 
 def _data_defaults() -> dict[str, Any]:
-    """Each data key's default, over every registered source."""
+    """Each data key's default, over every registered source (by name: the same whatever order their
+    modules were imported in)."""
     out: dict[str, Any] = {}
-    for kind in SECTIONS["data"].kinds.values():
+    kinds = SECTIONS["data"].kinds
+    for kind in (kinds[name] for name in sorted(kinds)):
         for key, value in dataclasses.asdict(kind()).items():
             out.setdefault(key, value)
     return out

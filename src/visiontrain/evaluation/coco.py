@@ -35,7 +35,7 @@ __all__ = ["coco_api", "coco_evaluate", "coco_evaluation", "CocoEvaluation", "ga
            "COCO_BACKENDS", "COCO_METRICS", "PER_CLASS_COLUMNS"]
 
 #: The implementations ``coco_evaluation`` can run, the default first. faster-coco-eval gives
-#: pycocotools' stats, per-class arrays and PR curves to 1e-12 (tests/test_coco_backends.py).
+#: pycocotools' stats, per-class arrays and PR curves to 1e-12 (tests/evaluation/test_coco_backends.py).
 COCO_BACKENDS = ("faster-coco-eval", "pycocotools")
 
 

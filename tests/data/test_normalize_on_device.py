@@ -29,10 +29,8 @@ RECIPES = {
 
 
 @pytest.fixture(scope="module")
-def coco_root(tmp_path_factory):
-    from detection_helpers import mosaic_coco
-
-    return mosaic_coco(tmp_path_factory, 8, 2)
+def coco_root(mosaic_coco):
+    return mosaic_coco(8, 2)
 
 
 def first_batch(recipe: str, overrides: list[str], on_device: bool):
@@ -90,9 +88,11 @@ def test_image_folder_normalises_on_the_device(tmp_path):
 
 
 def test_in_memory_datasets_refuse_it():
-    """An in-memory dataset has no uint8 pipeline to hand over: the key is not one of its source's."""
+    """An in-memory dataset has no uint8 pipeline to hand over: the key is not one of its source's. The
+    sources that read it are named in sorted order, whatever order their modules were imported in."""
     with pytest.raises(C.ConfigError, match=r"unknown config key 'data.normalize_on_device' \(data.name 'digits' "
-                                            r"does not read it; image-folder"):
+                                            r"does not read it; coco, fashion-mosaic, image-folder, neon-trees, "
+                                            r"shards, voc, yolo do\)"):
         C.load_config("classify-fashion", ["data.name=digits", "data.normalize_on_device=true"])
 
 

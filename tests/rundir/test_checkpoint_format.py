@@ -18,7 +18,7 @@ from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import CheckpointError, load_checkpoint
 
-FIXTURE = Path(__file__).parent / "fixtures" / "format1"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "format1"
 
 
 def fixture_run(tmp_path: Path) -> Path:

@@ -76,7 +76,7 @@ def test_the_benchmark_figure_is_drawn_from_the_same_rows(tmp_path):
 
     train_rows, evals = _records()
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train_rows + evals))
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "plot_run.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "plot_run.py"
     out = tmp_path / "curves.png"
     proc = procs.run([sys.executable, script, tmp_path, "--out", out])
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -111,7 +111,7 @@ def test_a_dataset_class_a_worker_cannot_import_is_refused_at_start(monkeypatch)
 @pytest.mark.parametrize("start", ["spawn", "fork"])
 @pytest.mark.parametrize("recipe", SMALL_RECIPES)
 def test_every_small_recipe_loads_a_batch_with_each_start_method(recipe, start):
-    """tests/test_recipes.py runs each recipe with its own start method (the forkserver); here its
+    """tests/app/test_recipes.py runs each recipe with its own start method (the forkserver); here its
     dataset, transforms and collate reach a spawned worker (pickled, in a fresh interpreter) and a
     forked one, and load a training batch. The start method is this test's subject, hence the
     override; classify-fashion loads in-process as shipped (num_workers 0), so it gets one worker here."""

@@ -132,7 +132,7 @@ def test_a_declaration_the_commands_cannot_act_on_fails_at_registration(name, ta
 def test_a_task_reads_only_its_inputs():
     """Every built-in task reads of the config only what ``TaskInputs`` holds (its section, data, eval,
     the seed, the device): a read of ``cfg.trainer`` or ``self.cfg.optim`` in a task's file fails here,
-    as tests/test_parts.py holds the trainer to the parts' names."""
+    as tests/engine/test_parts.py holds the trainer to the parts' names."""
     import ast
     import dataclasses
     from pathlib import Path

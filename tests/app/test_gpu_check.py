@@ -8,7 +8,7 @@ from pathlib import Path
 
 import procs
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
 
 
 def test_the_dry_run_passes_every_stage_and_writes_its_figures(tmp_path):

@@ -1,6 +1,6 @@
 """faster-coco-eval (the default COCO backend) gives what pycocotools gives: the six stats, the
 per-class table, the PR curves and the precision / recall arrays behind them, to 1e-12, on the
-evaluation fixtures of tests/test_evaluation.py and on randomized cases (crowd regions, empty
+evaluation fixtures of tests/evaluation/test_evaluation.py and on randomized cases (crowd regions, empty
 images, categories without ground truth or without detections, small / medium / large boxes)."""
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def test_a_backend_not_installed_is_an_error_naming_the_key(monkeypatch):
 
 
 def test_backends_agree_on_the_evaluation_fixtures():
-    """tests/test_evaluation.py's scene, its per-class variant (categories out of id order, one never
+    """tests/evaluation/test_evaluation.py's scene, its per-class variant (categories out of id order, one never
     detected, one without ground truth), the perfect and the empty result sets, a set without small boxes."""
     gt, dets = coco_truth(), coco_detections()
     cases = [(gt, dets), (gt, []), (gt, [{"image_id": a["image_id"], "category_id": a["category_id"],
@@ -163,14 +163,12 @@ def backends_used(monkeypatch) -> list[str]:
     return used
 
 
-def test_the_key_reaches_fit_and_validate(tmp_path, tmp_path_factory, rcnn_checkpoint, backends_used, capsys):
+def test_the_key_reaches_fit_and_validate(tmp_path, mosaic_coco, rcnn_checkpoint, backends_used, capsys):
     """``eval.coco_backend`` picks the implementation of every COCO evaluation: fit's (metrics, per-class
     table and PR curves come from that one evaluation), and validate's, where it can be overridden."""
-    from detection_helpers import mosaic_coco
-
     from visiontrain.app import cli
 
-    root = mosaic_coco(tmp_path_factory, 4, 2)
+    root = mosaic_coco(4, 2)
     run = tmp_path / "run"
     # in-process (data.num_workers=0) so that the evaluations can be watched; a smaller network (the subject
     # is which library scores it), a one-step burn-in

@@ -1,6 +1,6 @@
 """Two processes on CPU (gloo, torchrun): the same weights as one process with the global batch, under
 DDP and FSDP, with gradient accumulation (non-final micro-steps skip the all-reduce), and only rank 0
-writes (with BatchNorm they differ: tests/test_ddp_replicas.py)."""
+writes (with BatchNorm they differ: tests/engine/test_ddp_replicas.py)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from detection_helpers import mosaic_coco
 from procs import cli_here
 from host_reads import ALL_ON, run_counted
 from tiny import YOLO as TINY
@@ -294,9 +293,9 @@ def test_recipes_load():
 
 
 @pytest.fixture(scope="module")
-def coco_root(tmp_path_factory) -> Path:
+def coco_root(mosaic_coco) -> Path:
     """240 / 8 fashion-mosaic images as COCO: 50 steps of 2 x 2 images fit in one epoch."""
-    return mosaic_coco(tmp_path_factory, 240, 8)
+    return mosaic_coco(240, 8)
 
 
 @pytest.fixture(scope="module")

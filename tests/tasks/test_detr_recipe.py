@@ -8,15 +8,14 @@ import pytest
 import torch
 from PIL import Image
 
-from detection_helpers import mosaic_coco
 from procs import cli_here
 from visiontrain.core import config as C
 
 
 @pytest.fixture(scope="module")
-def coco_root(tmp_path_factory) -> Path:
+def coco_root(mosaic_coco) -> Path:
     """A 24/8-image fashion-mosaic laid out as a COCO dataset (instances_<split>.json)."""
-    return mosaic_coco(tmp_path_factory, train_images=24, val_images=8)
+    return mosaic_coco(train_images=24, val_images=8)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +112,7 @@ def test_the_papers_recipe_page_lists_the_post_processing_it_adds():
     from visiontrain.models.detr import postprocess
 
     for name, original in (("detect-detr-r50-coco", "DETR"), ("detect-detr-fast-r50-coco", "DINO-DETR")):
-        page = (Path(__file__).parents[1] / "docs" / "recipes" / f"{name}.md").read_text()
+        page = (Path(__file__).parents[2] / "docs" / "recipes" / f"{name}.md").read_text()
         start = page.index(f"## Where the recipe departs from {original}")
         departures = " ".join(page[start:page.index("## Small counterpart")].split())  # however the page is wrapped
         assert "**Post-processing clips boxes to the image and drops degenerate ones.**" in departures, name

@@ -67,10 +67,8 @@ DETECTION = ["data.name=coco", "data.batch_size=2", "data.num_workers=0", "train
 
 
 @pytest.fixture(scope="module")
-def coco_root(tmp_path_factory):
-    from detection_helpers import mosaic_coco
-
-    return mosaic_coco(tmp_path_factory, 16, 4)
+def coco_root(mosaic_coco):
+    return mosaic_coco(16, 4)
 
 
 def count_detection(recipe: str, overrides: list[str], root, monkeypatch) -> ReadCounter:

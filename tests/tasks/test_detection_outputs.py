@@ -19,7 +19,7 @@ from visiontrain.use.inference import Predictor
 from visiontrain.use.predict import predict_images
 from visiontrain.tasks import build_task
 
-# YOLOv3 on a 64 x 64 input: 3 anchors per stride 8 / 16 / 32 (as tests/test_yolo.py), 3 classes
+# YOLOv3 on a 64 x 64 input: 3 anchors per stride 8 / 16 / 32 (as tests/tasks/test_yolo.py), 3 classes
 ANCHORS = torch.tensor([[8., 8.], [6., 14.], [14., 6.], [20., 20.], [14., 34.], [34., 14.],
                         [48., 48.], [36., 80.], [80., 36.]])
 SIZES = [(8, 8), (4, 4), (2, 2)]

@@ -17,7 +17,7 @@ from visiontrain.models.detr_queries import QueryOptions, cell_anchors, inverse_
 NUM_CLASSES = 3
 TINY = dict(backbone="resnet18", hidden_dim=32, nheads=4, enc_layers=2, dec_layers=2, dim_feedforward=64,
             num_queries=10)
-FIXTURE = Path(__file__).parent / "fixtures" / "detr_paper_outputs.pt"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "detr_paper_outputs.pt"
 
 
 def tiny(**kw) -> DETR:

@@ -128,7 +128,7 @@ def test_a_killed_ddp_run_with_ema_and_batchnorm_resumes_to_the_straight_runs_ro
 
 def test_two_ranks_differ_from_one_process_with_twice_the_batch_with_batchnorm(tmp_path):
     """docs/distributed.md's caveat: BatchNorm normalises over each rank's own B samples, so the loss
-    differs from one process's already at step 1 (without it they are equal: tests/test_distributed.py)."""
+    differs from one process's already at step 1 (without it they are equal: tests/engine/test_distributed.py)."""
     from toy_ranks import first_loss, run
 
     common = {"task__batchnorm": True, "trainer__max_steps": 3, "trainer__log_every": 1, "optim__name": "adamw",
@@ -142,7 +142,7 @@ def test_two_ranks_differ_from_one_process_with_twice_the_batch_with_batchnorm(t
 
 
 def test_the_docs_state_when_two_ranks_equal_one_process():
-    page = " ".join((Path(__file__).parents[1] / "docs" / "distributed.md").read_text().split())
+    page = " ".join((Path(__file__).parents[2] / "docs" / "distributed.md").read_text().split())
     assert "only for a model without batch-dependent layers" in page
     assert "normalises over its own B samples" in page
     assert "rank 0's before every evaluation and every checkpoint" in page

@@ -23,7 +23,7 @@ from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.engine.state.checkpoint import load_checkpoint
 from visiontrain.engine.optim.schedules import StepClock
 
-ENGINE = Path(__file__).resolve().parents[1] / "src" / "visiontrain" / "engine"
+ENGINE = Path(__file__).resolve().parents[2] / "src" / "visiontrain" / "engine"
 
 
 

@@ -15,7 +15,7 @@ import pytest
 import procs
 import warm_python
 
-SUPPORT = Path(__file__).parent / "support"  # warm_python.py
+SUPPORT = Path(__file__).parents[1] / "support"  # warm_python.py
 
 SCRIPT = '''
 import json, os, sys, threading, time, atexit

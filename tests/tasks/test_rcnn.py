@@ -10,7 +10,6 @@ import torch
 from PIL import Image
 from torch import nn
 
-from detection_helpers import mosaic_coco
 from procs import cli_here
 from tiny import RCNN as TINY
 from visiontrain.core import config as C
@@ -23,9 +22,9 @@ CLASSES = 3  # the fixture keeps fashion-mosaic's first three categories
 
 
 @pytest.fixture(scope="module")
-def coco_root(tmp_path_factory) -> Path:
+def coco_root(mosaic_coco) -> Path:
     """An 8/4-image fashion-mosaic as COCO, cut to 3 categories (so the class count is not the default 10)."""
-    return mosaic_coco(tmp_path_factory, 8, 4, classes=CLASSES)
+    return mosaic_coco(8, 4, classes=CLASSES)
 
 
 def tiny_config(coco_root: Path, *extra: str) -> C.Config:

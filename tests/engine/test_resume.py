@@ -122,14 +122,12 @@ def test_resume_refuses_other_batch_size(tmp_path):
         Trainer(other, ToyTask(other), tmp_path / "b", resume=str(tmp_path / "a/checkpoints/last.pt"))
 
 
-def test_detr_with_its_fast_options_resumes_bit_exact(tmp_path, tmp_path_factory):
+def test_detr_with_its_fast_options_resumes_bit_exact(tmp_path, mosaic_coco):
     """detect-detr as shipped (focal loss, two-stage, groups, denoising copies drawn from the RNG,
     deformable attention, bf16, one worker), crashed after step 4's checkpoint and resumed. Not
     marked ``cuda``: the deformable attention's grid_sample has no deterministic CUDA backward
     (torch.use_deterministic_algorithms refuses it), so on a GPU only the CPU's bit-exactness holds."""
-    from detection_helpers import mosaic_coco
-
-    root = mosaic_coco(tmp_path_factory, 8, 2)
+    root = mosaic_coco(8, 2)
     # a tiny transformer (and 6 steps) keeps the test fast; the options under test are the recipe's
     small = ["task.hidden_dim=32", "task.dim_feedforward=64", "task.enc_layers=1", "task.num_queries=6"]
     cfg = C.load_config("detect-detr", small + [

@@ -23,13 +23,11 @@ from visiontrain.data.detection.splits import build_detection_splits
 SPLITS = {"coco": ("train2017", "val2017"), "voc": ("trainval", "test"), "yolo": ("train", "val")}
 
 
-def tree(name: str, tmp_path_factory) -> tuple[str, Path, tuple[str, str]]:
+def tree(name: str, tmp_path_factory, mosaic_coco) -> tuple[str, Path, tuple[str, str]]:
     """(data.name, data.root, splits) of a tiny tree: COCO, VOC and YOLO JPEGs, or fashion-mosaic's
     PNGs laid out as COCO."""
     if name == "mosaic":
-        from detection_helpers import mosaic_coco
-
-        return "coco", mosaic_coco(tmp_path_factory, 4, 2), ("train", "val")
+        return "coco", mosaic_coco(4, 2), ("train", "val")
     root = tmp_path_factory.mktemp(name)
     getattr(dataset_trees, f"build_{name}")(root)
     return name, root, SPLITS[name]
@@ -45,10 +43,10 @@ def cache_files(directory: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("fmt", ["coco", "voc", "yolo", "mosaic"])
-def test_the_cache_returns_the_decoded_tensors(fmt, tmp_path, tmp_path_factory):
+def test_the_cache_returns_the_decoded_tensors(fmt, tmp_path, tmp_path_factory, mosaic_coco):
     """Every image, read twice: the first read decodes and fills, the second comes from the cache
     (the files are gone by then), and both equal what decoding the file gives, type and layout too."""
-    name, root, splits = tree(fmt, tmp_path_factory)
+    name, root, splits = tree(fmt, tmp_path_factory, mosaic_coco)
     datasets = cached_splits(name, root, splits, tmp_path)
     assert len(cache_files(tmp_path)) == 2  # one file per split
     decoded = [[read_rgb(r.path) for r in ds.records] for ds in datasets]
@@ -71,13 +69,13 @@ def reads_through(dataset, workers: int, context) -> list[torch.Tensor]:
     return [image.as_subclass(torch.Tensor) for image, _ in loader]
 
 
-def test_forkserver_workers_share_one_copy(tmp_path, tmp_path_factory):
+def test_forkserver_workers_share_one_copy(tmp_path, tmp_path_factory, mosaic_coco):
     """Two forkserver workers fill the cache and the main process reads what they wrote; then, with
     the image files deleted, two new workers read what other processes filled. A worker that decoded
     into a private copy, or received the pixels with the dataset, would fail one of the three checks."""
     from visiontrain.engine.setup.loaders import worker_context
 
-    name, root, splits = tree("coco", tmp_path_factory)
+    name, root, splits = tree("coco", tmp_path_factory, mosaic_coco)
     train, _ = cached_splits(name, root, splits, tmp_path)
     reference = [read_rgb(r.path) for r in train.records]
     assert len(pickle.dumps(train)) < train.cache.nbytes / 20  # what a worker receives: the path and shapes
@@ -92,8 +90,9 @@ def test_forkserver_workers_share_one_copy(tmp_path, tmp_path_factory):
         assert all(torch.equal(a, b) for a, b in zip(images, reference, strict=True))
 
 
-def test_a_cache_that_does_not_fit_is_refused_before_anything_is_written(tmp_path, tmp_path_factory, monkeypatch):
-    name, root, splits = tree("coco", tmp_path_factory)
+def test_a_cache_that_does_not_fit_is_refused_before_anything_is_written(tmp_path, tmp_path_factory, mosaic_coco,
+                                                                           monkeypatch):
+    name, root, splits = tree("coco", tmp_path_factory, mosaic_coco)
     shapes = [[(3, *image_size(str(p))) for p in sorted((root / s).iterdir())] for s in splits]
     need = sum(len(s) + (-len(s)) % 4096 + int(np.prod(s, axis=1).sum()) for s in shapes)  # flags, pages, pixels
     with pytest.raises(C.ConfigError) as err:
@@ -159,17 +158,16 @@ def test_files_are_removed_when_the_run_ends_and_after_a_kill(tmp_path):
     assert cache_files(tmp_path) == [Path(caches["train"].path).name]  # the killed run's file is gone
 
 
-def test_training_with_the_cache_is_bit_identical_and_resumes_exactly(tmp_path, tmp_path_factory):
+def test_training_with_the_cache_is_bit_identical_and_resumes_exactly(tmp_path, mosaic_coco):
     """detect-yolov3 as shipped (its forkserver worker, bf16, transforms) on 8 mosaic images: a run
     with data.cache=ram ends with the weights of one without, and so does a run killed mid-epoch and
     resumed with it; epochs after the first read the images from the cache."""
-    from detection_helpers import mosaic_coco
     from resume_checks import assert_bit_identical, fit_and_crash_resume, state_of
     from visiontrain.engine.loop.trainer import Trainer
     from visiontrain.rundir.metrics_file import read_metrics
     from visiontrain.tasks import build_task
 
-    root = mosaic_coco(tmp_path_factory, 8, 2)
+    root = mosaic_coco(8, 2)
     shipped = ["data.name=coco", f"data.root={root}", "data.batch_size=2", "trainer.max_steps=7"]
     extra = ["trainer.plots=false",  # the figures cost seconds a run and are not what is tested
              "checkpoint.every=2", "checkpoint.unit=steps"]  # a checkpoint mid-epoch, to resume from

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from detection_helpers import mosaic_coco, vt
+from detection_helpers import vt
 from tiny import DINO as DINO_TINY, DINO_NO_WARMUP as NO_WARMUP, RCNN as RCNN_TINY, YOLO as YOLO_TINY
 from visiontrain.app import cli
 
 
 @pytest.fixture(scope="module")
-def coco_root(tmp_path_factory) -> Path:
-    return mosaic_coco(tmp_path_factory, 8, 4)  # 4 val images: 2 per rank, no padding duplicates
+def coco_root(mosaic_coco) -> Path:
+    return mosaic_coco(8, 4)  # 4 val images: 2 per rank, no padding duplicates
 
 
 def cases(coco: Path) -> dict[str, tuple[list[str], str]]:
