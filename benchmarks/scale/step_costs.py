@@ -41,7 +41,7 @@ def measure(name: str) -> dict:
     from visiontrain.engine.step.ema import ModelEma
     from visiontrain.engine.step.guards import check_weights
     from visiontrain.engine.optim.param_groups import build_param_groups, check_coverage
-    from visiontrain.engine.step.pipeline import TrainStep
+    from visiontrain.engine.step.pipeline import StepOptions, TrainStep
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -50,8 +50,7 @@ def measure(name: str) -> dict:
         p.grad = torch.randn_like(p)
     groups = build_param_groups(model, 0.05)
     optimizer = torch.optim.AdamW(groups, lr=1e-4)
-    step = TrainStep(model, lambda m, b: {}, optimizer, device=torch.device("cpu"), precision="fp32", scaler=None,
-                     clip_grad=1.0, clip_mode="norm", channels_last=False, after_backward=[], recorder=None)
+    step = TrainStep(model, lambda m, b: {}, optimizer, StepOptions(torch.device("cpu"), clip_grad=1.0), recorder=None)
     ema = ModelEma(model, 0.999)
     ema.update(model, 1)  # builds its pairs once, as in a run
 

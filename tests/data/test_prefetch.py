@@ -100,9 +100,8 @@ def test_a_prefetched_batch_is_not_moved_again_by_the_step(monkeypatch):
 
     for placed, moved in ((False, True), (True, False)):
         calls.clear()
-        step = step_module.TrainStep(model, losses, opt, device=torch.device("cpu"), precision="fp32", scaler=None,
-                                     clip_grad=None, clip_mode="norm", channels_last=True, after_backward=[],
-                                     recorder=StepRecorder(4, torch.device("cpu")), placed=placed)
+        options = step_module.StepOptions(torch.device("cpu"), channels_last=True, placed=placed)
+        step = step_module.TrainStep(model, losses, opt, options, recorder=StepRecorder(4, torch.device("cpu")))
         step([(torch.randn(2, 3), torch.randn(2, 1))], {"mse": 1.0})
         assert bool(calls) == moved  # (the walk recurses: any call means the batch was walked)
 

@@ -7,9 +7,6 @@ resumed logs the straight run's rows, and its final evaluation is `validate` of 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,7 +15,7 @@ import pytest
 import torch
 
 from detection_helpers import vt
-from procs import cli_here, finish, popen
+from procs import cli_here, finish, kill_everything, popen
 
 # 256 digits / (2 ranks x 32) = 4 steps an epoch, 32 in all; an evaluation after each epoch.
 # ema.*: an EMA is the subject (a fast one, so that the ranks' own BatchNorm averages show);
@@ -34,51 +31,6 @@ TIMING = {"time", "samples_per_s", "data_s", "compute_s", "eta_s"}
 def rows(run_dir: Path) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in lines]
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children first seen, then theirs), read from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue  # ended meanwhile
-            ppid = int(stat.rpartition(")")[2].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def kill_everything(proc: subprocess.Popen) -> None:
-    """SIGKILL to the launcher's process group and to every process below it (torchrun's ranks may
-    sit in sessions of their own), then wait until each has gone."""
-    below = descendants(proc.pid)
-    os.killpg(proc.pid, signal.SIGKILL)
-    for pid in below:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.communicate(timeout=60)
-    deadline = time.time() + 60
-    while any(map(alive, below)):
-        assert time.time() < deadline, f"ranks still alive after SIGKILL: {below}"
-        time.sleep(0.05)
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie waiting to be reaped has ended)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    return "\nState:\tZ" not in status
 
 
 def killed_after_a_checkpoint(run_dir: Path) -> int:

@@ -60,7 +60,8 @@ def test_auto_on_a_gpu_is_bf16_else_fp16_with_the_scaler_else_fp32_when_sharded(
     fake_gpu(monkeypatch, bf16=False)  # a V100
     assert precision.choose_precision("auto", gpu).record() == {
         "precision": "fp16", "requested": "auto", "why": "Test GPU has no bf16; fp16 with a gradient scaler instead"}
-    assert precision.make_scaler("fp16", CPU) is not None and precision.make_scaler("bf16", CPU) is None
+    assert precision.choose_precision("auto", gpu).scaler(CPU) is not None  # fp16's, on any device type
+    assert precision.choose_precision("bf16", CPU).scaler(CPU) is None and precision.FP32.scaler(CPU) is None
     sharded = precision.choose_precision("auto", gpu, sharded=True)
     assert sharded.precision == "fp32" and "sharded model cannot use fp16's gradient scaler" in sharded.why
     with pytest.raises(ConfigError, match="distributed.strategy=fsdp with trainer.precision=fp16"):
@@ -90,6 +91,22 @@ def test_a_torch_without_get_capabilities_asks_its_two_x86_checks(monkeypatch):
 
 
 @pytest.mark.parametrize("native", [True, False])
+def test_out_of_memory_advice_lowers_the_precision_the_run_computes_in(tmp_path, monkeypatch, native):
+    """The advice follows what ``auto`` resolved to on this CPU, not what the config asked for: on a CPU
+    with native bf16 the run already computes in it and there is no precision left to lower."""
+    from types import SimpleNamespace
+
+    from visiontrain.engine.step.guards import out_of_memory_message
+
+    fake_cpu(monkeypatch, avx512_bf16=native)
+    cfg = toy_config(trainer__precision="auto")
+    run = SimpleNamespace(cfg=cfg, device=CPU, precision=precision.choose_precision("auto", CPU), ckpt_dir=tmp_path)
+    message = out_of_memory_message(MemoryError("can't allocate memory"), phase="training", run=run, step=3)
+    assert ("or set trainer.precision=bf16" in message) == (not native), message
+    assert message.endswith("No checkpoint was written yet.")
+
+
+@pytest.mark.parametrize("native", [True, False])
 def test_a_run_says_and_records_what_auto_chose(tmp_path, monkeypatch, capsys, native):
     fake_cpu(monkeypatch, avx512_bf16=native)
     cfg = toy_config(trainer__precision="auto", trainer__max_steps=2)
@@ -97,7 +114,7 @@ def test_a_run_says_and_records_what_auto_chose(tmp_path, monkeypatch, capsys, n
     t.fit()
     chosen = "bf16" if native else "fp32"
     record = precision.choose_precision("auto", CPU).record()
-    assert t.step_fn.precision == record["precision"] == chosen
+    assert t.step_fn.precision.precision == record["precision"] == chosen
     out = capsys.readouterr().out
     assert out.count("precision: ") == 1 and f"precision: {chosen}, chosen by trainer.precision=auto" in out
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["precision"] == record

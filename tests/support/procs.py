@@ -193,6 +193,23 @@ def alive(pids: set[int]) -> set[int]:
     return {p for p in pids if (stat := _stat(p)) is not None and stat[1] != "Z"}
 
 
+def kill_everything(proc: subprocess.Popen | warm_python.WarmProcess) -> None:
+    """SIGKILL to the launcher's process group and to every process below it (torchrun's ranks may
+    sit in sessions of their own), then wait until each has gone."""
+    below = descendants(proc.pid)
+    os.killpg(proc.pid, signal.SIGKILL)
+    for pid in below:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 60
+    while alive(below):
+        assert time.monotonic() < deadline, f"processes still alive after SIGKILL: {sorted(alive(below))}"
+        time.sleep(0.05)
+
+
 def wait_for(condition, what: str, proc: subprocess.Popen, timeout: float = 180.0) -> None:
     end = time.monotonic() + timeout
     while not condition():

@@ -26,10 +26,9 @@ from visiontrain.engine.state.checkpoint import write_run_config
 from visiontrain.engine.step.accumulation import accum_steps_at
 from visiontrain.engine.step.guards import OutOfMemory, is_out_of_memory, out_of_memory_message
 from visiontrain.engine.step.metrics import StepRecorder
-from visiontrain.engine.step.pipeline import TrainStep
+from visiontrain.engine.step.pipeline import StepOptions, TrainStep
 from visiontrain.engine.step.prefetch import device_batches, prefetches
 from visiontrain.rundir.checkpoint_format import States
-from visiontrain.rundir.run_files import LAST_CHECKPOINT
 
 #: How the loop takes the micro-batches of one step from the batch iterator (host-side loading,
 #: no device reads). ``benchmark`` passes its own to time the wait or replay a batch.
@@ -68,14 +67,13 @@ class Trainer:
         self._measure = [part for part in parts if not part.keeps]  # then the epoch moves on, then:
         self._keep = [part for part in parts if part.keeps]
         self.loss_weights = dict(task.loss_weights)
-        self.step_fn = step_type(run.model, task.losses, run.optimizer, device=run.device,
-                                 precision=run.precision.precision, scaler=run.scaler, clip_grad=t.clip_grad,
-                                 clip_mode=t.clip_mode, channels_last=t.channels_last,
-                                 after_backward=self.hooks.callbacks("after_backward"), recorder=self.recorder,
-                                 mask_nonfinite=t.nonfinite == "skip",
-                                 on_device=task.device_transform(channels_last=t.channels_last),
-                                 fixed_weights=not any(k.startswith("loss.") for k in run.scalars.schedules),
-                                 placed=prefetches(run.device, cfg.data.prefetch_to_device))
+        options = StepOptions(run.device, run.precision, run.scaler, clip_grad=t.clip_grad, clip_mode=t.clip_mode,
+                              channels_last=t.channels_last, mask_nonfinite=t.nonfinite == "skip",
+                              fixed_weights=not any(k.startswith("loss.") for k in run.scalars.schedules),
+                              placed=prefetches(run.device, cfg.data.prefetch_to_device),
+                              after_backward=self.hooks.callbacks("after_backward"))
+        self.step_fn = step_type(run.model, task.losses, run.optimizer, options, recorder=self.recorder,
+                                 on_device=task.device_transform(channels_last=t.channels_last))
         for note in run.notes:
             self.log.print(note)
         # Set-up may draw from the global RNGs a varying amount (first-time imports do), so the
@@ -105,11 +103,8 @@ class Trainer:
             self.hooks("on_exception", err)  # trackers end FAILED or KILLED, signal handlers go back
             if not (isinstance(err, Exception) and is_out_of_memory(err)):
                 raise
-            last = self.run.ckpt_dir / LAST_CHECKPOINT if self.run.ckpt_dir is not None else None
             phase = "evaluation" if self.progress.evaluating else "training"
-            raise OutOfMemory(out_of_memory_message(err, phase=phase, cfg=self.cfg, device=self.device, step=self.step,
-                                                    last_checkpoint=str(last) if last and last.is_file() else None)
-                              ) from err
+            raise OutOfMemory(out_of_memory_message(err, phase=phase, run=self.run, step=self.step)) from err
         finally:
             self.run.source.close()  # persistent workers end now, not at garbage collection
 

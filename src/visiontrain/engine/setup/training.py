@@ -28,7 +28,7 @@ from visiontrain.engine.state.sharded import ShardedCheckpoints
 from visiontrain.engine.state.weights import load_init_weights
 from visiontrain.engine.step.accumulation import make_clock, samples_per_step
 from visiontrain.engine.step.ema import ModelEma
-from visiontrain.engine.step.precision import PrecisionChoice, choose_precision, make_scaler
+from visiontrain.engine.step.precision import PrecisionChoice, choose_precision
 from visiontrain.engine.step.source import TrainSource
 from visiontrain.models.freezing import freeze_parameters
 from visiontrain.rundir.run_files import CHECKPOINTS_DIR
@@ -139,7 +139,7 @@ def build_training(cfg: Config, task: Task, run_dir: Path | None, *, resume: boo
     return TrainingRun(cfg, task, dist, device, data.info, model, ema and ema.module, val_loader, run_dir=run_dir,
                        ema=ema, model=wrapped,
                        source=source, optimizer=optimizer, precision=precision,
-                       scaler=make_scaler(precision.precision, device), sharded=sharded, base_lr=base_lr,
+                       scaler=precision.scaler(device), sharded=sharded, base_lr=base_lr,
                        clock=clock, scalars=scalars, notes=notes)
 
 

@@ -102,9 +102,10 @@ def is_out_of_memory(err: BaseException) -> bool:
         isinstance(err, RuntimeError) and "can't allocate memory" in str(err))
 
 
-def out_of_memory_message(err: BaseException, *, phase: str, cfg: Any, device: torch.device, step: int,
-                          last_checkpoint: str | None) -> str:
-    """Names the batch size in use and what to lower, in the order that usually helps most."""
+def out_of_memory_message(err: BaseException, *, phase: str, run: Any, step: int) -> str:
+    """Names the batch size in use and what to lower, in the order that usually helps most. ``run``:
+    the run's ``cfg``, ``device``, resolved ``precision`` and ``ckpt_dir`` (``engine.setup.training``)."""
+    cfg, device = run.cfg, run.device
     d, t = cfg.data, cfg.trainer
     first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
     if phase == "evaluation":
@@ -113,10 +114,11 @@ def out_of_memory_message(err: BaseException, *, phase: str, cfg: Any, device: t
     else:
         todo = (f"lower data.batch_size (now {d.batch_size} per process) and raise trainer.accum_steps "
                 f"(now {t.accum_steps}) by the same factor to keep the global batch and the lr")
-        if t.precision == "fp32" or (t.precision == "auto" and device.type == "cpu"):  # auto: fp32 there too
-            todo += ", or set trainer.precision=bf16"
+        if lower := run.precision.lower_to_try():  # what the run computes in, not what it asked for
+            todo += f", or set trainer.precision={lower}"
         if getattr(cfg.distributed, "strategy", "ddp") == "ddp":
             todo += ", or with several GPUs shard the model (distributed.strategy=fsdp)"
-    saved = f"The last checkpoint, {last_checkpoint}, is intact; continue with --resume auto." \
-        if last_checkpoint else "No checkpoint was written yet."
+    last = run.ckpt_dir / LAST_CHECKPOINT if run.ckpt_dir is not None else None
+    saved = f"The last checkpoint, {last}, is intact; continue with --resume auto." \
+        if last is not None and last.is_file() else "No checkpoint was written yet."
     return f"out of memory on {device} during {phase} at step {step}: {first}. To fit, {todo}. {saved}"

@@ -17,6 +17,7 @@ stops at the next read and never writes weights from after the bad step.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -27,7 +28,7 @@ from visiontrain.engine.optim.param_groups import is_fused
 from visiontrain.engine.parallel.distributed import grad_sync_paused
 from visiontrain.engine.parallel.fsdp import is_sharded, local
 from visiontrain.engine.step.metrics import StepRecorder
-from visiontrain.engine.step.precision import autocast
+from visiontrain.engine.step.precision import FP32, PrecisionChoice
 
 
 def to_device(batch: Any, device: torch.device, channels_last: bool = False) -> Any:
@@ -59,37 +60,50 @@ def weighted_total(losses: dict[str, torch.Tensor], weights: dict[str, float]) -
     return total
 
 
+@dataclass
+class StepOptions:
+    """How the step runs: where, in what precision, and the ``trainer`` settings it reads."""
+    device: torch.device
+    precision: PrecisionChoice = FP32                  # trainer.precision resolved on the device
+    scaler: torch.amp.GradScaler | None = None         # fp16's (precision.scaler), else None
+    clip_grad: float | None = None
+    clip_mode: str = "norm"
+    channels_last: bool = False
+    mask_nonfinite: bool = True                        # trainer.nonfinite=skip: a bad step is not applied
+    fixed_weights: bool = False                        # no schedule changes a loss weight
+    placed: bool = False                               # the prefetcher hands batches over on the device
+    after_backward: list[Callable[[], None]] = field(default_factory=list)  # gradient hooks, in order
+
+
 class TrainStep:
     """One optimizer step over ``len(batches)`` micro-batches (gradient accumulation)."""
 
     def __init__(self, model: nn.Module, losses_fn: Callable[[nn.Module, Any], dict[str, torch.Tensor]],
-                 optimizer: torch.optim.Optimizer, *, device: torch.device, precision: str,
-                 scaler: torch.amp.GradScaler | None, clip_grad: float | None, clip_mode: str,
-                 channels_last: bool, after_backward: list[Callable[[], None]], recorder: StepRecorder,
-                 mask_nonfinite: bool = True, on_device: Callable[[Any], Any] | None = None,
-                 fixed_weights: bool = False, placed: bool = False) -> None:
+                 optimizer: torch.optim.Optimizer, options: StepOptions, *, recorder: StepRecorder,
+                 on_device: Callable[[Any], Any] | None = None) -> None:
+        o, scaler, clip_grad, device = options, options.scaler, options.clip_grad, options.device
         self.model, self.losses_fn, self.optimizer = model, losses_fn, optimizer
         self.on_device = on_device  # the task's batch transform on the device (Task.device_transform)
-        self.device, self.precision, self.scaler = device, precision, scaler
-        self.clip_grad, self.clip_mode, self.channels_last = clip_grad, clip_mode, channels_last
-        self.after_backward, self.recorder = after_backward, recorder
+        self.device, self.precision, self.scaler = device, o.precision, scaler
+        self.clip_grad, self.clip_mode, self.channels_last = clip_grad, o.clip_mode, o.channels_last
+        self.after_backward, self.recorder = o.after_backward, recorder
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.sharded = is_sharded(self.params)  # FSDP: DTensor parameters and gradients
         self.fused = is_fused(optimizer)
         # Masking costs a device-side check and, in fused Adam, a pass over the step counters: paid
         # under `skip` and fp16 (overflow steps must be skipped); `raise` stops before any write.
-        self.mask_nonfinite = mask_nonfinite or scaler is not None
+        self.mask_nonfinite = o.mask_nonfinite or scaler is not None
         self.needs_norm = clip_grad is not None or scaler is not None  # clipping, or fp16's overflow check
         self._one = torch.ones((), device=device)
         # On the CPU with the default memory format the batch is already where it must be; so is
         # a batch the prefetcher placed (``placed``: on the device, channels_last): moved once.
-        self.needs_copy = not placed and (device.type != "cpu" or channels_last)
+        self.needs_copy = not o.placed and (device.type != "cpu" or o.channels_last)
         self._no_sync = grad_sync_paused(model)  # DDP/FSDP: no reduction on non-final micro-steps
         self._keys: tuple[str, ...] | None = None
         self._weighted: list[str] = []
         # With weights no schedule changes, a single term of weight 1 *is* the total (weighted_total
         # returns it): its column is logged twice from one recorded value.
-        self._fixed_weights = fixed_weights
+        self._fixed_weights = o.fixed_weights
         self._total_is: str | None = None
         self._total_at = 0  # the total's index among a step's recorded values (set with the layout)
         self.names: list[str] = []
@@ -134,10 +148,10 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
 
     def _forward_backward(self, batch: Any, weights: dict[str, float], n: int) -> tuple[dict, torch.Tensor]:
-        if self.precision == "fp32":
+        if self.precision.precision == "fp32":
             losses = self.losses_fn(self.model, batch)
         else:
-            with autocast(self.precision, self.device):
+            with self.precision.autocast(self.device):
                 losses = self.losses_fn(self.model, batch)
         total = weighted_total(losses, weights)
         scaled = total / n if n > 1 else total

@@ -8,6 +8,13 @@ fp32 (2.1x on an AVX-512 Xeon without AVX512-BF16, more on AVX2-only CPUs: pytor
 ``auto`` never picks it there. ``fp32``, ``bf16`` and ``fp16`` force a choice; a forced one the device
 only emulates is said once at start-up.
 
+This module owns what a precision means: :class:`PrecisionChoice` is the resolved choice, and its
+methods give the step its autocast context and fp16's scaler, and the out-of-memory advice whether
+a lower precision is left to try. Evaluation, ``validate``, ``predict`` and ``export`` compute in
+fp32 whatever the run trains in: a metric must not depend on which precision ``auto`` picked on the
+machine that measured it, and bf16 keeps 8 bits of a box coordinate (a 400-pixel coordinate to 2
+pixels).
+
 Native means the instructions, not that a library has a path: oneDNN's own check
 (``torch.ops.mkldnn._is_mkldnn_bf16_supported``) is true on any AVX-512 CPU, where its bf16 path is
 emulated and slow. :func:`native_low_precision` is the one place this is decided.
@@ -46,6 +53,25 @@ class PrecisionChoice:
     def record(self) -> dict[str, str]:
         return {"precision": self.precision, "requested": self.requested, "why": self.why}
 
+    def autocast(self, device: torch.device) -> ContextManager:
+        """Autocast for bf16/fp16; fp32 gets a no-op context (no per-step autocast bookkeeping)."""
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[self.precision])
+
+    def scaler(self, device: torch.device) -> torch.amp.GradScaler | None:
+        """fp16 needs loss scaling; bf16 has fp32's exponent range and does not."""
+        return torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
+
+    def lower_to_try(self) -> str | None:
+        """For a run out of memory: the ``trainer.precision`` that would halve its activations, when
+        it computes in fp32 (None when it already computes in 16 bits)."""
+        return "bf16" if self.precision == "fp32" else None
+
+
+#: Full precision, as ``trainer.precision=fp32`` resolves it (a step built by hand, in a benchmark or test).
+FP32 = PrecisionChoice("fp32", "fp32", "full precision")
+
 
 def cpu_capabilities() -> Mapping[str, Any]:
     """This CPU's instruction sets by name (torch's cpuinfo), the same keys on every torch since 2.9;
@@ -81,7 +107,7 @@ def choose_precision(requested: str, device: torch.device, *, sharded: bool = Fa
                           "handle sharded gradients; use trainer.precision=bf16 or auto")
     if requested != "auto":
         if requested == "fp32":
-            return PrecisionChoice("fp32", requested, "full precision")
+            return FP32
         native, what = native_low_precision(requested, device)
         why = what if native else f"{what}: slower than fp32 here; trainer.precision=auto picks fp32 on it"
         return PrecisionChoice(requested, requested, why)
@@ -93,17 +119,3 @@ def choose_precision(requested: str, device: torch.device, *, sharded: bool = Fa
     if device.type == "cuda":
         return PrecisionChoice("fp32", requested, f"{what}, and a sharded model cannot use fp16's gradient scaler")
     return PrecisionChoice("fp32", requested, what)
-
-
-def autocast(precision: str, device: torch.device) -> ContextManager:
-    """Autocast for bf16/fp16; fp32 gets a no-op context (no per-step autocast bookkeeping)."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[precision])
-
-
-def make_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
-    """fp16 needs loss scaling; bf16 has fp32's exponent range and does not."""
-    if precision != "fp16":
-        return None
-    return torch.amp.GradScaler(device.type)
