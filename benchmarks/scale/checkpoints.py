@@ -42,9 +42,9 @@ def _build(spec: str):
         import timm
 
         return timm.create_model(spec[5:], pretrained=False, num_classes=1000)
-    from visiontrain.models.detr import DETR
+    from visiontrain.models.detr import DETR, DetrSpec
 
-    return DETR(num_classes=91, backbone="resnet50")
+    return DETR(91, DetrSpec(backbone="resnet50"))
 
 
 def measure(spec: str, workdir: Path) -> dict:

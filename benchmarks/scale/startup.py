@@ -123,6 +123,7 @@ def measure(kind: str, path: str) -> dict:
 
     ensure_torchvision()
     from visiontrain.data.datasets.image_folder import build_image_folder
+    from visiontrain.data.datasets.sources import ClassificationReader
     from visiontrain.data.detection.coco import read_coco
     from visiontrain.data.detection.voc import read_voc
     from visiontrain.data.detection.yolo import read_yolo
@@ -137,8 +138,7 @@ def measure(kind: str, path: str) -> dict:
     elif kind == "yolo":
         dataset = read_yolo(path, "train")
     else:
-        dataset, _, _, _ = build_image_folder(path, image_size=32, augment="none", limit_train=None,
-                                              limit_val=None)
+        dataset, _, _, _ = build_image_folder(ClassificationReader(root=path, image_size=32))
         dataset.check_files("error", 0.0)
     seconds = time.perf_counter() - start
     return {"seconds": round(seconds, 2), "peak_extra_mib": round((rss_kib("VmHWM") - before) / 1024, 1),

@@ -52,8 +52,9 @@ def read_index(kind: str, form: str, path: str):
             dataset.records = list(dataset.records)
         return dataset
     from visiontrain.data.datasets.image_folder import build_image_folder
+    from visiontrain.data.datasets.sources import ClassificationReader
 
-    dataset = build_image_folder(path, image_size=32, augment="none", limit_train=None, limit_val=None)[0]
+    dataset = build_image_folder(ClassificationReader(root=path, image_size=32))[0]
     if form == "objects":
         dataset.samples = list(dataset.samples)
     return dataset

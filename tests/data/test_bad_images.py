@@ -17,7 +17,7 @@ from dataset_trees import (GIT_LFS_POINTER, add_image_folder_split, broken_insid
                            build_yolo, renamed_text, truncated_jpeg)
 from detection_helpers import vt
 from procs import cli_here, run_cli
-from visiontrain.data.datasets import build_classification_data, check_image_files
+from visiontrain.data.datasets import ClassificationReader, build_classification_data, check_image_files
 from visiontrain.data.datasets.image_folder import scan_split
 from visiontrain.data.detection.base import BadAnnotationError
 from visiontrain.data.detection.yolo import read_yolo
@@ -94,7 +94,7 @@ def test_image_folder_file_broken_inside_is_replaced_when_loaded_under_skip(tmp_
                                                                            caplog: pytest.LogCaptureFixture) -> None:
     build_image_folder(tmp_path)
     broken = broken_inside_jpeg(tmp_path / "train" / "circle" / "000-broken.jpg")
-    data = build_classification_data("image-folder", root=str(tmp_path), image_size=16, augment="none")
+    data = build_classification_data("image-folder", ClassificationReader(root=str(tmp_path), image_size=16))
     check_image_files(data, on_bad_image="skip", max_skipped_share=0.1)
     index = [path for path, _ in data.train.samples].index(str(broken))  # passed the up-front check
     with caplog.at_level(logging.WARNING, logger="visiontrain"):

@@ -12,9 +12,10 @@ import pytest
 from PIL import Image
 
 from dataset_trees import build_coco, build_voc_names, build_yolo
-from visiontrain.data.datasets import build_classification_data
+from visiontrain.data.datasets import ClassificationReader, build_classification_data
 from visiontrain.data.detection.base import BadAnnotationError
 from visiontrain.data.detection.coco import read_coco
+from visiontrain.data.detection.sources import DetectionDataConfig
 from visiontrain.data.detection.splits import build_detection_splits
 from visiontrain.data.detection.voc import read_voc
 from visiontrain.data.detection.yolo import read_yolo
@@ -72,8 +73,8 @@ def test_detection_split_with_other_classes_names_the_missing_and_extra(tmp_path
     data["categories"] = [{"id": 1, "name": "square"}, {"id": 2, "name": "Bar"}]
     ann_file.write_text(json.dumps(data))
     with pytest.raises(ValueError) as info:
-        build_detection_splits("coco", root=str(tmp_path), train_split="train2017", val_split="val2017",
-                               on_bad_annotation="error")
+        build_detection_splits(DetectionDataConfig(name="coco", root=str(tmp_path), train_split="train2017",
+                                                   val_split="val2017", on_bad_annotation="error"))
     assert str(info.value) == ("coco: the classes of split 'val2017' (2) must be those of split 'train2017' (2), in "
                                "the same order: missing from val2017: 1 ('bar'); not in train2017: 1 ('Bar' (differs "
                                "from 'bar' only in case or spacing))")
@@ -88,7 +89,7 @@ def test_image_folder_split_with_other_classes_names_them_in_one_line(tmp_path: 
             folder.mkdir(parents=True)
             Image.new("RGB", (8, 8), (50, 80, 110)).save(folder / "0.png")
     with pytest.raises(ValueError) as info:
-        build_classification_data("image-folder", root=str(tmp_path), image_size=8, augment="none")
+        build_classification_data("image-folder", ClassificationReader(root=str(tmp_path), image_size=8))
     assert str(info.value) == (
         f"image-folder: the classes of {tmp_path / 'val'} (30) must be those of {tmp_path / 'train'} (30), one "
         f"sub-directory each; missing from val/: 1 ('class07'); not in train/: 1 ('Class07' (differs from "

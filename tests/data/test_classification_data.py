@@ -13,7 +13,7 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from dataset_trees import build_png_tree  # noqa: E402
-from visiontrain.data.datasets import build_classification_data  # noqa: E402
+from visiontrain.data.datasets import ClassificationReader, build_classification_data  # noqa: E402
 from visiontrain.data.datasets.fashion_mnist import DEBIAN_DIR, DatasetFormatError, read_idx  # noqa: E402
 from visiontrain.models import SmallCNN, build_model  # noqa: E402
 
@@ -24,7 +24,7 @@ needs_fashion = pytest.mark.skipif(
 
 
 def digits(augment="none", **kw):
-    return build_classification_data("digits", root=None, image_size=kw.pop("image_size", None), augment=augment, **kw)
+    return build_classification_data("digits", ClassificationReader(augment=augment, **kw))
 
 
 # ---------------------------------------------------------------- digits
@@ -125,7 +125,7 @@ def test_augment_imagenet_shapes_and_stats():
 
 def test_bad_names():
     with pytest.raises(ValueError, match="fashion-mnist.*digits.*image-folder"):
-        build_classification_data("cifar-1000", root=None, image_size=None, augment="none")
+        build_classification_data("cifar-1000", ClassificationReader())
     with pytest.raises(ValueError, match="none.*basic.*imagenet"):
         digits(augment="heavy")
 
@@ -133,7 +133,7 @@ def test_bad_names():
 # ---------------------------------------------------------------- fashion-mnist
 @needs_fashion
 def test_fashion_mnist_from_debian_files():
-    d = build_classification_data("fashion-mnist", root=None, image_size=None, augment="none")
+    d = build_classification_data("fashion-mnist", ClassificationReader())
     assert (len(d.train), len(d.val)) == (60000, 10000)
     assert d.class_names[0] == "T-shirt/top" and d.class_names[9] == "Ankle boot" and d.num_classes == 10
     assert (d.in_channels, d.image_size) == (1, 28)
@@ -149,7 +149,8 @@ def test_fashion_mnist_from_debian_files():
 
 @needs_fashion
 def test_fashion_mnist_resize_limit_and_basic_augment():
-    d = build_classification_data("fashion-mnist", root=None, image_size=32, augment="basic", limit_train=100, limit_val=10)
+    reader = ClassificationReader(image_size=32, augment="basic", limit_train=100, limit_val=10)
+    d = build_classification_data("fashion-mnist", reader)
     assert (len(d.train), len(d.val), d.image_size, d.random_train_transforms) == (100, 10, 32, True)
     assert d.train[0][0].shape == (1, 32, 32) and d.val[0][0].shape == (1, 32, 32)
     torch.manual_seed(0)
@@ -161,8 +162,8 @@ def test_fashion_mnist_resize_limit_and_basic_augment():
 
 @needs_fashion
 def test_fashion_mnist_flip_is_the_plain_batch_with_half_the_images_mirrored():
-    flip = build_classification_data("fashion-mnist", root=None, image_size=None, augment="flip")
-    plain = build_classification_data("fashion-mnist", root=None, image_size=None, augment="none")
+    flip = build_classification_data("fashion-mnist", ClassificationReader(augment="flip"))
+    plain = build_classification_data("fashion-mnist", ClassificationReader())
     assert flip.random_train_transforms and not plain.random_train_transforms
     idx = list(range(0, 60000, 30))  # 2,000 images
     torch.manual_seed(7)
@@ -185,7 +186,7 @@ def test_fashion_mnist_flip_is_the_plain_batch_with_half_the_images_mirrored():
 
 def test_fashion_missing_path_error(tmp_path):
     with pytest.raises(FileNotFoundError) as info:
-        build_classification_data("fashion-mnist", root=str(tmp_path), image_size=None, augment="none")
+        build_classification_data("fashion-mnist", ClassificationReader(root=str(tmp_path)))
     msg = str(info.value)
     assert str(tmp_path) in msg and str(tmp_path / "FashionMNIST" / "raw") in msg
     assert "train-images-idx3-ubyte.gz" in msg
@@ -215,7 +216,7 @@ def test_idx_reader_validates(tmp_path):
 
 def test_image_folder(tmp_path):
     build_png_tree(tmp_path, {"train": ["cat", "dog"], "val": ["cat", "dog"]})
-    d = build_classification_data("image-folder", root=str(tmp_path), image_size=16, augment="none")
+    d = build_classification_data("image-folder", ClassificationReader(root=str(tmp_path), image_size=16))
     assert (d.num_classes, d.class_names, d.in_channels, d.image_size) == (2, ["cat", "dog"], 3, 16)
     assert (len(d.train), len(d.val), d.random_train_transforms) == (6, 6, False)
     x, y = d.train[4]
@@ -223,14 +224,16 @@ def test_image_folder(tmp_path):
     assert torch.equal(x, d.train[4][0])
     xb, yb = next(iter(DataLoader(d.val, batch_size=4)))
     assert xb.shape == (4, 3, 16, 16) and yb.tolist() == [0, 0, 0, 1]
-    aug = build_classification_data("image-folder", root=str(tmp_path), image_size=16, augment="imagenet", limit_train=2)
+    reader = ClassificationReader(root=str(tmp_path), image_size=16, augment="imagenet", limit_train=2)
+    aug = build_classification_data("image-folder", reader)
     assert aug.random_train_transforms and len(aug.train) == 2 and aug.train[0][0].shape == (3, 16, 16)
     torch.manual_seed(5)
     a = aug.train[0][0]
     torch.manual_seed(5)
     assert torch.equal(a, aug.train[0][0])
-    assert build_classification_data("image-folder", root=str(tmp_path), image_size=None, augment="none").image_size == 224
-    flip = build_classification_data("image-folder", root=str(tmp_path), image_size=16, augment="flip")
+    assert build_classification_data("image-folder", ClassificationReader(root=str(tmp_path))).image_size == 224
+    flip = build_classification_data("image-folder",
+                                     ClassificationReader(root=str(tmp_path), image_size=16, augment="flip"))
     seen = set()
     for seed in range(12):
         torch.manual_seed(seed)
@@ -242,11 +245,11 @@ def test_image_folder(tmp_path):
 def test_image_folder_errors(tmp_path):
     missing = tmp_path / "nowhere"
     with pytest.raises(FileNotFoundError, match="train/<class>") as info:
-        build_classification_data("image-folder", root=str(missing), image_size=16, augment="none")
+        build_classification_data("image-folder", ClassificationReader(root=str(missing), image_size=16))
     assert str(missing) in str(info.value) and "val/<class>" in str(info.value)
     build_png_tree(tmp_path / "bad", {"train": ["cat", "dog"], "val": ["cat", "emu"]}, n=1)
     with pytest.raises(ValueError) as info:
-        build_classification_data("image-folder", root=str(tmp_path / "bad"), image_size=16, augment="none")
+        build_classification_data("image-folder", ClassificationReader(root=str(tmp_path / "bad"), image_size=16))
     msg = str(info.value)
     assert "missing from val/: 1 ('dog'); not in train/: 1 ('emu')" in msg and "\n" not in msg
 

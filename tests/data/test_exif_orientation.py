@@ -70,13 +70,14 @@ def test_every_orientation_decodes_to_the_upright_image(orientation, tmp_path):
 
 def test_an_image_folder_reads_photos_upright(tmp_path):
     from visiontrain.data.datasets.image_folder import build_image_folder as folder_datasets
+    from visiontrain.data.datasets.sources import ClassificationReader
 
     build_image_folder(tmp_path)
     photo = tmp_path / "train" / "circle" / "photo.jpg"
     img = picture(5)  # not square: a turn changes the sides
     save_photo(img, photo, 8)
     copy = upright_copy(photo)
-    train, _, _, _ = folder_datasets(str(tmp_path), image_size=32, augment="none", limit_train=None, limit_val=None)
+    train, _, _, _ = folder_datasets(ClassificationReader(root=str(tmp_path), image_size=32))
     index = {Path(p).name: i for i, (p, _) in enumerate(train.samples)}
     assert train.raw_item(index["photo.jpg"])[0].size == (128, 96)
     assert torch.equal(train[index["photo.jpg"]][0], train[index[copy.name]][0])

@@ -16,6 +16,7 @@ from torch.utils.data import TensorDataset
 
 from dataset_trees import build_png_tree
 from visiontrain.data.datasets.classification import build_classification_data
+from visiontrain.data.datasets.sources import ClassificationReader
 from visiontrain.data.samplers import GroupedBatchSampler
 
 
@@ -37,7 +38,7 @@ def test_hidden_folders_and_files_are_neither_classes_nor_images(tmp_path: Path)
                    root / "val" / "dog" / "._0.png"):  # macOS resource fork beside the image
         hidden.parent.mkdir(parents=True, exist_ok=True)
         hidden.write_bytes(cat.read_bytes())
-    d = build_classification_data("image-folder", root=str(root), image_size=8, augment="none")
+    d = build_classification_data("image-folder", ClassificationReader(root=str(root), image_size=8))
     assert d.class_names == ["cat", "dog"] and d.num_classes == 2
     assert (len(d.train), len(d.val)) == (6, 6)
     assert not any("/." in p[len(str(root)):] for p, _ in [*d.train.samples, *d.val.samples])
@@ -51,7 +52,7 @@ def test_class_folder_with_only_hidden_files_is_an_error_naming_it(tmp_path: Pat
     cat = tmp_path / "train" / "cat"
     (cat / "0.png").rename(cat / ".0.png")
     with pytest.raises(FileNotFoundError) as info:
-        build_classification_data("image-folder", root=str(tmp_path), image_size=8, augment="none")
+        build_classification_data("image-folder", ClassificationReader(root=str(tmp_path), image_size=8))
     msg = str(info.value)
     assert f"image-folder split {tmp_path / 'train'}: Found no valid file for the classes cat." in msg
     assert str(cat) in msg and "Supported extensions are: .jpg" in msg
@@ -62,8 +63,8 @@ def test_image_folder_limits_keep_every_class_and_are_deterministic(tmp_path: Pa
     build_png_tree(tmp_path, {"train": ["a", "b", "c"], "val": ["a", "b", "c"]}, n=4)
 
     def build():
-        return build_classification_data("image-folder", root=str(tmp_path), image_size=8, augment="none",
-                                         limit_train=6, limit_val=4)
+        return build_classification_data("image-folder", ClassificationReader(root=str(tmp_path), image_size=8,
+                                                                              limit_train=6, limit_val=4))
 
     d = build()
     assert collections.Counter(d.train.targets) == {0: 2, 1: 2, 2: 2}

@@ -18,6 +18,7 @@ import dataset_trees
 from visiontrain.core import config as C
 from visiontrain.data import image_cache
 from visiontrain.data.detection.images import image_size, read_rgb
+from visiontrain.data.detection.sources import DetectionDataConfig
 from visiontrain.data.detection.splits import build_detection_splits
 
 SPLITS = {"coco": ("train2017", "val2017"), "voc": ("trainval", "test"), "yolo": ("train", "val")}
@@ -34,8 +35,9 @@ def tree(name: str, tmp_path_factory, mosaic_coco) -> tuple[str, Path, tuple[str
 
 
 def cached_splits(name: str, root: Path, splits: tuple[str, str], directory: Path, **cache):
-    return build_detection_splits(name, root=str(root), train_split=splits[0], val_split=splits[1],
-                                  on_bad_annotation="error", cache="ram", cache_dir=str(directory), **cache)
+    return build_detection_splits(DetectionDataConfig(name=name, root=str(root), train_split=splits[0],
+                                                      val_split=splits[1], on_bad_annotation="error", cache="ram",
+                                                      cache_dir=str(directory), **cache))
 
 
 def cache_files(directory: Path) -> list[str]:
@@ -116,15 +118,15 @@ def test_a_cache_that_does_not_fit_is_refused_before_anything_is_written(tmp_pat
     shm.mkdir(), temp.mkdir()
     monkeypatch.setattr(image_cache, "default_directories", lambda: [str(shm), str(temp)])
     monkeypatch.setattr(image_cache, "free_bytes", lambda directory: 4096 if directory == str(shm) else need)
-    train, val = build_detection_splits(name, root=str(root), train_split=splits[0], val_split=splits[1],
-                                        on_bad_annotation="error", cache="ram")
+    data = DetectionDataConfig(name=name, root=str(root), train_split=splits[0], val_split=splits[1],
+                               on_bad_annotation="error", cache="ram")
+    train, val = build_detection_splits(data)
     assert cache_files(shm) == [] and len(cache_files(temp)) == 2
     del train, val
     gc.collect()
     monkeypatch.setattr(image_cache, "free_bytes", lambda directory: 4096)
     with pytest.raises(C.ConfigError, match=f"{shm} has 4,096 bytes free .* and {temp} has 4,096 bytes free"):
-        build_detection_splits(name, root=str(root), train_split=splits[0], val_split=splits[1],
-                               on_bad_annotation="error", cache="ram")
+        build_detection_splits(data)
     assert cache_files(shm) == cache_files(temp) == []
 
 

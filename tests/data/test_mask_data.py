@@ -24,6 +24,7 @@ from visiontrain.core.config import load_config
 from visiontrain.data.detection import masks as M
 from visiontrain.data.detection.base import BadAnnotationError, training_target
 from visiontrain.data.detection.coco import read_coco
+from visiontrain.data.detection.sources import DetectionDataConfig
 from visiontrain.data.detection.splits import build_detection_splits
 from visiontrain.data.detection.transforms import (IMAGENET_MEAN, IMAGENET_STD, RandomSizeCrop, detr_train_transform,
                                                    sanitize_boxes)
@@ -395,8 +396,9 @@ def test_aspect_ratio_batches_keep_each_images_masks(tmp_path: Path) -> None:
 
 def test_ram_cache_keeps_the_masks(tmp_path: Path) -> None:
     root = masks_yolo(tmp_path / "yolo")
-    train, val = build_detection_splits("yolo", root=str(root), train_split="train", val_split="val",
-                                        on_bad_annotation="error", masks=True, cache="ram", cache_dir=str(tmp_path))
+    data = DetectionDataConfig(name="yolo", root=str(root), train_split="train", val_split="val",
+                               on_bad_annotation="error", cache="ram", cache_dir=str(tmp_path))
+    train, val = build_detection_splits(data, masks=True)
     first = [train[i] for i in range(len(train))]
     assert train.cache.filled() == len(train)
     for image_file in (root / "images" / "train").iterdir():  # a second read decodes nothing
@@ -411,8 +413,8 @@ def test_ram_cache_keeps_the_masks(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["voc", "neon-trees"])
 def test_a_source_without_masks_refuses_them_in_one_line(tmp_path: Path, name: str) -> None:
     with pytest.raises(ValueError) as info:
-        build_detection_splits(name, root=str(tmp_path), train_split="train", val_split="val",
-                               on_bad_annotation="error", masks=True)
+        build_detection_splits(DetectionDataConfig(name=name, root=str(tmp_path), train_split="train",
+                                                   val_split="val", on_bad_annotation="error"), masks=True)
     message = str(info.value)
     assert f"data.name={name}" in message and "no instance masks" in message and "\n" not in message
     assert "coco, yolo, fashion-mosaic" in message

@@ -25,6 +25,7 @@ from procs import COMMAND_ENV, finish, in_process, popen, wait_for
 from procs import run as procs_run
 from s3_server import CREDENTIALS, FlakyProxy, s3_server
 from shard_helpers import start_cli, stop
+from visiontrain.data.datasets.sources import ClassificationReader
 from visiontrain.data.images import UnreadableImageError
 from visiontrain.data.shards.datasets import build_shards_classification
 from visiontrain.data.shards.layout import expand_braces, split_pattern
@@ -366,7 +367,7 @@ def test_an_image_that_cannot_be_decoded_is_named_by_shard_and_key(digits_shards
     with open(copy / "train-000000.tar", "r+b") as f:  # the PNG's bytes after its header: garbage
         f.seek(start + 512 + 16)
         f.write(b"\0" * 64)
-    train, *_ = build_shards_classification(spec, image_size=None, augment="none", limit_train=None, limit_val=None)
+    train, *_ = build_shards_classification(ClassificationReader(shards=spec))
     with pytest.raises(UnreadableImageError, match=r"train-000000\.tar sample 000000003 cannot be decoded"):
         train[3]
     train.check_files("skip", 0.1)  # data.on_bad_image=skip: the next image stands in

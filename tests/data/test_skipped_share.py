@@ -11,7 +11,8 @@ import pytest
 
 from dataset_trees import GIT_LFS_POINTER, build_coco, build_image_folder, build_yolo
 from procs import cli_here
-from visiontrain.data.datasets import build_classification_data, check_image_files
+from visiontrain.data.datasets import ClassificationReader, build_classification_data, check_image_files
+from visiontrain.data.detection.sources import DetectionDataConfig
 from visiontrain.data.detection.splits import build_detection_splits
 
 COCO_SPLITS = dict(train_split="train2017", val_split="val2017")
@@ -50,10 +51,10 @@ def test_coco_boxes_written_as_xyxy_stop_the_run_with_the_cause(tmp_path: Path) 
 def test_the_share_the_error_names_is_accepted(tmp_path: Path) -> None:
     root = coco_written_as_xyxy(tmp_path / "coco")
     with pytest.raises(ValueError, match="set data.max_skipped_share=0.5 to train"):
-        build_detection_splits("coco", root=str(root), on_bad_annotation="skip", max_skipped_share=0.49,
-                               **COCO_SPLITS)
-    train, _ = build_detection_splits("coco", root=str(root), on_bad_annotation="skip", max_skipped_share=0.5,
-                                      **COCO_SPLITS)
+        build_detection_splits(DetectionDataConfig(name="coco", root=str(root), on_bad_annotation="skip",
+                                                   max_skipped_share=0.49, **COCO_SPLITS))
+    train, _ = build_detection_splits(DetectionDataConfig(name="coco", root=str(root), on_bad_annotation="skip",
+                                                          max_skipped_share=0.5, **COCO_SPLITS))
     assert dict(train.policy.skipped) == {"box outside image": 6}
 
 
@@ -64,8 +65,8 @@ def test_yolo_labels_in_pixels_name_the_cause(tmp_path: Path) -> None:
         label.write_text("".join(f"{c} {float(cx) * 128:.1f} {float(cy) * 96:.1f} {float(w) * 128:.1f} "
                                  f"{float(h) * 96:.1f}\n" for c, cx, cy, w, h in lines))
     with pytest.raises(ValueError) as info:
-        build_detection_splits("yolo", root=str(tmp_path), train_split="train", val_split="val",
-                               on_bad_annotation="skip", max_skipped_share=0.1)
+        build_detection_splits(DetectionDataConfig(name="yolo", root=str(tmp_path), train_split="train",
+                                                   val_split="val", on_bad_annotation="skip", max_skipped_share=0.1))
     assert ("12 of 12 boxes are bad data (100%; 12 box outside image), more than data.max_skipped_share=0.1 lets a "
             "run skip; likely cause: labels look like pixel coordinates: YOLO's cx cy w h are divided by the image "
             "width and height (12 of the 12)") in str(info.value)
@@ -76,7 +77,7 @@ def test_image_folder_of_git_lfs_pointers_stops_with_the_cause(tmp_path: Path) -
     pointers = sorted((tmp_path / "train" / "circle").glob("*.png"))[:5]
     for path in pointers:  # a clone without `git lfs pull`
         path.write_text(GIT_LFS_POINTER)
-    data = build_classification_data("image-folder", root=str(tmp_path), image_size=16, augment="none")
+    data = build_classification_data("image-folder", ClassificationReader(root=str(tmp_path), image_size=16))
     with pytest.raises(ValueError) as info:
         check_image_files(data, on_bad_image="skip", max_skipped_share=0.1)
     assert (f"image-folder split {tmp_path / 'train'}: 5 of 16 image files cannot be read (31%), more than "

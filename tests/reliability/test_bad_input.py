@@ -354,13 +354,13 @@ def odd_modes_init_run(digits_run: Path, tmp_path_factory) -> tuple[Path, Path, 
 
 
 def test_image_modes_image_folder_fit_and_tensors(odd_modes_init_run) -> None:
-    from visiontrain.data.datasets import build_classification_data
+    from visiontrain.data.datasets import ClassificationReader, build_classification_data
     from visiontrain.data.images import open_rgb
 
     root, _, proc = odd_modes_init_run
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (root.parent / "r" / "checkpoints" / "last.pt").is_file()
-    data = build_classification_data("image-folder", root=str(root), image_size=8, augment="none")
+    data = build_classification_data("image-folder", ClassificationReader(root=str(root), image_size=8))
     assert data.in_channels == 3
     for i, (path, _) in enumerate(data.train.samples):
         x, _ = data.train[i]

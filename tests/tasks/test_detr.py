@@ -10,7 +10,7 @@ from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
 
 from host_reads import count_reads
-from visiontrain.models.detr import DETR, downsample_mask, postprocess, sine_position_encoding
+from visiontrain.models.detr import DETR, DetrSpec, downsample_mask, postprocess, sine_position_encoding
 from visiontrain.models.detr_loss import HungarianMatcher, SetCriterion, detr_weight_dict
 
 NUM_CLASSES = 3
@@ -20,7 +20,7 @@ TINY = dict(backbone="resnet18", hidden_dim=32, nheads=4, enc_layers=2, dec_laye
 
 def tiny_detr(**kw) -> DETR:
     torch.manual_seed(0)
-    return DETR(NUM_CLASSES, **{**TINY, **kw})
+    return DETR(NUM_CLASSES, DetrSpec(**{**TINY, **kw}))
 
 
 def criterion(aux_layers: int = 1, **kw) -> SetCriterion:
@@ -121,9 +121,9 @@ def test_only_layer2_to_4_transformer_and_heads_train():
 def test_pretrained_backbone_without_cached_weights_fails_clearly(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
     with pytest.raises(RuntimeError, match="task.pretrained_backbone=false"):
-        DETR(NUM_CLASSES, **{**TINY, "pretrained_backbone": True})
+        DETR(NUM_CLASSES, DetrSpec(**{**TINY, "pretrained_backbone": True}))
     with pytest.raises(ValueError, match="backbone"):
-        DETR(NUM_CLASSES, **{**TINY, "backbone": "vgg16"})
+        DETR(NUM_CLASSES, DetrSpec(**{**TINY, "backbone": "vgg16"}))
 
 
 def test_postprocess_gives_absolute_xyxy():

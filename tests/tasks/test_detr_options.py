@@ -10,7 +10,7 @@ import torch
 from torchvision.ops import box_convert, box_iou, sigmoid_focal_loss
 
 from host_reads import count_reads
-from visiontrain.models.detr import DETR, postprocess
+from visiontrain.models.detr import DETR, DetrSpec, postprocess
 from visiontrain.models.detr_loss import HungarianMatcher, SetCriterion, detr_weight_dict
 from visiontrain.models.detr_queries import QueryOptions, cell_anchors, inverse_sigmoid, query_attention_mask
 
@@ -22,7 +22,7 @@ FIXTURE = Path(__file__).parents[1] / "fixtures" / "detr_paper_outputs.pt"
 
 def tiny(**kw) -> DETR:
     torch.manual_seed(0)
-    return DETR(NUM_CLASSES, **{**TINY, **kw})
+    return DETR(NUM_CLASSES, DetrSpec(**{**TINY, **kw}))
 
 
 def targets_of(*boxes_and_labels) -> list[dict[str, torch.Tensor]]:

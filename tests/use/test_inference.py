@@ -61,14 +61,15 @@ def test_the_recorded_transform_is_the_one_the_datasets_use(tmp_path):
     """In-memory (digits, resized and not) and image-folder validation items are the recorded
     transform of their own pixels, bit for bit: one rule, not a copy of it."""
     from dataset_trees import build_image_folder
-    from visiontrain.data.datasets import build_classification_data
+    from visiontrain.data.datasets import ClassificationReader, build_classification_data
     from visiontrain.data.eval_transform import EvalTransform
     from visiontrain.data.images import image_tensor
 
     build_image_folder(tmp_path / "folder")
     for name, root, size, augment in (("digits", None, None, "none"), ("digits", None, 12, "imagenet"),
                                       ("image-folder", str(tmp_path / "folder"), 24, "none")):
-        data = build_classification_data(name, root=root, image_size=size, augment=augment, limit_val=3)
+        reader = ClassificationReader(root=root, image_size=size, augment=augment, limit_val=3)
+        data = build_classification_data(name, reader)
         transform = EvalTransform.from_spec(data.eval_transform.spec())
         for i in range(3):
             raw = image_tensor(data.val.samples[i][0], 3) if name == "image-folder" else data.val.images[i]

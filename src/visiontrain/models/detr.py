@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from visiontrain.core._tv_compat import ensure_torchvision
 
@@ -35,7 +36,7 @@ from visiontrain.models.detr_deformable import deformable_layers  # noqa: E402
 from visiontrain.models.detr_queries import (  # noqa: E402
     MLP, QueryOptions, ReferenceQueries, query_attention_mask, sine_embedding)
 
-__all__ = ["DETR", "postprocess", "sine_position_encoding", "downsample_mask"]
+__all__ = ["DETR", "DetrSpec", "postprocess", "sine_position_encoding", "downsample_mask"]
 
 _BACKBONES = {  # name -> (builder name, weights enum name, output channels of layer4)
     "resnet18": ("resnet18", "ResNet18_Weights", 512),
@@ -162,6 +163,27 @@ class DecoderLayer(nn.Module):
         return self.norm3(tgt + self.drop3(self.ff(tgt)))
 
 
+@dataclass(frozen=True)
+class DetrSpec:
+    """A DETR's network: the paper's by default (ResNet-50, 6 + 6 layers of width 256, 100 queries),
+    with the query options of :mod:`visiontrain.models.detr_queries` all off. The names are the
+    ``task`` keys of the DETR recipes."""
+    backbone: str = "resnet50"
+    hidden_dim: int = 256
+    nheads: int = 8
+    enc_layers: int = 6
+    dec_layers: int = 6
+    dim_feedforward: int = 2048
+    dropout: float = 0.1
+    num_queries: int = 100
+    pretrained_backbone: bool = False
+    train_backbone_layers: Sequence[str] = ("layer2", "layer3", "layer4")
+    feature_layer: str = "layer4"
+    frozen_bn: bool = True
+    sigmoid_class: bool = False
+    queries: QueryOptions = QueryOptions()
+
+
 class DETR(nn.Module):
     """DETR detector; see the module docstring.  ``forward(images, mask)`` returns
     ``{"pred_logits": [B,Q,C+1], "pred_boxes": [B,Q,4] (cxcywh in [0,1]), "aux_outputs": [...]}``
@@ -175,54 +197,54 @@ class DETR(nn.Module):
     and its outputs are the paper's.
     """
 
-    def __init__(self, num_classes: int, *, backbone: str = "resnet50", hidden_dim: int = 256, nheads: int = 8,
-                 enc_layers: int = 6, dec_layers: int = 6, dim_feedforward: int = 2048, dropout: float = 0.1,
-                 num_queries: int = 100, pretrained_backbone: bool = False,
-                 train_backbone_layers: Sequence[str] = ("layer2", "layer3", "layer4"),
-                 feature_layer: str = "layer4", frozen_bn: bool = True, sigmoid_class: bool = False,
-                 queries: QueryOptions = QueryOptions()) -> None:
+    def __init__(self, num_classes: int, spec: DetrSpec = DetrSpec()) -> None:
         super().__init__()
-        if num_classes < 1 or num_queries < 1 or dec_layers < 1 or enc_layers < 0:
+        s, queries = spec, spec.queries
+        width, heads, ff, dropout = s.hidden_dim, s.nheads, s.dim_feedforward, s.dropout
+        if num_classes < 1 or s.num_queries < 1 or s.dec_layers < 1 or s.enc_layers < 0:
             raise ValueError(f"DETR needs num_classes>=1, num_queries>=1, dec_layers>=1, enc_layers>=0; got "
-                             f"{num_classes}, {num_queries}, {dec_layers}, {enc_layers}")
-        if hidden_dim % nheads or hidden_dim % 2:
-            raise ValueError(f"hidden_dim ({hidden_dim}) must be even and divisible by nheads ({nheads})")
-        if queries.reference_boxes and hidden_dim % 4:
+                             f"{num_classes}, {s.num_queries}, {s.dec_layers}, {s.enc_layers}")
+        if width % heads or width % 2:
+            raise ValueError(f"hidden_dim ({width}) must be even and divisible by nheads ({heads})")
+        if queries.reference_boxes and width % 4:
             raise ValueError(f"reference boxes need hidden_dim divisible by 4 (a sine pair per coordinate), "
-                             f"got {hidden_dim}")
-        self.num_classes, self.num_queries, self.hidden_dim = num_classes, num_queries, hidden_dim
-        self.sigmoid_class, self.options = sigmoid_class, queries
+                             f"got {width}")
+        self.num_classes, self.num_queries, self.hidden_dim = num_classes, s.num_queries, width
+        self.sigmoid_class, self.options = s.sigmoid_class, queries
         two_levels = queries.deformable_levels == 2
-        self.backbone = Backbone(backbone, pretrained_backbone, tuple(train_backbone_layers),
-                                 feature_layer=feature_layer, frozen_bn=frozen_bn, fine_level=two_levels)
-        self.input_proj = nn.Conv2d(self.backbone.num_channels, hidden_dim, kernel_size=1)
+        self.backbone = Backbone(s.backbone, s.pretrained_backbone, tuple(s.train_backbone_layers),
+                                 feature_layer=s.feature_layer, frozen_bn=s.frozen_bn, fine_level=two_levels)
+        self.input_proj = nn.Conv2d(self.backbone.num_channels, width, kernel_size=1)
         if two_levels:  # the finer map joins the decoder's deformable attention only (not the encoder)
-            self.fine_proj = nn.Sequential(nn.Conv2d(self.backbone.fine_channels, hidden_dim, kernel_size=1),
-                                           nn.GroupNorm(32 if hidden_dim % 32 == 0 else 1, hidden_dim))
-        enc = EncoderLayer(hidden_dim, nheads, dim_feedforward, dropout)
-        self.encoder = nn.ModuleList(copy.deepcopy(enc) for _ in range(enc_layers))
+            self.fine_proj = nn.Sequential(nn.Conv2d(self.backbone.fine_channels, width, kernel_size=1),
+                                           nn.GroupNorm(32 if width % 32 == 0 else 1, width))
+        enc = EncoderLayer(width, heads, ff, dropout)
+        self.encoder = nn.ModuleList(copy.deepcopy(enc) for _ in range(s.enc_layers))
         if queries.deformable_levels:
-            self.decoder = deformable_layers(dec_layers, hidden_dim, nheads, dim_feedforward, dropout,
+            self.decoder = deformable_layers(s.dec_layers, width, heads, ff, dropout,
                                              queries.deformable_levels, queries.deformable_points)
         else:
-            dec = DecoderLayer(hidden_dim, nheads, dim_feedforward, dropout)
-            self.decoder = nn.ModuleList(copy.deepcopy(dec) for _ in range(dec_layers))
-        self.decoder_norm = nn.LayerNorm(hidden_dim)
-        class_outputs = num_classes if sigmoid_class else num_classes + 1
+            dec = DecoderLayer(width, heads, ff, dropout)
+            self.decoder = nn.ModuleList(copy.deepcopy(dec) for _ in range(s.dec_layers))
+        self.decoder_norm = nn.LayerNorm(width)
+        class_outputs = num_classes if s.sigmoid_class else num_classes + 1
         if queries.reference_boxes:
-            self.queries = ReferenceQueries(queries, num_queries, num_classes, class_outputs, hidden_dim, dec_layers)
+            self.queries = ReferenceQueries(queries, s.num_queries, num_classes, class_outputs, width, s.dec_layers)
         else:
-            self.query_embed = nn.Embedding(num_queries * queries.groups, hidden_dim)
-        self.class_embed = nn.Linear(hidden_dim, class_outputs)
+            self.query_embed = nn.Embedding(s.num_queries * queries.groups, width)
+        self.class_embed = nn.Linear(width, class_outputs)
         if not queries.reference_boxes:  # (created after class_embed: a seed gives the paper model's weights)
-            self.bbox_embed = MLP(hidden_dim, hidden_dim, 4, 3)
+            self.bbox_embed = MLP(width, width, 4, 3)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
         # Xavier on the transformer's matrices, as in the paper's code: the default MHA/Linear
         # inits give a badly scaled residual stream at 6+6 layers.
-        for module in (self.encoder, self.decoder) if not queries.deformable_levels else (self.encoder,):
+        for module in (self.encoder, self.decoder) if not self.options.deformable_levels else (self.encoder,):
             for p in module.parameters():
                 if p.dim() > 1:
                     nn.init.xavier_uniform_(p)
-        if sigmoid_class:  # focal-loss heads start every class at p = 0.01 (RetinaNet's prior)
+        if self.sigmoid_class:  # focal-loss heads start every class at p = 0.01 (RetinaNet's prior)
             prior = -math.log((1 - 0.01) / 0.01)
             for head in (self.class_embed, getattr(getattr(self, "queries", None), "enc_class", None)):
                 if head is not None:

@@ -36,7 +36,7 @@ from visiontrain.models import cached_torch_hub_weights  # noqa: E402
 from visiontrain.models.freezing import freeze_parameters  # noqa: E402
 
 __all__ = ["BACKBONES", "MaskHead", "MaskRcnnExport", "PreparedFasterRCNN", "PreparedMaskRCNN", "RcnnExport",
-           "build_faster_rcnn", "fpn_levels", "paste_masks"]
+           "FasterRcnnSpec", "build_faster_rcnn", "fpn_levels", "paste_masks"]
 
 RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101")
 BACKBONES = (*RESNETS, "mobilenet_v3_large")
@@ -114,41 +114,61 @@ class MaskHead:
     layers: int = 4
 
 
-def build_faster_rcnn(num_classes: int, *, backbone: str = "resnet50", pretrained_backbone: bool = False,
-                      trainable_layers: int = 3, frozen_bn: bool = True, returned_layers: Sequence[int] = (1, 2, 3, 4),
-                      fpn_channels: int = 256, anchor_sizes: Sequence[int] = (32, 64, 128, 256, 512),
-                      aspect_ratios: Sequence[float] = (0.5, 1.0, 2.0), representation_size: int = 1024,
-                      rpn_pre_nms_top_n: Sequence[int] = (2000, 1000),
-                      rpn_post_nms_top_n: Sequence[int] = (2000, 1000), rpn_batch_size_per_image: int = 256,
-                      box_batch_size_per_image: int = 512, box_score_thresh: float = 0.05,
-                      box_nms_thresh: float = 0.5, detections_per_img: int = 100,
-                      mask_head: MaskHead | None = None) -> PreparedFasterRCNN | PreparedMaskRCNN:
-    """A Faster R-CNN for ``num_classes`` object classes (background added), with one anchor size per
-    FPN level; the defaults are torchvision's ``fasterrcnn_resnet50_fpn``. Pairs are (train, test).
-    With ``mask_head``, a Mask R-CNN: the same network and a mask branch on the same FPN levels
-    (torchvision's ``maskrcnn_resnet50_fpn`` with ``MaskHead()``)."""
-    levels = fpn_levels(backbone, returned_layers)
-    if len(anchor_sizes) != levels:
-        raise ValueError(f"task.anchor_sizes: need one size per FPN level ({levels}: {len(returned_layers)} returned "
-                         f"layers + the pooled level), got {list(anchor_sizes)}")
-    for key, pair in (("rpn_pre_nms_top_n", rpn_pre_nms_top_n), ("rpn_post_nms_top_n", rpn_post_nms_top_n)):
+@dataclass(frozen=True)
+class FasterRcnnSpec:
+    """A Faster R-CNN's network and box settings, one anchor size per FPN level; the defaults are
+    torchvision's ``fasterrcnn_resnet50_fpn``. Pairs are (train, test). With ``mask_head``, a Mask
+    R-CNN: the same network and a mask branch on the same FPN levels (torchvision's
+    ``maskrcnn_resnet50_fpn`` with ``MaskHead()``). The names are the ``task`` keys of the R-CNN recipes."""
+    backbone: str = "resnet50"
+    pretrained_backbone: bool = False
+    trainable_layers: int = 3
+    frozen_bn: bool = True
+    returned_layers: Sequence[int] = (1, 2, 3, 4)
+    fpn_channels: int = 256
+    anchor_sizes: Sequence[int] = (32, 64, 128, 256, 512)
+    aspect_ratios: Sequence[float] = (0.5, 1.0, 2.0)
+    representation_size: int = 1024
+    rpn_pre_nms_top_n: Sequence[int] = (2000, 1000)
+    rpn_post_nms_top_n: Sequence[int] = (2000, 1000)
+    rpn_batch_size_per_image: int = 256
+    box_batch_size_per_image: int = 512
+    box_score_thresh: float = 0.05
+    box_nms_thresh: float = 0.5
+    detections_per_img: int = 100
+    mask_head: MaskHead | None = None
+
+
+def build_faster_rcnn(num_classes: int,
+                      spec: FasterRcnnSpec = FasterRcnnSpec()) -> PreparedFasterRCNN | PreparedMaskRCNN:
+    """A Faster R-CNN (or, with ``spec.mask_head``, a Mask R-CNN) for ``num_classes`` object classes,
+    background added."""
+    s = spec
+    levels = fpn_levels(s.backbone, s.returned_layers)
+    if len(s.anchor_sizes) != levels:
+        raise ValueError(f"task.anchor_sizes: need one size per FPN level ({levels}: {len(s.returned_layers)} "
+                         f"returned layers + the pooled level), got {list(s.anchor_sizes)}")
+    for key, pair in (("rpn_pre_nms_top_n", s.rpn_pre_nms_top_n), ("rpn_post_nms_top_n", s.rpn_post_nms_top_n)):
         if len(pair) != 2:
             raise ValueError(f"task.{key}: expected [train, test], got {list(pair)}")
-    body = _fpn_backbone(backbone, pretrained_backbone, trainable_layers, frozen_bn, returned_layers, fpn_channels)
-    anchors = AnchorGenerator(tuple((s,) for s in anchor_sizes), (tuple(aspect_ratios),) * levels)
+    body = _fpn_backbone(s.backbone, s.pretrained_backbone, s.trainable_layers, s.frozen_bn, s.returned_layers,
+                         s.fpn_channels)
+    anchors = AnchorGenerator(tuple((size,) for size in s.anchor_sizes), (tuple(s.aspect_ratios),) * levels)
     pool = MultiScaleRoIAlign([str(i) for i in range(levels - 1)], output_size=7, sampling_ratio=2)
-    masks = {} if mask_head is None else {
+    mask = s.mask_head
+    masks = {} if mask is None else {
         "mask_roi_pool": MultiScaleRoIAlign(pool.featmap_names, output_size=14, sampling_ratio=2),
-        "mask_head": MaskRCNNHeads(fpn_channels, [mask_head.channels] * mask_head.layers, dilation=1),
-        "mask_predictor": MaskRCNNPredictor(mask_head.channels, mask_head.channels, num_classes + 1)}
-    model = (PreparedFasterRCNN if mask_head is None else PreparedMaskRCNN)(
+        "mask_head": MaskRCNNHeads(s.fpn_channels, [mask.channels] * mask.layers, dilation=1),
+        "mask_predictor": MaskRCNNPredictor(mask.channels, mask.channels, num_classes + 1)}
+    model = (PreparedFasterRCNN if mask is None else PreparedMaskRCNN)(
         body, num_classes=None, rpn_anchor_generator=anchors, box_roi_pool=pool, **masks,
-        box_head=TwoMLPHead(fpn_channels * 7 * 7, representation_size),
-        box_predictor=FastRCNNPredictor(representation_size, num_classes + 1),
-        rpn_pre_nms_top_n_train=rpn_pre_nms_top_n[0], rpn_pre_nms_top_n_test=rpn_pre_nms_top_n[1],
-        rpn_post_nms_top_n_train=rpn_post_nms_top_n[0], rpn_post_nms_top_n_test=rpn_post_nms_top_n[1],
-        rpn_batch_size_per_image=rpn_batch_size_per_image, box_batch_size_per_image=box_batch_size_per_image,
-        box_score_thresh=box_score_thresh, box_nms_thresh=box_nms_thresh, box_detections_per_img=detections_per_img)
+        box_head=TwoMLPHead(s.fpn_channels * 7 * 7, s.representation_size),
+        box_predictor=FastRCNNPredictor(s.representation_size, num_classes + 1),
+        rpn_pre_nms_top_n_train=s.rpn_pre_nms_top_n[0], rpn_pre_nms_top_n_test=s.rpn_pre_nms_top_n[1],
+        rpn_post_nms_top_n_train=s.rpn_post_nms_top_n[0], rpn_post_nms_top_n_test=s.rpn_post_nms_top_n[1],
+        rpn_batch_size_per_image=s.rpn_batch_size_per_image, box_batch_size_per_image=s.box_batch_size_per_image,
+        box_score_thresh=s.box_score_thresh, box_nms_thresh=s.box_nms_thresh,
+        box_detections_per_img=s.detections_per_img)
     model.transform = None  # never used: the data pipeline resizes, normalises and pads
     return model
 

@@ -88,8 +88,8 @@ def recorded_eval_transform(preprocess: dict[str, Any] | None, data: Any, augmen
         "validation transform from data.name=%s", data.name)
     try:
         args = reader_args(data)
-        return classification_eval_transform(data.name, root=args["root"], image_size=args["image_size"],
-                                             augment=augment, download=args["download"])
+        return classification_eval_transform(data.name, root=args.root, image_size=args.image_size,
+                                             augment=augment, download=args.download)
     except (OSError, ValueError) as err:
         raise ValueError(f"the checkpoint's data_info has no 'preprocess' (written by an older visiontrain) and "
                          f"data.name={data.name} could not be read to recover its normalisation: {err}; make the "
@@ -138,7 +138,7 @@ class ClassificationTask(Task):
 
     def build_data(self) -> TaskData:
         d = self.cfg.data
-        data = build_classification_data(d.name, **reader_args(d))
+        data = build_classification_data(d.name, reader_args(d))
         if isinstance(d, ImageFolderDataConfig):  # the other sources are in memory: no file to open
             check_image_files(data, on_bad_image=d.image_policy(), max_skipped_share=d.max_skipped_share)
         self.num_classes, self.class_names = data.num_classes, list(data.class_names)
@@ -149,7 +149,7 @@ class ClassificationTask(Task):
         return TaskData(data.train, data.val, info, random_transforms=data.random_train_transforms)
 
     def device_transform(self, *, channels_last: bool) -> Callable[[Any], Any] | None:
-        if not reader_args(self.cfg.data)["uint8_train"]:
+        if not reader_args(self.cfg.data).uint8_train:
             return None
 
         normalize = NormalizeOnDevice()  # image-folder's ImageNet statistics
@@ -227,7 +227,7 @@ class ClassificationTask(Task):
 
     def eval_transform(self) -> EvalTransform:
         """The validation set's own transform (``data_info["preprocess"]``; see :func:`recorded_eval_transform`)."""
-        transform = recorded_eval_transform(self.preprocess, self.cfg.data, reader_args(self.cfg.data)["augment"])
+        transform = recorded_eval_transform(self.preprocess, self.cfg.data, reader_args(self.cfg.data).augment)
         self.preprocess = transform.spec()
         return transform
 
@@ -249,7 +249,7 @@ class ClassificationTask(Task):
         size = info["image_size"]
         example = torch.randn(2, info["in_channels"], size, size, generator=torch.Generator().manual_seed(0))
         metadata = {"class_names": self.class_names, "category_ids": list(range(self.num_classes)),
-                    **input_metadata(self.preprocess, self.cfg.data, reader_args(self.cfg.data)["augment"], size,
+                    **input_metadata(self.preprocess, self.cfg.data, reader_args(self.cfg.data).augment, size,
                                      info["in_channels"]),
                     "output": "logits [B, classes]: softmax gives the class probabilities"}
         return ExportSpec(model.eval(), (example,), ["images"], ["logits"], metadata=metadata)

@@ -105,7 +105,7 @@ class DetectionTask(Task):
 
         coco_api(self.cfg.eval.coco_backend)  # its package importable, before any training
         d = self.cfg.data
-        train, val = build_detection_splits(d.name, masks=self.reads_masks, **detection_source(d).reader_args())
+        train, val = build_detection_splits(detection_source(d), masks=self.reads_masks)
         for split, ds in (("train", train), ("val", val)):
             if ds.policy.skipped:
                 # the key that skipped them: under on_bad_annotation=error only image files can have been

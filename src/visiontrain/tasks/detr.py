@@ -7,7 +7,7 @@ format (normalised cxcywh of each image's own size) and COCO evaluation.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -111,7 +111,7 @@ class DetrTask(DetectionTask):
                 detr_val_transform(t.val_size, t.max_size))
 
     def build_model(self, info: dict[str, Any]) -> nn.Module:
-        from visiontrain.models.detr import DETR
+        from visiontrain.models.detr import DETR, DetrSpec
         from visiontrain.models.detr_loss import HungarianMatcher, SetCriterion
 
         t = self.cfg.task
@@ -124,12 +124,9 @@ class DetrTask(DetectionTask):
         queries = QueryOptions(box_refine=t.box_refine, two_stage=t.two_stage, groups=t.query_groups,
                                dn_groups=t.dn_groups, dn_label_noise=t.dn_label_noise, dn_box_noise=t.dn_box_noise,
                                deformable_levels=t.deformable_levels, deformable_points=t.deformable_points)
-        model = DETR(info["num_classes"], backbone=t.backbone, hidden_dim=t.hidden_dim, nheads=t.nheads,
-                    enc_layers=t.enc_layers, dec_layers=t.dec_layers, dim_feedforward=t.dim_feedforward,
-                    dropout=t.dropout, num_queries=t.num_queries, pretrained_backbone=t.pretrained_backbone,
-                    train_backbone_layers=tuple(t.train_backbone_layers), feature_layer=t.feature_layer,
-                    frozen_bn=t.frozen_bn, sigmoid_class=sigmoid, queries=queries)
-        return model
+        keys = [f.name for f in fields(DetrSpec) if f.name not in ("sigmoid_class", "queries")]  # this section's
+        return DETR(info["num_classes"], DetrSpec(**{k: getattr(t, k) for k in keys}, sigmoid_class=sigmoid,
+                                                  queries=queries))
 
     def init_weights(self, model: nn.Module) -> str | None:
         """``task.backbone_weights``: a ResNet's own weights (torchvision or timm names: conv1, bn1,

@@ -12,7 +12,7 @@ The task owns only the centre (saved in every checkpoint through ``state_dict``)
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, ClassVar, Literal
 
 import torch
@@ -132,8 +132,9 @@ class DinoTask(Task):
     # ------------------------------------------------------------------ data and model
     def build_data(self) -> TaskData:
         d, t = self.cfg.data, self.cfg.task
-        args = {**reader_args(d), "image_size": self.eval_image_size(), "augment": "none", "uint8_train": False}
-        data = build_classification_data(d.name, **{k: v for k, v in args.items() if not k.endswith("_split")})
+        reader = replace(reader_args(d), image_size=self.eval_image_size(), augment="none", uint8_train=False,
+                         train_split="train", val_split="val")
+        data = build_classification_data(d.name, reader)
         if isinstance(d, ImageFolderDataConfig):  # the other sources are in memory: no file to open
             check_image_files(data, on_bad_image=d.image_policy(), max_skipped_share=d.max_skipped_share)
         src = data.train

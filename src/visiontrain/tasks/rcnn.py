@@ -10,7 +10,7 @@ data, aspect-ratio grouped batches, COCO evaluation and prediction.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -102,18 +102,12 @@ class RcnnTask(DetectionTask):
         return data
 
     def build_model(self, info: dict[str, Any]) -> nn.Module:
-        from visiontrain.models.rcnn import build_faster_rcnn
+        from visiontrain.models.rcnn import FasterRcnnSpec, build_faster_rcnn
 
-        t = self.cfg.task
-        return build_faster_rcnn(
-            info["num_classes"], backbone=t.backbone, pretrained_backbone=t.pretrained_backbone,
-            trainable_layers=t.trainable_layers, frozen_bn=t.frozen_bn, returned_layers=t.returned_layers,
-            fpn_channels=t.fpn_channels, anchor_sizes=t.anchor_sizes,
-            aspect_ratios=t.aspect_ratios, representation_size=t.representation_size,
-            rpn_pre_nms_top_n=t.rpn_pre_nms_top_n,
-            rpn_post_nms_top_n=t.rpn_post_nms_top_n, rpn_batch_size_per_image=t.rpn_batch_size_per_image,
-            box_batch_size_per_image=t.box_batch_size_per_image, box_score_thresh=t.box_score_thresh,
-            box_nms_thresh=t.box_nms_thresh, detections_per_img=t.detections_per_img, mask_head=self.mask_head())
+        t = self.cfg.task  # the spec's keys are this section's, the mask head this task's
+        keys = [f.name for f in fields(FasterRcnnSpec) if f.name != "mask_head"]
+        return build_faster_rcnn(info["num_classes"],
+                                 FasterRcnnSpec(**{k: getattr(t, k) for k in keys}, mask_head=self.mask_head()))
 
     def mask_head(self) -> Any:
         """The mask branch (``models.rcnn.MaskHead``), None for a box detector: ``mask_rcnn`` has one."""

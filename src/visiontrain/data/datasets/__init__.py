@@ -1,7 +1,8 @@
-"""Datasets. Classification: ``build_classification_data(name, ...) -> ClassificationData``."""
+"""Datasets. Classification: ``build_classification_data(name, ClassificationReader(...)) -> ClassificationData``."""
 
 from visiontrain.data.datasets.classification import (DATASETS, ClassificationData, build_classification_data,
                                                       check_image_files, classification_eval_transform)
+from visiontrain.data.datasets.sources import ClassificationReader
 
-__all__ = ["DATASETS", "ClassificationData", "build_classification_data", "check_image_files",
+__all__ = ["DATASETS", "ClassificationData", "ClassificationReader", "build_classification_data", "check_image_files",
            "classification_eval_transform"]

@@ -27,7 +27,6 @@ import os
 import tempfile
 from dataclasses import dataclass
 from importlib.metadata import version
-from typing import Any
 
 import numpy as np
 import torch
@@ -36,7 +35,8 @@ from torch.utils.data import Dataset
 from visiontrain.core.typed_config import did_you_mean
 from visiontrain.data.cache_dir import data_cache_dir
 from visiontrain.data.datasets.fashion_mnist import CLASS_NAMES, load_fashion_mnist
-from visiontrain.data.datasets.in_memory import check_augment, make_in_memory_pair
+from visiontrain.data.datasets.in_memory import ImageSetFacts, check_augment, make_in_memory_pair
+from visiontrain.data.datasets.sources import ClassificationReader
 from visiontrain.data.eval_transform import EvalTransform
 
 DATASETS = ("fashion-mnist", "digits", "image-folder", "shards")
@@ -105,35 +105,20 @@ def _limit(ds, n: int | None, name: str):
     return ds.subset(n)
 
 
-def build_classification_data(
-    name: str,
-    *,
-    root: str | None,
-    image_size: int | None,
-    augment: str,
-    limit_train: int | None = None,
-    limit_val: int | None = None,
-    download: bool = False,
-    uint8_train: bool = False,
-    train_split: str = "train",
-    val_split: str = "val",
-    shards: Any = None,
-) -> ClassificationData:
-    """Train/val datasets plus what a model needs to know about them (see the module doc).
-    ``uint8_train``: train images stay uint8, to be normalised on the device (image-folder, shards).
-    ``train_split``, ``val_split``: an image folder's split directories (or a shard directory's splits).
-    ``shards``: what ``data.name=shards`` reads (``ShardsDataConfig.shard_spec``)."""
+def build_classification_data(name: str, reader: ClassificationReader) -> ClassificationData:
+    """Train/val datasets plus what a model needs to know about them (see the module doc), read as
+    ``reader`` says."""
+    r = reader
+    image_size, augment, train_split, val_split = r.image_size, r.augment, r.train_split, r.val_split
     if name not in DATASETS:
         raise ValueError(f"data.name: unknown classification dataset {name!r}{did_you_mean(name, list(DATASETS))}; "
                          f"expected one of {', '.join(DATASETS)}")
     check_augment(augment)
-    if uint8_train and name not in FILE_SOURCES:
+    if r.uint8_train and name not in FILE_SOURCES:
         raise ValueError(f"data.normalize_on_device=true applies to data.name=image-folder, shards and the detection "
                          f"datasets; {name!r} is held in memory as float tensors already (set it to false)")
     if name in FILE_SOURCES:
-        return _decoded_from_files(name, root, shards, augment=augment, image_size=image_size, limit_train=limit_train,
-                                   limit_val=limit_val, uint8_train=uint8_train, train_split=train_split,
-                                   val_split=val_split)
+        return _decoded_from_files(name, r)
     for key, split, fixed in (("train_split", train_split, "train"), ("val_split", val_split, "val")):
         if split != fixed:
             asked = ("`visiontrain validate --split test`, or data.val_split" if key == "val_split"
@@ -144,20 +129,17 @@ def build_classification_data(
                              f"(ROOT/<split>/<class>/) and the splits of detection datasets")
 
     if name == "fashion-mnist":
-        (tx, ty), (vx, vy) = load_fashion_mnist(root, download)
-        classes, max_value, padding, flip_ok = list(CLASS_NAMES), 255.0, 2, True
+        (tx, ty), (vx, vy) = load_fashion_mnist(r.root, r.download)
+        facts = ImageSetFacts(list(CLASS_NAMES), max_value=255.0, basic_padding=2, flip_ok=True)
     else:  # digits
         a, b, c, d = digits_split()
         tx, ty = torch.tensor(a).unsqueeze(1), torch.tensor(b)  # copies: the split is cached
         vx, vy = torch.tensor(c).unsqueeze(1), torch.tensor(d)
-        classes, max_value, padding, flip_ok = [str(i) for i in range(10)], 16.0, 1, False
-
-    train, val, size = make_in_memory_pair(
-        tx, ty, vx, vy, classes=classes, max_value=max_value, image_size=image_size,
-        augment=augment, basic_padding=padding, flip_ok=flip_ok,
-    )
-    train = _limit(train, limit_train, "limit_train")
-    val = _limit(val, limit_val, "limit_val")
+        facts = ImageSetFacts([str(i) for i in range(10)], max_value=16.0, basic_padding=1, flip_ok=False)
+    classes = list(facts.classes)
+    train, val, size = make_in_memory_pair((tx, ty), (vx, vy), facts, image_size=image_size, augment=augment)
+    train = _limit(train, r.limit_train, "limit_train")
+    val = _limit(val, r.limit_val, "limit_val")
     return ClassificationData(
         train=train, val=val, num_classes=len(classes), class_names=classes,
         in_channels=int(tx.shape[1]), image_size=size, random_train_transforms=train.random_transforms,
@@ -165,20 +147,20 @@ def build_classification_data(
     )
 
 
-def _decoded_from_files(name: str, root: str | None, shards: Any, *, augment: str,
-                        **reader: Any) -> ClassificationData:
+def _decoded_from_files(name: str, reader: ClassificationReader) -> ClassificationData:
     """An image folder's datasets, or those of classification shards: image files decoded to RGB."""
     if name == "shards":
         from visiontrain.data.shards.datasets import build_shards_classification
 
-        if shards is None:
+        if reader.shards is None:
             raise ValueError("data.name=shards needs data.shards=DIR or URL (the --out of `visiontrain shard`)")
-        train, val, classes, size = build_shards_classification(shards, augment=augment, **reader)
+        train, val, classes, size = build_shards_classification(reader)
     else:
         from visiontrain.data.datasets.image_folder import build_image_folder
 
-        train, val, classes, size = build_image_folder(root, augment=augment, **reader)
-    return ClassificationData(train, val, len(classes), classes, 3, size, augment != "none", val.eval_transform)
+        train, val, classes, size = build_image_folder(reader)
+    return ClassificationData(train, val, len(classes), classes, 3, size, reader.augment != "none",
+                              val.eval_transform)
 
 
 def check_image_files(data: ClassificationData, *, on_bad_image: str, max_skipped_share: float) -> None:
@@ -201,5 +183,5 @@ def classification_eval_transform(name: str, *, root: str | None, image_size: in
         from visiontrain.data.datasets.image_folder import DEFAULT_IMAGE_SIZE, image_folder_eval_transform
 
         return image_folder_eval_transform(DEFAULT_IMAGE_SIZE if image_size is None else int(image_size))
-    return build_classification_data(name, root=root, image_size=image_size, augment=augment,
-                                     download=download).eval_transform
+    reader = ClassificationReader(root=root, image_size=image_size, augment=augment, download=download)
+    return build_classification_data(name, reader).eval_transform

@@ -32,6 +32,7 @@ from torch.utils.data import Dataset
 from visiontrain.core._tv_compat import ensure_torchvision
 from visiontrain.data.bad_data import check_skipped_share, class_difference, listed
 from visiontrain.data.datasets.in_memory import IMAGENET_MEAN, IMAGENET_STD, VAL_CROP_RATIO, check_augment, tv_v2
+from visiontrain.data.datasets.sources import ClassificationReader
 from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.data.image_check import problem_kind, unreadable_images
 from visiontrain.data.images import UnreadableImageError, open_rgb
@@ -264,12 +265,12 @@ def check_same_classes(train_dir: Path, train_classes: list[str], other_dir: Pat
                          f"{train_dir} ({len(train_classes):,}), one sub-directory each; {difference}")
 
 
-def build_image_folder(
-    root: str | None, *, image_size: int | None, augment: str, limit_train: int | None, limit_val: int | None,
-    uint8_train: bool = False, train_split: str = "train", val_split: str = "val",
-) -> tuple[Dataset, Dataset, list[str], int]:
+def build_image_folder(reader: ClassificationReader) -> tuple[Dataset, Dataset, list[str], int]:
     """``(train, val, class_names, image_size)``; the splits are the directories ``root/train_split``
     and ``root/val_split``."""
+    root, image_size, augment = reader.root, reader.image_size, reader.augment
+    limit_train, limit_val, train_split, val_split = reader.limit_train, reader.limit_val, reader.train_split, \
+        reader.val_split
     check_augment(augment)
     if root is None:
         raise FileNotFoundError(f"data.name=image-folder needs data.root=ROOT with the layout {LAYOUT}")
@@ -295,7 +296,7 @@ def build_image_folder(
     train_samples = balanced_subset(train_samples, limit_train)
     val_samples = balanced_subset(val_samples, limit_val)
     train = ImageFolderClassification(train_samples, classes, image_size=size,
-                                      mode="val" if augment == "none" else augment, uint8=uint8_train,
+                                      mode="val" if augment == "none" else augment, uint8=reader.uint8_train,
                                       source=str(train_dir))
     val = ImageFolderClassification(val_samples, classes, image_size=size, mode="val", source=str(val_dir))
     return train, val, classes, size

@@ -14,6 +14,7 @@ torchvision before the compatibility shim has run.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -202,24 +203,28 @@ class InMemoryClassification(Dataset):
         )
 
 
-def make_in_memory_pair(
-    train_images: Tensor,
-    train_labels: Tensor,
-    val_images: Tensor,
-    val_labels: Tensor,
-    *,
-    classes: Sequence[str],
-    max_value: float,
-    image_size: int | None,
-    augment: str,
-    basic_padding: int,
-    flip_ok: bool,
-) -> tuple[InMemoryClassification, InMemoryClassification, int]:
-    """Train/val datasets for an in-memory image set under one augment policy.
+@dataclass(frozen=True)
+class ImageSetFacts:
+    """What an in-memory image set is: its class names, the value of a white pixel, the padding of
+    its "basic" crop at native size, and whether a mirrored image is still of its class (a
+    mirrored digit is another symbol)."""
+    classes: Sequence[str]
+    max_value: float
+    basic_padding: int
+    flip_ok: bool
+
+
+def make_in_memory_pair(train: tuple[Tensor, Tensor], val: tuple[Tensor, Tensor], facts: ImageSetFacts, *,
+                        image_size: int | None, augment: str) -> tuple[InMemoryClassification,
+                                                                        InMemoryClassification, int]:
+    """Train/val datasets for an in-memory image set, each ``(uint8 images [N,C,H,W], labels [N])``,
+    under one augment policy.
 
     Returns ``(train, val, image_size)``.  Statistics for "none"/"basic" come from the whole
     train split (before any limit); "imagenet" uses ImageNet mean/std.
     """
+    (train_images, train_labels), (val_images, val_labels) = train, val
+    classes, max_value, basic_padding, flip_ok = facts.classes, facts.max_value, facts.basic_padding, facts.flip_ok
     check_augment(augment)
     native = train_images.shape[-1]
     size = native if image_size is None else int(image_size)
@@ -242,8 +247,8 @@ def make_in_memory_pair(
             "flip": flip_ok,
         }
     common = dict(classes=classes, max_value=max_value, mean=mean, std=std, image_size=size)
-    train = InMemoryClassification(
+    train_set = InMemoryClassification(
         train_images, train_labels, resize_to=val_resize, train_spec=train_spec, **common,
     )
-    val = InMemoryClassification(val_images, val_labels, resize_to=val_resize, **common)
-    return train, val, size
+    val_set = InMemoryClassification(val_images, val_labels, resize_to=val_resize, **common)
+    return train_set, val_set, size

@@ -46,12 +46,28 @@ for _config in (DigitsDataConfig, FashionMnistDataConfig, ImageFolderDataConfig)
     register_kind("data", _config.name, _config)
 
 
-def reader_args(data: DataConfig) -> dict[str, Any]:
-    """``build_classification_data``'s keyword arguments from a classification source's section (a
-    source without a key, such as digits' root, gets the reader's default)."""
-    return {"root": getattr(data, "root", None), "image_size": getattr(data, "image_size", None),
-            "augment": getattr(data, "augment", "none"), "limit_train": data.limit_train,
-            "limit_val": data.limit_val, "download": getattr(data, "download", False),
-            "uint8_train": getattr(data, "normalize_on_device", False),
-            "train_split": getattr(data, "train_split", "train"), "val_split": getattr(data, "val_split", "val"),
-            "shards": data.shard_spec() if hasattr(data, "shard_spec") else None}
+@dataclass(frozen=True)
+class ClassificationReader:
+    """What a classification source is read with (``build_classification_data``, ``build_image_folder``,
+    ``build_shards_classification``): a data section's keys, as ``reader_args`` takes them from it."""
+    root: str | None = None
+    image_size: int | None = None          # None: the source's native size (an image folder's default)
+    augment: str = "none"
+    limit_train: int | None = None
+    limit_val: int | None = None
+    download: bool = False
+    uint8_train: bool = False              # train images stay uint8, normalised on the device
+    train_split: str = "train"             # an image folder's split directories, or a shard directory's splits
+    val_split: str = "val"
+    shards: Any = None                     # what data.name=shards reads (ShardsDataConfig.shard_spec)
+
+
+def reader_args(data: DataConfig) -> ClassificationReader:
+    """How a classification source's section is read (a source without a key, such as digits' root,
+    gets the reader's default)."""
+    return ClassificationReader(
+        root=getattr(data, "root", None), image_size=getattr(data, "image_size", None),
+        augment=getattr(data, "augment", "none"), limit_train=data.limit_train, limit_val=data.limit_val,
+        download=getattr(data, "download", False), uint8_train=getattr(data, "normalize_on_device", False),
+        train_split=getattr(data, "train_split", "train"), val_split=getattr(data, "val_split", "val"),
+        shards=data.shard_spec() if hasattr(data, "shard_spec") else None)

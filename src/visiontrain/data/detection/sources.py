@@ -5,7 +5,7 @@ and the decoded-image cache."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from visiontrain.core.config import register_kind
 from visiontrain.core.typed_config import did_you_mean, doc
@@ -43,14 +43,6 @@ class DetectionDataConfig(ImageFileKeys, SplitKeys, DataConfig):
         """What an image file that cannot be read does: ``on_bad_image``, or where it is unset
         ``on_bad_annotation``, which says it for detection."""
         return self.on_bad_image or self.on_bad_annotation
-
-    def reader_args(self) -> dict[str, Any]:
-        """``build_detection_splits``' keyword arguments."""
-        return {"root": self.root, "train_split": self.train_split, "val_split": self.val_split,
-                "on_bad_annotation": self.on_bad_annotation, "on_bad_image": self.on_bad_image,
-                "max_skipped_share": self.max_skipped_share, "limit_train": self.limit_train,
-                "limit_val": self.limit_val, "cache": self.cache, "cache_gb": self.cache_gb,
-                "cache_dir": self.cache_dir}
 
 
 for _name in DETECTION_SOURCES:

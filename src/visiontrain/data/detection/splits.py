@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from visiontrain.core.typed_config import did_you_mean
 from visiontrain.data.bad_data import check_skipped_share, class_difference
@@ -10,6 +9,7 @@ from visiontrain.data.cache_dir import data_cache_dir
 from visiontrain.data.detection import embedded
 from visiontrain.data.detection.base import IMAGE_REASONS, DetectionDataset
 from visiontrain.data.detection.coco import read_coco
+from visiontrain.data.detection.sources import DetectionDataConfig
 from visiontrain.data.detection.voc import read_voc
 from visiontrain.data.detection.yolo import read_yolo
 from visiontrain.data.image_cache import open_caches
@@ -53,20 +53,19 @@ def check_skipped(name: str, split: str, ds: DetectionDataset, max_share: float)
         check_skipped_share(where, f"{unit} are bad data", lost, total, max_share, causes, detail=reasons)
 
 
-def build_detection_splits(name: str, *, root: str | None, train_split: str, val_split: str,
-                           on_bad_annotation: str, on_bad_image: str | None = None, max_skipped_share: float = 1.0,
-                           limit_train: int | None = None, limit_val: int | None = None, cache: str = "none",
-                           cache_gb: float | None = None,
-                           cache_dir: str | None = None, shards: Any = None,
-                           masks: bool = False) -> tuple[DetectionDataset, DetectionDataset]:
-    """(train, val) of any format; ``cache=ram`` gives both a decoded-image cache (``data.cache``),
-    refused before anything is written when they do not fit ``cache_gb``. ``max_skipped_share``: see
-    ``check_skipped``. ``shards``: what ``data.name=shards`` reads (``ShardsDataConfig.shard_spec``).
-    ``masks``: read each object's mask too (instance segmentation), from the sources that have them."""
+def build_detection_splits(data: DetectionDataConfig, *, masks: bool = False) -> tuple[DetectionDataset,
+                                                                                        DetectionDataset]:
+    """(train, val) of the source ``data`` names, read as its keys say; ``data.cache=ram`` gives both a
+    decoded-image cache, refused before anything is written when they do not fit ``data.cache_gb``.
+    ``data.max_skipped_share``: see ``check_skipped``. ``data.name=shards`` reads its
+    ``shard_spec()``. ``masks``: read each object's mask too (instance segmentation), from the sources
+    that have them."""
+    name, root, train_split, val_split = data.name, data.root, data.train_split, data.val_split
+    limit_train, limit_val = data.limit_train, data.limit_val
     if masks and name not in MASK_FORMATS:
         raise ValueError(f"data.name={name}: this source has no instance masks; a task that trains on masks reads "
                          f"{', '.join(MASK_FORMATS)}")
-    policy = dict(on_bad_annotation=on_bad_annotation, on_bad_image=on_bad_image)
+    policy = dict(on_bad_annotation=data.on_bad_annotation, on_bad_image=data.on_bad_image)
     if name in ("coco", "fashion-mosaic", "neon-trees"):
         if name == "coco":
             base = _need_root(name, root, "ROOT/annotations/instances_<split>.json and ROOT/<split>/*.jpg")
@@ -81,7 +80,7 @@ def build_detection_splits(name: str, *, root: str | None, train_split: str, val
         train = read_coco(str(ann(train_split)), str(base / train_split), limit=limit_train, masks=masks, **policy)
         val = read_coco(str(ann(val_split)), str(base / val_split), limit=limit_val, masks=masks, **policy)
     elif name == "shards":
-        train, val = (read_shards_detection(shards, split, limit=limit, **policy)
+        train, val = (read_shards_detection(data.shard_spec(), split, limit=limit, **policy)
                       for split, limit in ((train_split, limit_train), (val_split, limit_val)))
     elif name == "voc":
         base = _need_root(name, root, "ROOT/ImageSets/Main/<split>.txt, ROOT/Annotations, ROOT/JPEGImages")
@@ -95,16 +94,16 @@ def build_detection_splits(name: str, *, root: str | None, train_split: str, val
         raise ValueError(f"data.name: unknown detection dataset {name!r}{did_you_mean(name, list(FORMATS))}; "
                          f"expected one of {', '.join(FORMATS)}")
     for split, ds in ((train_split, train), (val_split, val)):
-        check_skipped(name, split, ds, max_skipped_share)
+        check_skipped(name, split, ds, data.max_skipped_share)
         check_not_empty(name, split, ds)
     if train.class_names != val.class_names:
         raise ValueError(f"{name}: the classes of split {val_split!r} ({len(val.class_names):,}) must be those of "
                          f"split {train_split!r} ({len(train.class_names):,}), in the same order: "
                          f"{class_difference(train.class_names, val.class_names, train_split, val_split)}")
-    if cache == "ram":
-        caches = open_caches({"train": train.image_shapes(), "val": val.image_shapes()}, budget_gb=cache_gb,
-                             directory=cache_dir)
+    if data.cache == "ram":
+        caches = open_caches({"train": train.image_shapes(), "val": val.image_shapes()}, budget_gb=data.cache_gb,
+                             directory=data.cache_dir)
         train, val = train.with_cache(caches["train"]), val.with_cache(caches["val"])
-    elif cache != "none":
-        raise ValueError(f"data.cache: expected none or ram, got {cache!r}")
+    elif data.cache != "none":
+        raise ValueError(f"data.cache: expected none or ram, got {data.cache!r}")
     return train, val

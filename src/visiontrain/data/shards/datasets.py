@@ -20,6 +20,7 @@ import torch
 
 from visiontrain.data.datasets.image_folder import DEFAULT_IMAGE_SIZE, ImageFolderClassification
 from visiontrain.data.datasets.in_memory import check_augment
+from visiontrain.data.datasets.sources import ClassificationReader
 from visiontrain.data.detection.base import BadDataPolicy, DetectionDataset
 from visiontrain.data.detection.images import BadAnnotationError
 from visiontrain.data.detection.record_index import ImageRecord
@@ -67,22 +68,22 @@ class ShardClassification(ImageFolderClassification):
         self.on_bad_image = on_bad_image
 
 
-def build_shards_classification(spec: ShardSpec, *, image_size: int | None, augment: str, limit_train: int | None,
-                                limit_val: int | None, uint8_train: bool = False, train_split: str = "train",
-                                val_split: str = "val") -> tuple[ShardClassification, ShardClassification,
-                                                                 list[str], int]:
-    """``(train, val, class_names, image_size)`` of classification shards (``data.name=shards``), as
-    ``build_image_folder`` gives them for a folder."""
+def build_shards_classification(reader: ClassificationReader) -> tuple[ShardClassification, ShardClassification,
+                                                                      list[str], int]:
+    """``(train, val, class_names, image_size)`` of classification shards (``data.name=shards``, which
+    ``reader.shards`` locates), as ``build_image_folder`` gives them for a folder."""
+    spec, image_size, augment = reader.shards, reader.image_size, reader.augment
     check_augment(augment)
     index = _kind(spec.location, "classification")
-    train, val = ShardSplit(spec, train_split, limit_train), ShardSplit(spec, val_split, limit_val)
+    train = ShardSplit(spec, reader.train_split, reader.limit_train)
+    val = ShardSplit(spec, reader.val_split, reader.limit_val)
     if image_size is None:  # an in-memory set's native side (its first image's), else an image folder's default
         in_memory = index["source"]["data"].get("name") in IN_MEMORY_SOURCES
         image_size = max(decode_rgb(train.image_bytes(0), train.where(0)).size) if in_memory else DEFAULT_IMAGE_SIZE
     classes = list(index["class_names"])
     common = {"image_size": int(image_size), "pixel_max": int(index.get("pixel_max", 255))}
-    train_set = ShardClassification(train, classes, mode="val" if augment == "none" else augment, uint8=uint8_train,
-                                    **common)
+    train_set = ShardClassification(train, classes, mode="val" if augment == "none" else augment,
+                                    uint8=reader.uint8_train, **common)
     val_set = ShardClassification(val, classes, mode="val", **common)
     return train_set, val_set, classes, int(image_size)
 

@@ -10,6 +10,7 @@ in-memory sets (fashion-mnist, digits) have no files: their uint8 pixels are wri
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 from dataclasses import dataclass
@@ -82,8 +83,7 @@ def raw_data(data: DataConfig) -> RawData:
 def _detection(data: DetectionDataConfig) -> RawData:
     from visiontrain.data.detection.splits import build_detection_splits
 
-    args = {**data.reader_args(), "cache": "none"}  # the bytes are read from the files, never decoded
-    train, val = build_detection_splits(data.name, **args)
+    train, val = build_detection_splits(dataclasses.replace(data, cache="none"))  # bytes from files, never decoded
     splits = []
     for name, ds in ((data.train_split, train), (data.val_split, val)):
         def load(i: int, ds=ds, name=name) -> tuple[str, bytes, dict[str, Any]]:
@@ -101,10 +101,8 @@ def _detection(data: DetectionDataConfig) -> RawData:
 def _image_folder(data: ImageFolderDataConfig) -> RawData:
     from visiontrain.data.datasets.image_folder import build_image_folder
 
-    args = reader_args(data)
-    train, val, classes, _ = build_image_folder(args["root"], image_size=args["image_size"], augment="none",
-                                                limit_train=data.limit_train, limit_val=data.limit_val,
-                                                train_split=data.train_split, val_split=data.val_split)
+    train, val, classes, _ = build_image_folder(dataclasses.replace(reader_args(data), augment="none",
+                                                                    uint8_train=False))
     splits = []
     for name, ds in ((data.train_split, train), (data.val_split, val)):
         ds.check_files(data.image_policy(), data.max_skipped_share)

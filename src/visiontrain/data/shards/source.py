@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from visiontrain.core.config import register_kind
 from visiontrain.core.typed_config import doc
@@ -39,9 +38,6 @@ class ShardsDataConfig(DetectionDataConfig, ImageFolderDataConfig):
         """What the shard datasets read (``reader.ShardSpec``)."""
         directory, only = split_pattern(self.location())
         return ShardSpec(directory, self.shuffle_buffer, only)
-
-    def reader_args(self) -> dict[str, Any]:
-        return {**super().reader_args(), "shards": self.shard_spec()}
 
     def batch_sampler(self, num_samples: int, group_ids: list[int] | None, *, seed: int, rank: int,
                       world_size: int) -> ResumableBatchSampler:

@@ -50,12 +50,13 @@ class Checkpointer(Part):
     state_name = fmt.BEST  # its own state: the best values and the kept best-k files
 
     def __init__(self, settings: CheckpointConfig, run: TrainingRun, progress: Progress, states: fmt.States,
-                 log: RunLogger, *, config: dict[str, Any], max_steps: int | None, check_finite: Callable[[], None],
-                 metric: str, mode: str) -> None:
-        """``config``: the run's resolved config, recorded in every checkpoint (a resume prints what
-        changed); ``max_steps``: ``trainer.max_steps``, which summary.json says ended the run."""
+                 log: RunLogger, *, check_finite: Callable[[], None]) -> None:
+        """Every checkpoint records the run's resolved config (a resume prints what changed);
+        ``trainer.max_steps`` is what summary.json says ended the run; best checkpoints follow the
+        metric ``eval.metric`` / ``eval.mode`` or the task names (``checkpoint_metric``)."""
         self.settings, self.built, self.progress, self.states, self.log = settings, run, progress, states, log
-        self.config, self.max_steps = config, max_steps
+        self.config, self.max_steps = config_to_dict(run.cfg), run.cfg.trainer.max_steps
+        metric, mode = checkpoint_metric(run.cfg.eval, run.task)
         self.check_finite, self.metric, self.mode = check_finite, metric, mode
         self.dir = run.ckpt_dir
         self.cadence = Cadence(settings.every, settings.unit)
@@ -65,11 +66,8 @@ class Checkpointer(Part):
 
     @classmethod
     def for_run(cls, trainer: Any) -> "Checkpointer":
-        cfg = trainer.cfg
-        metric, mode = checkpoint_metric(cfg.eval, trainer.task)
-        return cls(cfg.checkpoint, trainer.run, trainer.progress, trainer.states, trainer.log,
-                   config=config_to_dict(cfg), max_steps=cfg.trainer.max_steps,
-                   check_finite=trainer.parts["log_point"].check_finite, metric=metric, mode=mode)
+        return cls(trainer.cfg.checkpoint, trainer.run, trainer.progress, trainer.states, trainer.log,
+                   check_finite=trainer.parts["log_point"].check_finite)
 
     def due(self, step: int, epoch_end: bool) -> bool:
         """``checkpoint.every`` in ``checkpoint.unit``; not at the run's last step, whose end writes

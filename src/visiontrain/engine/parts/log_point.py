@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from visiontrain.engine.optim.scalars import ScheduledScalars
-from visiontrain.engine.parallel.distributed import DistInfo, all_reduce_mean
+from visiontrain.engine.parallel.distributed import all_reduce_mean
 from visiontrain.engine.protocols.cadence import Cadence
 from visiontrain.engine.protocols.part import Part, Progress
 from visiontrain.engine.records.run_log import RunLogger
+from visiontrain.engine.setup.training import TrainingRun
 from visiontrain.engine.step.accumulation import samples_per_step
 from visiontrain.engine.step.guards import check_rows
 from visiontrain.engine.step.metrics import EpochMeans, PendingRows, StepRecorder
@@ -33,15 +32,15 @@ from visiontrain.rundir.metrics_file import COMPUTE_S, DATA_S, SAMPLES_PER_S, TR
 class LogPoint(Part):
     name = "log_point"
 
-    def __init__(self, settings: TrainerConfig, progress: Progress, recorder: StepRecorder, scalars: ScheduledScalars,
-                 optimizer: torch.optim.Optimizer, log: RunLogger, dist: DistInfo, device: torch.device,
-                 fp16: bool, *, samples_at: Callable[[int], int], ckpt_dir: Path | None = None) -> None:
+    def __init__(self, settings: TrainerConfig, run: TrainingRun, progress: Progress, recorder: StepRecorder,
+                 log: RunLogger, *, samples_at: Callable[[int], int]) -> None:
         """``samples_at(epoch)``: the samples one optimizer step trains on in that epoch, over every
         process (``samples_per_step``), for the throughput."""
-        self.settings, self.progress, self.recorder, self.scalars = settings, progress, recorder, scalars
+        self.settings, self.progress, self.recorder, self.scalars = settings, progress, recorder, run.scalars
         self.samples_at = samples_at
-        self.ckpt_dir = ckpt_dir  # named in a non-finite error: what the run can go back to
-        self.optimizer, self.log, self.dist, self.device, self.fp16 = optimizer, log, dist, device, fp16
+        self.ckpt_dir = run.ckpt_dir  # named in a non-finite error: what the run can go back to
+        self.optimizer, self.log, self.dist, self.device = run.optimizer, log, run.dist, run.device
+        self.fp16 = run.scaler is not None
         # every trainer.log_every steps and the last; each epoch's end too
         self.cadence = Cadence(settings.log_every, "steps", at_end=True)
         self.pending = PendingRows()  # rows read from the device, not yet logged
@@ -53,8 +52,7 @@ class LogPoint(Part):
     @classmethod
     def for_run(cls, trainer: Any) -> "LogPoint":
         run = trainer.run
-        return cls(trainer.cfg.trainer, trainer.progress, trainer.recorder, run.scalars, run.optimizer, trainer.log,
-                   run.dist, run.device, fp16=run.scaler is not None, ckpt_dir=run.ckpt_dir,
+        return cls(trainer.cfg.trainer, run, trainer.progress, trainer.recorder, trainer.log,
                    samples_at=lambda epoch: samples_per_step(trainer.cfg, run.dist.world_size, epoch))
 
     def start(self) -> None:
