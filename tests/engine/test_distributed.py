@@ -95,8 +95,7 @@ def test_sharded_evaluation_counts_every_sample_once(world):
     assert n == 101 and n % world  # the padding case
 
     def evaluate(info: DistInfo) -> tuple[torch.Tensor, int | None]:
-        loader = eval_loader(data.val, 16, collate=data.eval_collate, num_workers=0, pin_memory=False,
-                                   dist_info=info)
+        loader = eval_loader(data.val, 16, collate=data.eval_collate, dist_info=info)  # in this process
         with torch.no_grad():  # one shard at a time in one process: no all-reduce (EvalData.local)
             task.evaluate(model, EvalData.local(loader))
         return task.confusion.clone(), real_samples(loader)

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
 
-from visiontrain.engine.optim.param_groups import (NormGroups, ParamGroupError, build_optimizer, build_param_groups,
-                                                   check_coverage, is_fused, no_decay_names)
+from visiontrain.engine.optim.param_groups import (NormGroups, OptimConfig, ParamGroupError, build_optimizer,
+                                                   build_param_groups, check_coverage, is_fused, no_decay_names)
 from visiontrain.models.freezing import freeze_parameters
 
 
@@ -114,7 +114,7 @@ def test_lr_mult_first_match_wins_and_optimizer_lr() -> None:
     assert len(groups) == len(keys)
     check_coverage(net, groups)
 
-    opt = build_optimizer(groups, "adamw", lr=0.2)
+    opt = build_optimizer(groups, OptimConfig(name="adamw"), lr=0.2)
     params = dict(net.named_parameters())
     seen = set()
     for g in opt.param_groups:
@@ -228,37 +228,39 @@ def test_check_coverage_ignores_frozen_parameters() -> None:
                                       ("adamw", torch.optim.AdamW)])
 def test_build_optimizer_fused_by_default_and_foreach(name: str, cls: type) -> None:
     net = make_net()
-    opt = build_optimizer(build_param_groups(net, 0.05), name, lr=0.01)
+    opt = build_optimizer(build_param_groups(net, 0.05), OptimConfig(name=name), lr=0.01)
     assert type(opt) is cls
     assert opt.defaults["fused"] is True and is_fused(opt)
 
-    opt = build_optimizer(build_param_groups(net, 0.05), name, lr=0.01, impl="foreach")
+    opt = build_optimizer(build_param_groups(net, 0.05), OptimConfig(name=name, impl="foreach"), lr=0.01)
     assert type(opt) is cls
     assert opt.defaults["foreach"] is True
     assert not opt.defaults.get("fused") and not is_fused(opt)
 
-    opt = build_optimizer(build_param_groups(net, 0.05), name, lr=0.01, impl="loop")
+    opt = build_optimizer(build_param_groups(net, 0.05), OptimConfig(name=name, impl="loop"), lr=0.01)
     assert opt.defaults["foreach"] is False and not is_fused(opt)
 
 
 def test_build_optimizer_adam_hyperparameters() -> None:
     net = make_net()
-    opt = build_optimizer(build_param_groups(net, 0.05), "adam", lr=0.01, momentum=0.8, beta2=0.95, eps=1e-6)
+    adam = OptimConfig(name="adam", momentum=0.8, beta2=0.95, eps=1e-6)
+    opt = build_optimizer(build_param_groups(net, 0.05), adam, lr=0.01)
     assert opt.defaults["betas"] == (0.8, 0.95) and opt.defaults["eps"] == 1e-6
-    opt = build_optimizer(build_param_groups(net, 0.0), "sgd", lr=0.01, momentum=0.7, nesterov=True)
+    opt = build_optimizer(build_param_groups(net, 0.0), OptimConfig(name="sgd", momentum=0.7, nesterov=True),
+                          lr=0.01)
     assert opt.defaults["momentum"] == 0.7 and opt.defaults["nesterov"] is True
 
 
 def test_build_optimizer_unknown_name() -> None:
     with pytest.raises(ValueError, match="rmsprop"):
-        build_optimizer(build_param_groups(make_net(), 0.05), "rmsprop", lr=0.01)
+        build_optimizer(build_param_groups(make_net(), 0.05), OptimConfig(name="rmsprop"), lr=0.01)
 
 
 def test_fused_adamw_step_matches_reference_with_group_decay_and_lr_mult() -> None:
     """One fused AdamW step over the rule-built groups == the plain loop AdamW with hand groups."""
     net, ref = make_net(3), make_net(3)
     groups = build_param_groups(net, 0.1, lr_mult={r"^fc": 0.5})
-    opt = build_optimizer(groups, "adamw", lr=0.01)
+    opt = build_optimizer(groups, OptimConfig(name="adamw"), lr=0.01)
     rp = dict(ref.named_parameters())
     hand = [
         {"params": [rp["stem.0.weight"]], "weight_decay": 0.1, "lr": 0.01},
@@ -287,7 +289,7 @@ def test_fused_sgd_skipped_first_step_then_matches_plain_sgd() -> None:
     del junk
     params = [nn.Parameter(torch.randn(s)) for s in shapes]
     start = [p.detach().clone() for p in params]
-    opt = build_optimizer([{"params": params, "lr_mult": 1.0}], "sgd", lr=0.1, momentum=0.9)
+    opt = build_optimizer([{"params": params, "lr_mult": 1.0}], OptimConfig(name="sgd", momentum=0.9), lr=0.1)
     assert is_fused(opt)
 
     opt.found_inf = torch.tensor(1.0)

@@ -28,7 +28,7 @@ from visiontrain.data.multicrop_batched import BatchedMultiCrop, CropCollate, Ra
 from visiontrain.engine.parallel.distributed import DistInfo
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.protocols.task import ExportSpec, Task, TaskConfig, TaskData, register_task
-from visiontrain.engine.setup.loaders import eval_loader, worker_context
+from visiontrain.engine.setup.loaders import Workers, eval_loader, worker_context
 from visiontrain.engine.step.ema import unwrap
 from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.evaluation.knn import extract_features, knn_predict
@@ -256,9 +256,8 @@ class DinoTask(Task):
         per = -(-n // world)
         start, valid = rank * per, max(0, min(per, n - rank * per))
         shard = Subset(self.bank, [min(start + i, n - 1) for i in range(per)])
-        bank_loader = eval_loader(shard, d.eval_batch(), collate=None,
-                                  num_workers=d.num_workers, pin_memory=False, dist_info=DistInfo(),
-                                  context=worker_context(d.worker_start) if d.num_workers else None)
+        workers = Workers(d.num_workers, context=worker_context(d.worker_start) if d.num_workers else None)
+        bank_loader = eval_loader(shard, d.eval_batch(), collate=None, dist_info=DistInfo(), workers=workers)
         bank_x, bank_y = extract_features(encode, data.over(bank_loader), data.device)
         bank_x, bank_y = data.gather_rows(bank_x[:valid]), data.gather_rows(bank_y[:valid])
         test_x, test_y = extract_features(encode, data, data.device)  # this rank's share, padding left out

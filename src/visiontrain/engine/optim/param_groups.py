@@ -152,17 +152,17 @@ def _use_fused(impl: str, groups: list[dict[str, Any]]) -> bool:
     return all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
 
 
-def build_optimizer(groups: list[dict[str, Any]], name: str, *, lr: float, momentum: float = 0.9,
-                    beta2: float = 0.999, eps: float = 1e-8, nesterov: bool = False,
-                    impl: str = "auto") -> torch.optim.Optimizer:
-    """SGD / Adam / AdamW over the groups, fused where possible (it also lets a step be skipped
-    on the device through ``found_inf``, see ``engine.step.pipeline``)."""
+def build_optimizer(groups: list[dict[str, Any]], optim: OptimConfig, *, lr: float) -> torch.optim.Optimizer:
+    """SGD / Adam / AdamW over the groups, as ``optim`` names and sets it (``optim.lr`` aside: ``lr`` is
+    the base rate after any batch scaling), fused where possible (it also lets a step be skipped on
+    the device through ``found_inf``, see ``engine.step.pipeline``)."""
+    name, momentum, impl = optim.name, optim.momentum, optim.impl
     fused = _use_fused(impl, groups)
     kind = {"fused": fused} if fused else {"foreach": impl != "loop"}
     for g in groups:
         g["lr"] = lr * g["lr_mult"]
     if name == "sgd":
-        opt = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov, **kind)
+        opt = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=optim.nesterov, **kind)
         if fused and momentum > 0:
             # Fused SGD leaves a new momentum buffer uninitialised when its first step is skipped
             # through found_inf. A zero buffer is what the first step would have made (dampening 0:
@@ -174,7 +174,7 @@ def build_optimizer(groups: list[dict[str, Any]], name: str, *, lr: float, momen
     cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}.get(name)
     if cls is None:
         raise ValueError(f"optim.name: unknown optimizer {name!r}; expected sgd, adam or adamw")
-    return cls(groups, lr=lr, betas=(momentum, beta2), eps=eps, **kind)
+    return cls(groups, lr=lr, betas=(momentum, optim.beta2), eps=optim.eps, **kind)
 
 
 def is_fused(optimizer: torch.optim.Optimizer) -> bool:

@@ -51,12 +51,16 @@ def patience_start(settings: EvalConfig, clock: StepClock, lr: Schedule | None) 
 class EarlyStopping(Hook):
     name = fmt.EARLY_STOP
 
-    def __init__(self, patience: int, min_delta: float, metric: str, mode: str, dist: DistInfo, *,
+    def __init__(self, settings: EvalConfig, metric: str, mode: str, dist: DistInfo, *,
                  start: float = 0.0, progress: Progress | None = None) -> None:
+        """``settings``: the ``eval`` section (``patience``, ``min_delta``); ``metric`` and ``mode``: the
+        checkpoint metric it follows (``checkpoint_metric``)."""
+        patience = settings.patience
         if patience and not metric:
             raise ConfigError(f"eval.patience={patience} follows the checkpoint metric, and this task names none: "
                               f"set eval.metric")
-        self.patience, self.min_delta, self.metric, self.mode, self.dist = patience, min_delta, metric, mode, dist
+        self.patience, self.min_delta, self.metric, self.mode, self.dist = patience, settings.min_delta, metric, \
+            mode, dist
         self.start = start  # evaluations at an earlier step are not watched (eval.patience_after)
         self.best: float | None = None
         self.best_step = -1
@@ -69,8 +73,7 @@ class EarlyStopping(Hook):
         settings, run = trainer.cfg.eval, trainer.run
         start = patience_start(settings, run.clock, run.scalars.schedules.get("lr")) if settings.patience else 0.0
         metric, mode = checkpoint_metric(settings, trainer.task)
-        return cls(settings.patience, settings.min_delta, metric, mode, run.dist, start=start,
-                   progress=trainer.progress)
+        return cls(settings, metric, mode, run.dist, start=start, progress=trainer.progress)
 
     def after_eval(self, metrics: dict[str, Any]) -> None:
         if self.update(metrics, self.progress.step):

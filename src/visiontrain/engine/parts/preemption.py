@@ -86,18 +86,20 @@ class StopCheck(Part):
 
     name, keeps = "stop", True
 
-    def __init__(self, flag: StopFlag, progress: Any, *, log_point: Callable[[int, bool], bool], distributed: bool,
-                 device: torch.device, save: Callable[[], None], where: str, close: Callable[[], None]) -> None:
-        self.flag, self.progress, self.log_point, self.distributed = flag, progress, log_point, distributed
-        self.device, self.save, self.where, self.close = device, save, where, close
+    def __init__(self, flag: StopFlag, progress: Any, run: Any, *, log_point: Callable[[int, bool], bool],
+                 save: Callable[[], None], close: Callable[[], None]) -> None:
+        """``run``: the built run (``engine.setup.training.TrainingRun``): whether it is distributed,
+        its device, and where its checkpoints go, which the stop line names."""
+        self.flag, self.progress, self.log_point, self.distributed = flag, progress, log_point, run.dist.enabled
+        self.device, self.save, self.close = run.device, save, close
+        self.where = "no run dir, nothing written" if run.ckpt_dir is None \
+            else f"{run.ckpt_dir / LAST_CHECKPOINT} written; continue with --resume auto"
 
     @classmethod
     def for_run(cls, trainer: Any) -> "StopCheck":
-        run, parts = trainer.run, trainer.parts
-        where = "no run dir, nothing written" if run.ckpt_dir is None \
-            else f"{run.ckpt_dir / LAST_CHECKPOINT} written; continue with --resume auto"
-        return cls(StopFlag(), trainer.progress, log_point=parts["log_point"].due, distributed=run.dist.enabled,
-                   device=run.device, save=parts["checkpointer"].save_last, where=where, close=trainer.log.close)
+        parts = trainer.parts
+        return cls(StopFlag(), trainer.progress, trainer.run, log_point=parts["log_point"].due,
+                   save=parts["checkpointer"].save_last, close=trainer.log.close)
 
     def before_train(self) -> None:
         self.flag.install()  # SIGTERM / SIGUSR1 while fit() runs: checkpoint, then Preempted

@@ -201,9 +201,8 @@ def preview(cfg: Config, task: Task, out_dir: Path) -> list[Path]:
         source = data.train
     else:
         sampler = train_sampler(data, cfg, DistInfo())
-        source = LoaderSource(sampler, train_loader(
-            data.train, sampler, random_transforms=data.random_transforms, collate=data.train_collate, num_workers=0,
-            pin_memory=False, persistent_workers=False))
+        source = LoaderSource(sampler, train_loader(  # in this process
+            data.train, sampler, random_transforms=data.random_transforms, collate=data.train_collate))
     return write_previews(task, source.collate(source.first_items()), out_dir)
 
 

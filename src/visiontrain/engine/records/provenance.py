@@ -41,6 +41,18 @@ class Launch:
     command: str = field(default_factory=lambda: shlex.join([sys.executable, *sys.argv]))
 
 
+@dataclass(frozen=True)
+class Starting:
+    """Where this launch takes the run up: at ``step``, from the checkpoint ``resumed_from`` (None: a
+    fresh run), on ``world_size`` processes, computing in ``precision`` (what ``trainer.precision``
+    resolved to on this machine and why: a resumed ``auto`` run may compute in another precision on
+    another machine; each launch says its own)."""
+    step: int = 0
+    resumed_from: str | None = None
+    world_size: int = 1
+    precision: dict[str, str] | None = None
+
+
 def read_provenance(run_dir: str | Path) -> dict[str, Any]:
     """The run's record (``{}`` when it has none); a file that is not a JSON object is a
     ValueError naming it."""
@@ -56,8 +68,8 @@ def read_provenance(run_dir: str | Path) -> dict[str, Any]:
     return record
 
 
-def record_launch(run_dir: Path, launch: Launch, *, step: int, resumed_from: str | None, world_size: int,
-                  packages: tuple[str, ...] = (), precision: dict[str, str] | None = None) -> dict[str, Any]:
+def record_launch(run_dir: Path, launch: Launch, starting: Starting, *,
+                  packages: tuple[str, ...] = ()) -> dict[str, Any]:
     """Append this launch to RUN_DIR/provenance.json and return the whole record. A file that
     cannot be read (edited by hand) is kept aside as provenance-unreadable.json, not overwritten."""
     from visiontrain.engine.state.checkpoint import write_run_file  # torch: kept out of the readers' imports
@@ -67,26 +79,23 @@ def record_launch(run_dir: Path, launch: Launch, *, step: int, resumed_from: str
     except ValueError:
         os.replace(run_dir / PROVENANCE_FILE, run_dir / "provenance-unreadable.json")
         record = {}
-    entry = describe_launch(launch, step=step, resumed_from=resumed_from, world_size=world_size,
-                            packages=packages, precision=precision)
+    entry = describe_launch(launch, starting, packages=packages)
     record = {"launches": [*record.get("launches", []), entry]}
     write_run_file(run_dir, PROVENANCE_FILE, json.dumps(record, indent=2) + "\n")
     return record
 
 
-def describe_launch(launch: Launch, *, step: int, resumed_from: str | None, world_size: int,
-                    packages: tuple[str, ...] = (), precision: dict[str, str] | None = None) -> dict[str, Any]:
-    """One launch's entry: what was run, from which code, on which machine. ``precision``: what
-    ``trainer.precision`` resolved to on this machine and why (a resumed ``auto`` run may compute in
-    another precision on another machine; each launch says its own)."""
+def describe_launch(launch: Launch, starting: Starting, *, packages: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One launch's entry: what was run, from which code, on which machine, and where it took the run up."""
+    s = starting
     return {
         "started": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "recipe": launch.recipe, "command": launch.command, "overrides": list(launch.overrides),
-        "step": step, "resumed_from": resumed_from,
+        "step": s.step, "resumed_from": s.resumed_from,
         "cwd": os.getcwd(), "git": git_state(Path.cwd()),
         "versions": package_versions((*PACKAGES, *packages)),
         "host": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-        "gpus": gpu_names(), "world_size": world_size, "precision": precision,
+        "gpus": gpu_names(), "world_size": s.world_size, "precision": s.precision,
     }
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Protocol
 from visiontrain.core.config import Config, config_to_dict
 from visiontrain.core.stop_signals import Preempted
 from visiontrain.engine.protocols.hooks import Hook
-from visiontrain.engine.records.provenance import Launch, record_launch
+from visiontrain.engine.records.provenance import Launch, Starting, record_launch
 from visiontrain.engine.records.tensorboard import TensorBoardTracker
 from visiontrain.rundir import checkpoint_format as fmt
 
@@ -56,15 +56,14 @@ def status_of(err: BaseException) -> str:
     return KILLED if isinstance(err, (Preempted, KeyboardInterrupt)) else FAILED
 
 
-def start_tracking(trackers: list[Tracker], run_dir: Path, launch: Launch, config: dict[str, Any], *, step: int,
-                   resumed_from: str | None, world_size: int, precision: dict[str, str] | None = None) -> None:
+def start_tracking(trackers: list[Tracker], run_dir: Path, launch: Launch, config: dict[str, Any],
+                   starting: Starting) -> None:
     """At the start of ``fit`` on rank 0: this launch appended to provenance.json (with the versions
     of the trackers' packages), then each tracker started with the config, the provenance and the
     step the run starts at."""
-    record = record_launch(run_dir, launch, step=step, resumed_from=resumed_from, world_size=world_size,
-                           packages=tuple(p for t in trackers for p in t.packages), precision=precision)
+    record = record_launch(run_dir, launch, starting, packages=tuple(p for t in trackers for p in t.packages))
     for tracker in trackers:
-        tracker.start(config, record, step)
+        tracker.start(config, record, starting.step)
 
 
 def end_trackers(trackers: list[Tracker], status: str) -> None:
@@ -127,9 +126,8 @@ class TrackRun(Hook):
     def before_train(self) -> None:
         t = self.trainer
         if t.run.writes:
-            start_tracking(self.trackers, t.run.run_dir, self.launch, config_to_dict(t.cfg), step=t.step,
-                           resumed_from=t.resumed_from, world_size=t.dist.world_size,
-                           precision=t.run.precision.record())
+            starting = Starting(t.step, t.resumed_from, t.dist.world_size, t.run.precision.record())
+            start_tracking(self.trackers, t.run.run_dir, self.launch, config_to_dict(t.cfg), starting)
 
     def after_train(self) -> None:
         if self.ends:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -21,6 +22,17 @@ from visiontrain.engine.step.source import LoaderSource, TrainSource
 log = logging.getLogger("visiontrain")
 
 
+@dataclass(frozen=True)
+class Workers:
+    """How a loader's worker processes run: how many (0: loading in this process), whether batches
+    land in pinned memory, whether the workers outlive an epoch, and how they start
+    (``worker_context``: None is the platform's default)."""
+    count: int = 0
+    pin_memory: bool = False
+    persistent: bool = False
+    context: Any = None
+
+
 def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device) -> tuple[TrainSource, DataLoader]:
     """The training source and the evaluation loader of a task's ``TaskData``: its own source when
     ``data.train`` is one, else the map-style dataset through the resumable batch sampler (grouped
@@ -32,9 +44,9 @@ def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device) -
     sampler = train_sampler(data, cfg, dist_info)
     if isinstance(sampler, GroupedBatchSampler) and dist_info.is_main and (left_out := sampler.left_out_message()):
         log.info("%s", left_out)  # said once: grouping drops each orientation's leftovers
+    workers = Workers(d.num_workers, pins(cfg, device), d.persistent_workers, context)
     train = train_loader(data.train, sampler, random_transforms=data.random_transforms, collate=data.train_collate,
-                         num_workers=d.num_workers, pin_memory=pins(cfg, device),
-                         persistent_workers=d.persistent_workers, context=context)
+                         workers=workers)
     val = val_loader(data, cfg, dist_info, device, context=context)
     if d.num_workers > 0:  # what each worker will be sent, exactly as the loader holds it
         check_sendable_to_workers(d.worker_start, {
@@ -56,8 +68,8 @@ def val_loader(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device
     d: DataConfig = cfg.data
     if d.num_workers > 0 and context is None:
         context = worker_context(d.worker_start)
-    val = eval_loader(data.val, d.eval_batch(), collate=data.eval_collate, num_workers=d.num_workers,
-                      pin_memory=pins(cfg, device), dist_info=dist_info, context=context)
+    val = eval_loader(data.val, d.eval_batch(), collate=data.eval_collate, dist_info=dist_info,
+                      workers=Workers(d.num_workers, pins(cfg, device), context=context))
     if d.num_workers > 0:
         check_sendable_to_workers(d.worker_start, {
             "validation dataset": val.dataset, "validation collate function": val.collate_fn,
@@ -98,26 +110,27 @@ def worker_context(start: str) -> Any:
 
 
 def train_loader(ds: Dataset, sampler: ResumableBatchSampler, *, random_transforms: bool,
-                 collate: Callable | None, num_workers: int, pin_memory: bool,
-                 persistent_workers: bool, context: Any = None) -> DataLoader:
+                 collate: Callable | None, workers: Workers = Workers()) -> DataLoader:
     # A private generator: creating an iterator draws worker base seeds from it, not from the global
     # RNG, so a resumed run (which creates its iterator mid-epoch) keeps the same global RNG stream.
     sampler.seeded = random_transforms
+    w = workers
     return DataLoader(SeededDataset(ds) if random_transforms else ds, batch_sampler=sampler,
-                      num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
-                      worker_init_fn=start_worker if num_workers > 0 else None,
-                      persistent_workers=persistent_workers and num_workers > 0,
-                      multiprocessing_context=context, generator=torch.Generator().manual_seed(0))
+                      num_workers=w.count, collate_fn=collate, pin_memory=w.pin_memory,
+                      worker_init_fn=start_worker if w.count > 0 else None,
+                      persistent_workers=w.persistent and w.count > 0,
+                      multiprocessing_context=w.context, generator=torch.Generator().manual_seed(0))
 
 
-def eval_loader(ds: Dataset, batch_size: int, *, collate: Callable | None, num_workers: int,
-                pin_memory: bool, dist_info: DistInfo, context: Any = None) -> DataLoader:
+def eval_loader(ds: Dataset, batch_size: int, *, collate: Callable | None, dist_info: DistInfo,
+                workers: Workers = Workers()) -> DataLoader:
     sampler = None
     if dist_info.enabled:
         from torch.utils.data.distributed import DistributedSampler
 
         sampler = DistributedSampler(ds, dist_info.world_size, dist_info.rank, shuffle=False)
+    w = workers
     return DataLoader(ds, batch_size=batch_size, shuffle=False, sampler=sampler,
-                      num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
-                      worker_init_fn=start_worker if num_workers > 0 else None,
-                      multiprocessing_context=context, generator=torch.Generator().manual_seed(0))
+                      num_workers=w.count, collate_fn=collate, pin_memory=w.pin_memory,
+                      worker_init_fn=start_worker if w.count > 0 else None,
+                      multiprocessing_context=w.context, generator=torch.Generator().manual_seed(0))

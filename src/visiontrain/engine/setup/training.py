@@ -121,8 +121,7 @@ def build_training(cfg: Config, task: Task, run_dir: Path | None, *, resume: boo
     groups = task.param_groups(model, rules) or rules(model)
     check_coverage(model, groups)
     base_lr = scale_lr_by_batch(o.lr, samples_per_step(cfg, dist.world_size), o.base_batch)
-    optimizer = build_optimizer(groups, o.name, lr=base_lr, momentum=o.momentum, beta2=o.beta2, eps=o.eps,
-                                nesterov=o.nesterov, impl=o.impl)
+    optimizer = build_optimizer(groups, o, lr=base_lr)
     if cfg.trainer.compile:
         wrapped = torch.compile(wrapped)
     clock = make_clock(cfg, source.batches_per_epoch)
