@@ -586,3 +586,11 @@ def test_claims_that_once_disagreed_with_the_code():
     summary = _recipe_summary(RECIPES_DIR / "classify-fashion.yaml")
     quoted = re.search(r"reaches ([\d.]+) % test top-1 in about (\w+) minutes", readme)
     assert quoted and f"{quoted.group(1)} % test top-1 in about {quoted.group(2)} minutes" in summary, summary
+
+
+def test_the_readme_s_python_script_is_the_one_the_docs_test_runs():
+    """README's Python example is docs/custom-task.md's train_digits.py, which a marked block runs as
+    a saved file: the README cannot drift from what is tested."""
+    readme = (ROOT / "README.md").read_text()
+    script = page_files(DOCS / "custom-task.md")["train_digits.py"]
+    assert f"```python\n{script}```" in readme or f"```python\n{script}\n```" in readme

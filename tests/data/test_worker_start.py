@@ -2,13 +2,16 @@
 process inherits every lock its other threads hold at that instant, and waits forever for one."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from procs import run_cli
+from procs import COMMAND_ENV, run_cli
 from visiontrain.core.config import load_config
 from visiontrain.engine.setup.loaders import loaders, worker_context
 from visiontrain.engine.parallel.distributed import DistInfo
@@ -191,3 +194,37 @@ def test_a_dataset_a_worker_cannot_receive_is_one_line_and_writes_nothing(tmp_pa
     assert not (tmp_path / "runs").exists()
     proc = run_cli(*args, "data.worker_start=fork", "--run-dir", "runs/shifted", cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# A training script as a user saves it from the docs. data.num_workers=1 is the subject (one forkserver
+# worker, as detect-yolov3 ships); the other overrides are the run's data and size.
+SCRIPT = """from visiontrain import Trainer, build_task, load_config
+
+cfg = load_config("classify-fashion", ["data.name=digits", "data.num_workers=1", "data.batch_size=32",
+                                       "trainer.max_steps=2", "data.limit_train=64", "data.limit_val=32"])
+summary = Trainer(cfg, build_task(cfg), {run!r}).fit()
+"""
+
+
+def run_script(path, text: str) -> subprocess.CompletedProcess:
+    path.write_text(text)
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300, cwd=path.parent,
+                          env={**os.environ, **COMMAND_ENV})  # a fresh interpreter, as `python train.py` starts
+
+
+def test_a_script_without_the_main_guard_is_refused_in_one_line_and_with_it_trains(tmp_path):
+    """Without ``if __name__ == "__main__":`` the forkserver ran the script's training again and the
+    run died with "DataLoader worker (pid(s) ...) exited unexpectedly"; now the script is told, in
+    one line naming its line, before any worker starts. The same code under the guard trains."""
+    script, run = tmp_path / "train.py", tmp_path / "run"
+    proc = run_script(script, SCRIPT.format(run=str(run)))
+    assert proc.returncode != 0 and "exited unexpectedly" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert f"{script}:5: this script trains from its top level, outside `if __name__ == \"__main__\":`" in last, \
+        proc.stderr[-3000:]
+    assert "put the script's code under" in last and not (run / "checkpoints").exists()
+    head, *body = SCRIPT.format(run=str(run)).split("\n\n", 1)
+    guarded = head + '\n\nif __name__ == "__main__":\n' + "".join(f"    {line}\n" for line in body[0].splitlines())
+    proc = run_script(tmp_path / "guarded.py", guarded)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (run / "summary.json").is_file()

@@ -138,3 +138,24 @@ def test_detr_with_its_fast_options_resumes_bit_exact(tmp_path, mosaic_coco):
     full, resumed = fit_and_crash_resume(cfg, tmp_path, crash_at=4)
     assert resumed.step == full.step == 6
     assert_bit_identical(state_of(full), state_of(resumed))
+
+
+def test_a_script_keeps_the_cli_s_run_dir_rules(tmp_path):
+    """``Trainer(cfg, task, RUN_DIR).fit()`` again from Python on a finished run dir started over and
+    overwrote the run (its checkpoints, summary, a second run appended to metrics.jsonl). It is refused
+    now as `fit` refuses it, through the same code, and ``resume="auto"`` finds the run at its end and
+    trains and rewrites nothing."""
+    cfg = toy_config(trainer__epochs=1)
+    run = tmp_path / "run"
+    Trainer(cfg, ToyTask(cfg), run).fit()
+    files = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(C.ConfigError, match=r"already holds a run .*nothing was overwritten"):
+        Trainer(cfg, ToyTask(cfg), run)
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == files  # nothing written
+    again = Trainer(cfg, ToyTask(cfg), run, resume="auto")
+    summary = again.fit()
+    assert again.nothing_to_train and summary == json.loads((run / "summary.json").read_text())
+    kept = [run / "summary.json", run / "metrics.jsonl", *(run / "checkpoints").iterdir()]
+    assert all(p.read_bytes() == files[p] for p in kept)
+    with pytest.raises(C.ConfigError, match="resume='auto' continues the run in a run dir"):
+        Trainer(cfg, ToyTask(cfg), None, resume="auto")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ from visiontrain.report.compare import compare, config_diff
 from visiontrain.report.page import write_report
 from visiontrain.rundir.checkpoint_format import model_weights, sharded_record, step_of
 from visiontrain.rundir.metrics_file import per_class_tables
-from visiontrain.rundir.run_files import CHECKPOINTS_DIR, LAST_CHECKPOINT, REPORT_FILE, SUMMARY_FILE
+from visiontrain.rundir.run_files import CHECKPOINTS_DIR, LAST_CHECKPOINT, REPORT_FILE
 from visiontrain.rundir.run_lock import check_free, held
 
 
@@ -72,7 +71,7 @@ def _default_run_dir(recipe: str) -> Path:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from visiontrain.engine.state.run_dir import checkpoint_in
+    from visiontrain.engine.state.run_dir import checkpoint_in, resolve_resume
 
     cfg = C.load_config(args.recipe, args.overrides)  # errors surface here, before any process starts
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(args.recipe)
@@ -85,29 +84,18 @@ def cmd_fit(args: argparse.Namespace) -> int:
     init = str(checkpoint_in(args.init)) if args.init else None
     if torchrun:
         check_free(run_dir)  # a run dir in use is refused before torchrun starts; rank 0 then locks it
-        _resume_of(run_dir, args.resume, is_main=False)
+        resolve_resume(run_dir, args.resume, is_main=False)  # and a run dir it would refuse (nothing moved)
         return run_torchrun(args)
     with held(run_dir, enabled=rank0) as lock:  # one writer per run dir, until the report is written
         for note in lock.notes:
             print(f"visiontrain: {note}", file=sys.stderr)
-        resume = _resume_of(run_dir, args.resume, is_main=rank0)
-        summary, done = _train(cfg, run_dir, args, resume, init, trackers)
+        summary, done = _train(cfg, run_dir, args, args.resume, init, trackers)
         if summary:  # rank 0 of a run with a run dir
             report = (str(run_dir / REPORT_FILE) if (run_dir / REPORT_FILE).is_file() else None) if done \
                 else _final_report(run_dir)
             print_json({"run_dir": str(run_dir), "report": report, **summary})
         end_trackers(trackers, FINISHED)  # after the report: it reaches the tracker with the final status
     return 0
-
-
-def _resume_of(run_dir: Path, resume: str | None, *, is_main: bool) -> str | None:
-    """The checkpoint this fit continues from (engine.state.run_dir); rank 0 prints what it did."""
-    from visiontrain.engine.state.run_dir import resolve_resume
-
-    checkpoint, notes = resolve_resume(run_dir, resume, is_main=is_main)
-    for note in notes if is_main else ():
-        print(f"visiontrain: {note}", file=sys.stderr)
-    return checkpoint
 
 
 def _train(cfg: C.Config, run_dir: Path, args: argparse.Namespace, resume: str | None, init: str | None,
@@ -122,8 +110,8 @@ def _train(cfg: C.Config, run_dir: Path, args: argparse.Namespace, resume: str |
         with removed_if_set_up_fails(run_dir):
             trainer = Trainer(cfg, build_task(cfg), run_dir, resume=resume, init=init, trackers=trackers,
                               launch=Launch(args.recipe, list(args.overrides), args.command_line))
-        done = resume is not None and trainer.done()
-        summary = _finished(trainer, resume, run_dir) if done else trainer.fit()
+        summary = trainer.fit()  # a run resumed at its end trains nothing (trainer.nothing_to_train)
+        done = trainer.nothing_to_train
         del trainer
     except Preempted as err:
         err = err.with_traceback(None)  # its frames hold the trainer (and DDP): drop them before shutdown
@@ -156,21 +144,6 @@ def _peer_lost(err: BaseException, run_dir: Path) -> str:
     rank = os.environ.get("RANK", "?")
     return (f"rank {rank} lost another rank of the run ({reason}): a rank or node was killed, crashed or became "
             f"unreachable; {kept}; restart every node with --resume auto")
-
-
-def _finished(trainer: Any, resume: str, run_dir: Path) -> dict[str, Any]:
-    """A resumed checkpoint already at the run's last step: nothing to train, and nothing in the
-    run dir is rewritten (evaluating again would append a second final row). Every rank takes this
-    branch: they loaded the same step."""
-    if trainer.early_stop.fired():
-        trainer.log.print(f"{resume} stopped at step {trainer.step}: {trainer.early_stop.reason()}; nothing to "
-                          f"train (raise eval.patience, or set it to 0, to train further)")
-    else:
-        trainer.log.print(f"{resume} is at step {trainer.step}, this run's last: nothing to train (raise "
-                          f"trainer.epochs or trainer.max_steps to train further)")
-    trainer.log.close()
-    summary = run_dir / SUMMARY_FILE
-    return json.loads(summary.read_text()) if trainer.dist.is_main and summary.is_file() else {}
 
 
 def _final_report(run_dir: Path) -> str | None:

@@ -10,6 +10,7 @@ neither what the data is made of nor what a checkpoint holds.
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -23,12 +24,14 @@ from visiontrain.engine.records.run_log import RunLogger
 from visiontrain.engine.setup.placement import seed_everything
 from visiontrain.engine.setup.training import build_training
 from visiontrain.engine.state.checkpoint import write_run_config
+from visiontrain.engine.state.run_dir import resume_source
 from visiontrain.engine.step.accumulation import accum_steps_at
 from visiontrain.engine.step.guards import OutOfMemory, is_out_of_memory, out_of_memory_message
 from visiontrain.engine.step.metrics import StepRecorder
 from visiontrain.engine.step.pipeline import StepOptions, TrainStep
 from visiontrain.engine.step.prefetch import device_batches, prefetches
 from visiontrain.rundir.checkpoint_format import States
+from visiontrain.rundir.run_files import SUMMARY_FILE
 
 #: How the loop takes the micro-batches of one step from the batch iterator (host-side loading,
 #: no device reads). ``benchmark`` passes its own to time the wait or replay a batch.
@@ -51,8 +54,8 @@ class Trainer:
         provenance.json records of this launch. Hooks and trackers are checked before anything is
         built (``engine.loop.assembly.prepare``)."""
         self.cfg, self.task, self.fetch, t = cfg, task, fetch, cfg.trainer
-        self.prepared, self.resumed_from = assembly.prepare(cfg, run_dir, hooks=hooks, trackers=trackers,
-                                                            launch=launch), resume
+        self.resumed_from = resume = resume_source(run_dir, resume)  # a run in run_dir: refused, or continued
+        self.prepared = assembly.prepare(cfg, run_dir, hooks=hooks, trackers=trackers, launch=launch)
         self.run = run = build_training(cfg, task, Path(run_dir) if run_dir is not None else None,
                                         resume=resume is not None, init=init)
         # what hooks read (detectron2's convention: a hook holds the trainer and reads what it needs)
@@ -63,6 +66,7 @@ class Trainer:
                              trackers=self.prepared.trackers)
         self.recorder = StepRecorder(t.log_every, run.device)
         self.states, self.parts = States(), {}  # what a checkpoint holds; every named part and hook
+        self.nothing_to_train = False  # fit found the resumed run at its end (``_nothing_to_train``)
         parts, self.hooks = assembly.assemble(self)
         self._measure = [part for part in parts if not part.keeps]  # then the epoch moves on, then:
         self._keep = [part for part in parts if part.keeps]
@@ -97,6 +101,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
+        """Train to the end and return the summary (summary.json's content on rank 0 of a run with a run
+        dir). A run resumed at its last step trains nothing and rewrites nothing."""
+        if self.resumed_from is not None and self.done():
+            return self._nothing_to_train()
         try:
             return self._fit()
         except BaseException as err:
@@ -107,6 +115,21 @@ class Trainer:
             raise OutOfMemory(out_of_memory_message(err, phase=phase, run=self.run, step=self.step)) from err
         finally:
             self.run.source.close()  # persistent workers end now, not at garbage collection
+
+    def _nothing_to_train(self) -> dict[str, Any]:
+        """The checkpoint it resumed is at the run's last step, or early stopping ended it: nothing is
+        trained, and nothing in the run dir is rewritten (evaluating again would append a second final
+        row). Every rank takes this branch: they loaded the same step."""
+        self.nothing_to_train, source, early = True, self.resumed_from, self.parts.get("early_stop")
+        if early is not None and early.fired():
+            self.log.print(f"{source} stopped at step {self.step}: {early.reason()}; nothing to train (raise "
+                           f"eval.patience, or set it to 0, to train further)")
+        else:
+            self.log.print(f"{source} is at step {self.step}, this run's last: nothing to train (raise "
+                           f"trainer.epochs or trainer.max_steps to train further)")
+        self.log.close()
+        summary = self.run.run_dir / SUMMARY_FILE if self.run.writes else None
+        return json.loads(summary.read_text()) if summary is not None and summary.is_file() else {}
 
     def _fit(self) -> dict[str, Any]:
         p, run, t = self.progress, self.run, self.cfg.trainer

@@ -23,6 +23,7 @@ from visiontrain.engine.parallel.distributed import DistInfo, convert_sync_bn, i
 from visiontrain.engine.protocols.task import Task, check_needs
 from visiontrain.engine.setup.loaders import loaders, val_loader
 from visiontrain.engine.setup.placement import distribute, pick_device, seed_everything, uses_fsdp
+from visiontrain.engine.setup.worker_check import refuse_unguarded_main
 from visiontrain.engine.state.checkpoint import prepare_run_dir
 from visiontrain.engine.state.sharded import ShardedCheckpoints
 from visiontrain.engine.state.weights import load_init_weights
@@ -74,7 +75,10 @@ class TrainingRun(EvalRun):
 
 
 def start_process(cfg: Config) -> tuple[DistInfo, torch.device]:
-    """Threads, the process group (under torchrun) and this rank's device."""
+    """Threads, the process group (under torchrun) and this rank's device; first, before anything is
+    written, a script whose DataLoader workers would run its training again is refused."""
+    if cfg.data.num_workers > 0:
+        refuse_unguarded_main(cfg.data.worker_start, cfg.data.num_workers)
     t = cfg.trainer
     if t.threads:
         torch.set_num_threads(t.threads)

@@ -10,11 +10,13 @@ without their tensors' bytes, and a failure names the object's path (e.g.
 """
 from __future__ import annotations
 
+import ast
 import io
 import pickle
 import sys
 import types
 from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -36,6 +38,54 @@ def main_importable(start: str) -> bool:
     main = sys.modules.get("__main__")
     has_file = getattr(main, "__file__", None) is not None
     return has_file and (start == "spawn" or getattr(main, "__spec__", None) is None)
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` (either side of the ``==``)."""
+    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
+            and isinstance(node.test.ops[0], ast.Eq)):
+        return False
+    sides = [node.test.left, *node.test.comparators]
+    return any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides) and \
+        any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides)
+
+
+def unguarded_main_line() -> str | None:
+    """``FILE:LINE`` of the main script's top-level statement that is running now, when it does not
+    sit under ``if __name__ == "__main__":``. A forkserver or spawned DataLoader worker runs the main
+    script again (the forkserver preloads it; a spawned worker, or a forkserver's under ``python -m
+    pkg.mod``, imports it), and that statement with it: a second training inside the worker, which
+    dies. None where no worker runs the main module (``python -c``, a notebook, a package's
+    ``__main__``) or the statement is guarded."""
+    main = sys.modules.get("__main__")
+    path, spec = getattr(main, "__file__", None), getattr(main, "__spec__", None)
+    if path is None or (spec is not None and spec.name.endswith("__main__")):
+        return None
+    frame = sys._getframe()
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)):
+        frame = frame.f_back
+    if frame is None:  # called from elsewhere (a thread, a callback): no top-level statement runs it
+        return None
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    line = frame.f_lineno
+    for node in tree.body:
+        if node.lineno <= line <= (node.end_lineno or node.lineno):
+            return None if _is_main_guard(node) else f"{path}:{line}"
+    return None
+
+
+def refuse_unguarded_main(start: str, workers: int) -> None:
+    """A one-line ConfigError, before any worker or forkserver starts, when workers would run the
+    main script's training again (``unguarded_main_line``)."""
+    where = unguarded_main_line() if start != "fork" else None
+    if where is not None:
+        raise ConfigError(f"{where}: this script trains from its top level, outside `if __name__ == \"__main__\":`, "
+                          f"and each {start} DataLoader worker (data.num_workers={workers}) runs the script again, "
+                          f"its training with it: put the script's code under `if __name__ == \"__main__\":` (or "
+                          f"set data.num_workers=0)")
 
 
 class _Probe(ForkingPickler):

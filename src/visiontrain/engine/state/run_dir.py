@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,23 @@ def resolve_resume(run_dir: Path, resume: str | None, *, is_main: bool = True) -
     if source is not None:
         return source, notes
     return None, _start_afresh(run_dir, broken, is_main)
+
+
+def resume_source(run_dir: str | Path | None, resume: str | None) -> str | None:
+    """The checkpoint a ``Trainer`` continues from, decided as ``fit`` decides it on the command line
+    (one path for both, so a script keeps the CLI's guarantees): in a run dir, no ``resume`` refuses
+    a dir that holds a run, and ``"auto"`` continues it (:func:`resolve_resume`); a checkpoint or a
+    run dir given as ``resume`` is checked to load before anything is written. Rank 0 prints what it
+    did, as the CLI does."""
+    if run_dir is None:
+        if resume == "auto":
+            raise ConfigError("resume='auto' continues the run in a run dir, and this Trainer has none: pass run_dir")
+        return _explicit(resume) if resume is not None else None
+    is_main = os.environ.get("RANK", "0") == "0"
+    checkpoint, notes = resolve_resume(Path(run_dir), resume, is_main=is_main)
+    for note in notes if is_main else ():
+        print(f"visiontrain: {note}", file=sys.stderr)
+    return checkpoint
 
 
 def _refuse_earlier_attempt(run_dir: Path) -> None:
