@@ -436,3 +436,21 @@ def test_an_index_naming_a_file_outside_its_directory_is_refused_in_one_line(dig
     key = "shards[1].name" if field == "name" else "samples_file"
     assert f"splits.train.{key} is {value!r}; expected a file name in the shard directory" in errors[0], errors
     assert not (tmp_path / "run").exists()
+
+
+def test_a_bucket_that_does_not_exist_is_named_as_such(bucket, tmp_path):
+    """S3 answers NoSuchBucket, which s3fs raises as a missing file: `shard --out` and a fit from the
+    bucket said "…/train-000000.tar: no such file". They say the bucket does not exist now."""
+    _, port = bucket
+    env = fit_env(f"http://127.0.0.1:{port}")
+    wrote = procs_run([sys.executable, "-m", "visiontrain", *shard_helpers.DIGITS_SHARDS, "--out",
+                       "s3://no-such-bucket/written", "--staging", str(tmp_path / "staging")], env=env, timeout=300)
+    read = procs_run([sys.executable, "-m", "visiontrain", "fit", "classify-fashion", "data.name=shards",
+                      "data.shards=s3://no-such-bucket/digits", "--run-dir", str(tmp_path / "run")], env=env, timeout=300)
+    for proc, name in ((wrote, "written/train-000000.tar"), (read, "digits/index.json")):
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert proc.stderr.strip().splitlines()[-1] == (
+            f"visiontrain: error: s3://no-such-bucket/{name}: the bucket s3://no-such-bucket does not exist (the "
+            f"storage answered NoSuchBucket); create it first: `visiontrain shard --out` writes into an existing "
+            f"bucket and data.shards reads from one")
+    assert not (tmp_path / "run").exists()

@@ -137,6 +137,17 @@ class ShardStore:
         self._blocks[key] = data
         return data
 
+    def _not_found(self, name: str, err: FileNotFoundError) -> ShardReadError:
+        """A missing file, or a missing bucket: S3 (and s3fs) answer NoSuchBucket with the same
+        exception, and a write or read then names its file as if the bucket were there."""
+        if "bucket does not exist" in str(err).lower() or "NoSuchBucket" in str(err):
+            scheme, rest = self.location.split("://", 1)
+            bucket = redact_url(f"{scheme}://{rest.split('/', 1)[0]}")
+            return ShardReadError(f"{self.shown(name)}: the bucket {bucket} does not exist (the storage answered "
+                                  f"NoSuchBucket); create it first: `visiontrain shard --out` writes into an "
+                                  f"existing bucket and data.shards reads from one")
+        return ShardReadError(f"{self.shown(name)}: no such file")
+
     def _retried(self, name: str, read: Callable[[], Any]) -> Any:
         wait = self.first_wait
         for attempt in range(1, self.retries + 1):
@@ -144,8 +155,8 @@ class ShardStore:
                 return read()
             except ShardReadError:
                 raise
-            except FileNotFoundError:
-                raise ShardReadError(f"{self.shown(name)}: no such file") from None
+            except FileNotFoundError as err:
+                raise self._not_found(name, err) from None
             except Exception as err:  # noqa: BLE001  (each file system raises its own transient errors)
                 if attempt == self.retries:
                     raise ShardReadError(f"{self.shown(name)}: cannot be read or written after {self.retries} tries: "
