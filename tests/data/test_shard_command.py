@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dataset_trees import build_coco, build_image_folder, truncated_jpeg
+from dataset_trees import add_image_folder_split, build_coco, build_image_folder, truncated_jpeg
 from procs import finish, in_process, wait_for
 from shard_helpers import DIGITS_SHARDS, digits_shards, start_cli
 from visiontrain.data.datasets.classification import digits_split
@@ -153,3 +153,34 @@ def test_a_bad_shard_size_is_named(tmp_path: Path, capsys) -> None:
     code, _, err = in_process(capsys, "shard", "classify-fashion", "data.name=digits", "--out", str(tmp_path),
                               "--shard-size", "big")
     assert code == 2 and "--shard-size: expected bytes or a size such as 500MB" in err, err
+
+
+def test_the_test_split_is_written_where_the_source_has_one_and_validate_reads_it(tmp_path: Path, capsys) -> None:
+    """`shard` wrote train and val only, so `validate --split test` on a run from the shards failed. It
+    writes data.test_split too where the source has it (--splits chooses), and validate reads it."""
+    root, out, run = tmp_path / "folder", tmp_path / "shards", tmp_path / "run"
+    build_image_folder(root)
+    code, _, err = in_process(capsys, "shard", "classify-fashion", "data.name=image-folder", f"data.root={root}",
+                              "--out", str(tmp_path / "two"))
+    assert code == 0 and "no test split written" in err, err
+    assert set(json.loads((tmp_path / "two" / "index.json").read_text())["splits"]) == {"train", "val"}
+    add_image_folder_split(root, "test", per_class=3)
+    code, _, err = in_process(capsys, "shard", "classify-fashion", "data.name=image-folder", f"data.root={root}",
+                              "--out", str(out))
+    assert code == 0, err
+    assert json.loads((out / "index.json").read_text())["splits"]["test"]["samples"] == 6
+    assert len(shard_samples(out, "test")) == 6
+    # the run's length and size; classify-fashion loads in this process (data.num_workers: 0)
+    code, _, err = in_process(capsys, "fit", "classify-fashion", "data.name=shards", f"data.shards={out}",
+                              "data.image_size=16", "data.batch_size=4", "trainer.max_steps=2", "--run-dir", str(run))
+    assert code == 0, err
+    code, printed, err = in_process(capsys, "validate", str(run), "--split", "test")
+    assert code == 0, err
+    result = json.loads(printed.strip().splitlines()[-1])
+    assert {name: row["support"] for name, row in result["per_class"].items()} == {"circle": 3, "cross": 3}
+    code, _, err = in_process(capsys, "shard", "classify-fashion", "data.name=image-folder", f"data.root={root}",
+                              "--out", str(tmp_path / "chosen"), "--splits", "train,val")
+    assert code == 0 and set(json.loads((tmp_path / "chosen" / "index.json").read_text())["splits"]) == {"train", "val"}
+    code, _, err = in_process(capsys, "shard", "classify-fashion", "data.name=digits", "--out", str(tmp_path / "d"),
+                              "--splits", "train,test")
+    assert code == 2 and "digits has two fixed splits, train and val, and no test split" in err, err

@@ -12,7 +12,7 @@
     visiontrain benchmark RECIPE|FILE [k=v ...] [--steps N] [--warmup N] [--synthetic] [--init PATH]
     visiontrain compare RUN_DIR RUN_DIR ... [--out FILE.png] [--metrics M ...]
     visiontrain report RUN_DIR [--out FILE.html]
-    visiontrain shard RECIPE|FILE [k=v ...] --out DIR [--shard-size 1GB]
+    visiontrain shard RECIPE|FILE [k=v ...] --out DIR [--shard-size 1GB] [--splits train,val,test]
     visiontrain tune RECIPE|FILE --space SPACE.yaml --trials N --study-dir DIR [k=v ...] [--jobs K] [--pruner P]
 """
 from __future__ import annotations
@@ -200,6 +200,9 @@ def _add_run_tools(sub: Any) -> None:
                                          "uploaded (default: one per URL in the temporary directory)")
     shard.add_argument("--shard-size", default="1GB", help="about how large each shard is: bytes, or with a unit "
                                                           "(500MB, 1GB, 256MiB)")
+    shard.add_argument("--splits", help="which splits to write, comma-separated, train first: train,val,test "
+                                        "(data.train_split, data.val_split, data.test_split); default train and val, "
+                                        "and test where the source has it")
     shard.set_defaults(fn=cmd_shard)
 
     prev = sub.add_parser("preview", help="draw a recipe's first training batch (train_batch.png) and its "

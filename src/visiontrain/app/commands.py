@@ -187,7 +187,9 @@ def cmd_shard(args: argparse.Namespace) -> int:
 
     shard_size = parse_size(args.shard_size)  # a bad size fails before the data is read
     cfg = C.load_config(args.recipe, args.overrides)
-    raw = raw_data(cfg.data)
+    raw, lines = raw_data(cfg.data, args.splits.split(",") if args.splits else None)
+    for line in lines:
+        print(f"visiontrain: {line}", file=sys.stderr)
     out = args.out
     with shard_progress(sum(split.count for split in raw.splits)) as advance:
         index = write_shards_to(raw, out, shard_size, C.config_to_dict(cfg)["data"], advance,

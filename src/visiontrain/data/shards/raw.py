@@ -14,7 +14,7 @@ import dataclasses
 import io
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -68,24 +68,54 @@ def png_bytes(pixels: np.ndarray) -> bytes:
     return out.getvalue()
 
 
-def raw_data(data: DataConfig) -> RawData:
-    """The train and val splits of ``data`` (its ``train_split`` and ``val_split``) as samples."""
+#: The splits `visiontrain shard` can write, by role: each is the source's ``data.<role>_split``.
+ROLES = ("train", "val", "test")
+
+
+def raw_data(data: DataConfig, roles: Sequence[str] | None = None) -> tuple[RawData, list[str]]:
+    """The splits of ``data`` that ``roles`` names (train, val, test: its ``train_split``,
+    ``val_split``, ``test_split``) as samples, and lines to tell the user. ``roles`` None: train and
+    val, and test where the source has that split (fashion-mnist and digits have none)."""
+    asked = list(roles) if roles is not None else list(ROLES)
+    if "train" not in asked or any(r not in ROLES for r in asked):
+        raise ValueError(f"--splits {','.join(asked)}: expected train and any of val and test, comma-separated")
     if isinstance(data, DetectionDataConfig):
-        return _detection(data)
-    if isinstance(data, ImageFolderDataConfig):
-        return _image_folder(data)
-    if isinstance(data, DigitsDataConfig):
-        return _in_memory(data)
-    raise ValueError(f"data.name={data.name}: `visiontrain shard` reads the image folder, detection and "
-                     f"in-memory sources; this one it cannot read")
+        reader = _detection
+    elif isinstance(data, ImageFolderDataConfig):
+        reader = _image_folder
+    elif isinstance(data, DigitsDataConfig):
+        if "test" in asked and roles is not None:
+            raise ValueError(f"--splits test: {data.name} has two fixed splits, train and val, and no test split")
+        return _in_memory(data, [r for r in asked if r != "test"]), []
+    else:
+        raise ValueError(f"data.name={data.name}: `visiontrain shard` reads the image folder, detection and "
+                         f"in-memory sources; this one it cannot read")
+    try:
+        return reader(data, asked), []
+    except FileNotFoundError as err:
+        if roles is not None or "test" not in asked:
+            raise
+        lines = [f"no test split written: {err} (data.test_split={data.test_split}; --splits train,val says so)"]
+        return reader(data, [r for r in asked if r != "test"]), lines
 
 
-def _detection(data: DetectionDataConfig) -> RawData:
+def _with_test(data: Any, roles: list[str], read: Callable[[Any], tuple[Any, Any]]) -> dict[str, Any]:
+    """{role: dataset} of ``roles``: ``read(data)`` gives (train, val); the test split is read as the
+    val split of ``data`` with ``val_split`` set to ``test_split`` (the same checks, classes and order)."""
+    train, val = read(data)
+    sets = {"train": train, "val": val}
+    if "test" in roles:
+        sets["test"] = read(dataclasses.replace(data, val_split=data.test_split))[1]
+    return {role: sets[role] for role in roles}
+
+
+def _detection(data: DetectionDataConfig, roles: list[str]) -> RawData:
     from visiontrain.data.detection.splits import build_detection_splits
 
-    train, val = build_detection_splits(dataclasses.replace(data, cache="none"))  # bytes from files, never decoded
+    sets = _with_test(dataclasses.replace(data, cache="none"), roles, build_detection_splits)  # bytes, not decoded
+    train = sets["train"]
     splits = []
-    for name, ds in ((data.train_split, train), (data.val_split, val)):
+    for name, ds in ((getattr(data, f"{role}_split"), ds) for role, ds in sets.items()):
         def load(i: int, ds=ds, name=name) -> tuple[str, bytes, dict[str, Any]]:
             r = ds.records[i]
             ext, image = file_bytes(name, i, r.path)
@@ -98,13 +128,16 @@ def _detection(data: DetectionDataConfig) -> RawData:
     return RawData("detection", list(train.class_names), splits, category_ids=list(train.category_ids))
 
 
-def _image_folder(data: ImageFolderDataConfig) -> RawData:
+def _image_folder(data: ImageFolderDataConfig, roles: list[str]) -> RawData:
     from visiontrain.data.datasets.image_folder import build_image_folder
 
-    train, val, classes, _ = build_image_folder(dataclasses.replace(reader_args(data), augment="none",
-                                                                    uint8_train=False))
+    def read(d: ImageFolderDataConfig) -> tuple[Any, Any]:
+        return build_image_folder(dataclasses.replace(reader_args(d), augment="none", uint8_train=False))[:2]
+
+    sets = _with_test(data, roles, read)
+    classes = sets["train"].classes
     splits = []
-    for name, ds in ((data.train_split, train), (data.val_split, val)):
+    for name, ds in ((getattr(data, f"{role}_split"), ds) for role, ds in sets.items()):
         ds.check_files(data.image_policy(), data.max_skipped_share)
 
         def load(i: int, ds=ds, name=name) -> tuple[str, bytes, dict[str, Any]]:
@@ -115,7 +148,7 @@ def _image_folder(data: ImageFolderDataConfig) -> RawData:
     return RawData("classification", list(classes), splits)
 
 
-def _in_memory(data: DigitsDataConfig) -> RawData:
+def _in_memory(data: DigitsDataConfig, roles: list[str]) -> RawData:
     if data.name == "fashion-mnist":
         (tx, ty), (vx, vy) = load_fashion_mnist(getattr(data, "root", None), getattr(data, "download", False))
         arrays, classes, white = ((tx.numpy(), ty.numpy()), (vx.numpy(), vy.numpy())), list(CLASS_NAMES), 255
@@ -124,6 +157,8 @@ def _in_memory(data: DigitsDataConfig) -> RawData:
         arrays, classes, white = ((a, b), (c, d)), [str(i) for i in range(10)], 16
     splits = []
     for name, (images, labels), limit in zip(("train", "val"), arrays, (data.limit_train, data.limit_val)):
+        if name not in roles:
+            continue
         count = len(labels) if limit is None else min(limit, len(labels))  # the first N, as training takes
 
         def load(i: int, images=images, labels=labels, name=name) -> tuple[str, bytes, dict[str, Any]]:
