@@ -109,7 +109,9 @@ def test_first_call_compiles_and_logs_once(first, cache):
         pytest.skip("torchvision loads natively here; nothing to stub")
     assert res["state"]["compiled"] is True and res["state"]["symbols"] > 0
     assert Path(res["state"]["lib_dir"]).parent == cache / "tv_cuda_stubs"
-    assert stderr.count("visiontrain:INFO:") == 1 and "compiled" in stderr
+    # said once, plainly: what a user sees after a set-up that keeps CUDA builds of torch out
+    assert stderr.count("visiontrain:INFO:") == 1 and "compatibility library was built once" in stderr
+    assert "stub symbols" not in stderr and "abort" not in stderr
     assert not [p for p in (cache / "tv_cuda_stubs").iterdir() if p.name.startswith(".tmp")]
 
 

@@ -4,6 +4,7 @@ epoch across ranks and workers, the three task families through the CLI, and kil
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -454,3 +455,17 @@ def test_a_bucket_that_does_not_exist_is_named_as_such(bucket, tmp_path):
             f"storage answered NoSuchBucket); create it first: `visiontrain shard --out` writes into an existing "
             f"bucket and data.shards reads from one")
     assert not (tmp_path / "run").exists()
+
+
+def test_aspect_grouping_left_out_from_shards_is_said_plainly(digits_shards, caplog):
+    """The line said "batches mix images of any aspect ratio (task.group_aspect groups images spread over
+    every shard, which shards are not read for)"; it says what is not applied and why, in order."""
+    from visiontrain.core import config as C
+
+    cfg = C.load_config("classify-fashion", ["data.name=shards", f"data.shards={digits_shards}"])
+    n = json.loads((digits_shards / "index.json").read_text())["splits"]["train"]["samples"]
+    with caplog.at_level(logging.INFO, logger="visiontrain"):
+        cfg.data.batch_sampler(n, [0] * n, seed=0, rank=0, world_size=1)
+    assert caplog.messages == ["data.name=shards: task.group_aspect is not applied, so a batch mixes wide and tall "
+                               "images (grouping needs images from every shard at once, and shards are read one "
+                               "after another)"]

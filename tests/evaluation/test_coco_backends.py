@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import sys
 
@@ -103,6 +104,17 @@ def test_a_backend_not_installed_is_an_error_naming_the_key(monkeypatch):
                                           r"cannot be imported .*; install it \(pip install faster-coco-eval"):
         coco_evaluation(coco_truth(), coco_detections())
     assert coco_evaluation(coco_truth(), coco_detections(), backend="pycocotools").metrics["AP"] > 0
+
+
+@pytest.mark.parametrize("backend", COCO_BACKENDS)
+def test_an_evaluation_logs_and_prints_nothing_unless_verbose(backend, caplog, capsys):
+    """faster-coco-eval logged its progress and its whole AP/AR table at INFO, which a run's log
+    handler printed at every evaluation; the run prints its own metrics. ``verbose`` prints them."""
+    caplog.set_level(logging.INFO)  # what a run's log handler shows (the libraries' debug lines are not)
+    coco_evaluation(coco_truth(), coco_detections(), backend=backend)
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO] and capsys.readouterr().out == ""
+    coco_evaluation(coco_truth(), coco_detections(), backend=backend, verbose=True)
+    assert "Average Precision" in capsys.readouterr().out
 
 
 def test_backends_agree_on_the_evaluation_fixtures():

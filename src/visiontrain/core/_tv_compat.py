@@ -186,9 +186,11 @@ def _stub_and_import(torch, tv_dir: Path, load_error: OSError) -> str:
     if not _tv_ops_ok():
         raise RuntimeError("torchvision imported but its native ops are still missing")
     state.update(mode="stubbed", compiled=compiled, lib_dir=str(final), symbols=n)
-    # Said once per machine, when the stubs are built; every later process only at debug level.
-    log.log(logging.INFO if compiled else logging.DEBUG,
-            "torchvision %s is a CUDA build but torch %s is CPU-only: %s %d CUDA stub symbols in %s and "
-            "preloaded them; torchvision's CPU ops work (CUDA calls would abort).", torchvision.__version__,
-            torch.__version__, "compiled" if compiled else "loaded cached", n, final)
+    # Said once per machine, plainly, when the library is built; every later process only at debug level
+    # (with the symbols' count and the words a maintainer looks for).
+    if compiled:
+        log.info("torchvision %s from PyPI is built for CUDA GPUs and this torch %s for the CPU only; a small "
+                 "compatibility library was built once for this machine (%s) so that torchvision's CPU operators "
+                 "load. Nothing to do.", torchvision.__version__, torch.__version__, final)
+    log.debug("torchvision: %s %d CUDA stub symbols in %s", "compiled" if compiled else "loaded cached", n, final)
     return "stubbed"

@@ -58,6 +58,10 @@ COCO_METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 PER_CLASS_COLUMNS = ("AP", "AP50", "recall", "n_gt")
 
 
+def _silent(*args: Any, **kwargs: Any) -> None:
+    """A print function that prints nothing (faster-coco-eval's ``print_function``)."""
+
+
 def _quiet(verbose: bool) -> contextlib.AbstractContextManager:
     """pycocotools prints progress and its summary table; keep it unless asked (``verbose``)."""
     return contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
@@ -227,8 +231,9 @@ def coco_evaluation(ground_truth: dict, detections: Sequence[dict], *, verbose: 
                            "annotations": _result_annotations(detections, iou_type),
                            "categories": list(gt["categories"])}
         coco_dt.createIndex()
-        # faster-coco-eval logs its progress and table; verbose sends them to stdout, as pycocotools prints
-        extra = {"print_function": print} if verbose and backend == "faster-coco-eval" else {}
+        # faster-coco-eval logs its progress and table at INFO (into a run's log at every evaluation):
+        # verbose sends them to stdout, as pycocotools prints, and otherwise nowhere
+        extra = {"print_function": print if verbose else _silent} if backend == "faster-coco-eval" else {}
         ev = COCOeval(coco_gt, coco_dt, iouType=iou_type, **extra)
         ev.evaluate()
         ev.accumulate()

@@ -48,8 +48,8 @@ class ShardsDataConfig(DetectionDataConfig, ImageFolderDataConfig):
             raise ValueError(f"data.shards={self.location()}: the training set has {num_samples:,} samples, but "
                              f"split {self.train_split!r} gives {sum(sizes):,}")
         if group_ids is not None and rank == 0:
-            log.info("data.name=shards: batches mix images of any aspect ratio (task.group_aspect groups images "
-                     "spread over every shard, which shards are not read for)")
+            log.info("data.name=shards: task.group_aspect is not applied, so a batch mixes wide and tall images "
+                     "(grouping needs images from every shard at once, and shards are read one after another)")
         return ShardBatchSampler(sizes, self.batch_size, seed=seed, buffer=self.shuffle_buffer,
                                  streams=max(1, self.num_workers), rank=rank, world_size=world_size)
 
