@@ -79,40 +79,42 @@ def raw_data(data: DataConfig, roles: Sequence[str] | None = None) -> tuple[RawD
     asked = list(roles) if roles is not None else list(ROLES)
     if "train" not in asked or any(r not in ROLES for r in asked):
         raise ValueError(f"--splits {','.join(asked)}: expected train and any of val and test, comma-separated")
+    lines: list[str] = []
+    optional = lines if roles is None else None  # the test split where the source has one: said if not
     if isinstance(data, DetectionDataConfig):
-        reader = _detection
-    elif isinstance(data, ImageFolderDataConfig):
-        reader = _image_folder
-    elif isinstance(data, DigitsDataConfig):
+        return _detection(data, asked, optional), lines
+    if isinstance(data, ImageFolderDataConfig):
+        return _image_folder(data, asked, optional), lines
+    if isinstance(data, DigitsDataConfig):
         if "test" in asked and roles is not None:
             raise ValueError(f"--splits test: {data.name} has two fixed splits, train and val, and no test split")
-        return _in_memory(data, [r for r in asked if r != "test"]), []
-    else:
-        raise ValueError(f"data.name={data.name}: `visiontrain shard` reads the image folder, detection and "
-                         f"in-memory sources; this one it cannot read")
-    try:
-        return reader(data, asked), []
-    except FileNotFoundError as err:
-        if roles is not None or "test" not in asked:
-            raise
-        lines = [f"no test split written: {err} (data.test_split={data.test_split}; --splits train,val says so)"]
-        return reader(data, [r for r in asked if r != "test"]), lines
+        return _in_memory(data, [r for r in asked if r != "test"]), lines
+    raise ValueError(f"data.name={data.name}: `visiontrain shard` reads the image folder, detection and "
+                     f"in-memory sources; this one it cannot read")
 
 
-def _with_test(data: Any, roles: list[str], read: Callable[[Any], tuple[Any, Any]]) -> dict[str, Any]:
+def _with_test(data: Any, roles: list[str], read: Callable[[Any], tuple[Any, Any]],
+               optional: list[str] | None) -> dict[str, Any]:
     """{role: dataset} of ``roles``: ``read(data)`` gives (train, val); the test split is read as the
-    val split of ``data`` with ``val_split`` set to ``test_split`` (the same checks, classes and order)."""
+    val split of ``data`` with ``val_split`` set to ``test_split`` (the same checks, classes and order).
+    ``optional``: a test split the source lacks is left out, with a line appended here."""
     train, val = read(data)
     sets = {"train": train, "val": val}
     if "test" in roles:
-        sets["test"] = read(dataclasses.replace(data, val_split=data.test_split))[1]
-    return {role: sets[role] for role in roles}
+        try:
+            sets["test"] = read(dataclasses.replace(data, val_split=data.test_split))[1]
+        except FileNotFoundError as err:
+            if optional is None:
+                raise
+            optional.append(f"no test split written: {err} (data.test_split={data.test_split}; "
+                            f"--splits train,val says so)")
+    return {role: sets[role] for role in roles if role in sets}
 
 
-def _detection(data: DetectionDataConfig, roles: list[str]) -> RawData:
+def _detection(data: DetectionDataConfig, roles: list[str], optional: list[str] | None) -> RawData:
     from visiontrain.data.detection.splits import build_detection_splits
 
-    sets = _with_test(dataclasses.replace(data, cache="none"), roles, build_detection_splits)  # bytes, not decoded
+    sets = _with_test(dataclasses.replace(data, cache="none"), roles, build_detection_splits, optional)  # bytes
     train = sets["train"]
     splits = []
     for name, ds in ((getattr(data, f"{role}_split"), ds) for role, ds in sets.items()):
@@ -128,13 +130,13 @@ def _detection(data: DetectionDataConfig, roles: list[str]) -> RawData:
     return RawData("detection", list(train.class_names), splits, category_ids=list(train.category_ids))
 
 
-def _image_folder(data: ImageFolderDataConfig, roles: list[str]) -> RawData:
+def _image_folder(data: ImageFolderDataConfig, roles: list[str], optional: list[str] | None) -> RawData:
     from visiontrain.data.datasets.image_folder import build_image_folder
 
     def read(d: ImageFolderDataConfig) -> tuple[Any, Any]:
         return build_image_folder(dataclasses.replace(reader_args(d), augment="none", uint8_train=False))[:2]
 
-    sets = _with_test(data, roles, read)
+    sets = _with_test(data, roles, read, optional)
     classes = sets["train"].classes
     splits = []
     for name, ds in ((getattr(data, f"{role}_split"), ds) for role, ds in sets.items()):
