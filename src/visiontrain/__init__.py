@@ -1,7 +1,8 @@
 """visiontrain: one PyTorch training engine for classification, detection and self-supervised
 vision models. ``visiontrain fit RECIPE`` trains; see the README.
 
-Inference from Python (docs/inference.md): ``from visiontrain import Predictor``. A task of your own
+Inference from Python (docs/inference.md): ``from visiontrain import Predictor`` (and ``predict_tiled``,
+sliced prediction on large images). A task of your own
 (docs/custom-task.md): ``from visiontrain import EvalData, Task, TaskConfig, TaskData, register_task``;
 a hook of your own (``trainer.hooks``): ``from visiontrain import Cadence, Hook``; a training data
 source: ``TrainSource``; training from Python (docs/custom-task.md): ``load_config``, ``build_task``,
@@ -17,6 +18,7 @@ __version__ = "0.1.0"
 
 _LAZY = {"Predictor": "visiontrain.use.inference", "Classification": "visiontrain.use.inference",
          "ClassScore": "visiontrain.use.inference", "Detections": "visiontrain.use.inference",
+         "predict_tiled": "visiontrain.use.tiled",
          "Hook": "visiontrain.engine.protocols.hooks", "Cadence": "visiontrain.engine.protocols.cadence",
          "Task": "visiontrain.engine.protocols.task", "TaskConfig": "visiontrain.engine.protocols.task",
          "TaskData": "visiontrain.engine.protocols.task",

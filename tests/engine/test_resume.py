@@ -140,6 +140,40 @@ def test_detr_with_its_fast_options_resumes_bit_exact(tmp_path, mosaic_coco):
     assert_bit_identical(state_of(full), state_of(resumed))
 
 
+# Another training, as `visiontrain fit` holds its run dir: the run dir's lock, held until stdin closes.
+HOLD_THE_LOCK = ("import sys; from pathlib import Path; from visiontrain.rundir.run_lock import held\n"
+                 "with held(Path(sys.argv[1])):\n    print('held', flush=True); sys.stdin.read()")
+IS_FREE = "import sys; from pathlib import Path; from visiontrain.rundir.run_lock import check_free; check_free(Path(sys.argv[1]))"
+
+
+def test_a_script_keeps_the_cli_s_one_writer_per_run_dir(tmp_path):
+    """Two trainings in one run dir interleave their metrics and overwrite each other's checkpoints.
+    A Trainer from Python is refused a run dir another training holds, in the CLI's words, writing
+    nothing; and while it exists and trains it holds the run dir itself, until ``fit`` ends."""
+    import subprocess
+    import sys
+
+    cfg = toy_config(trainer__epochs=1)
+    run = tmp_path / "run"
+    other = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, run], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        with pytest.raises(C.ConfigError, match=f"run dir {run} is in use by another training \\(pid {other.pid} "):
+            Trainer(cfg, ToyTask(cfg), run)
+        assert [p.name for p in run.iterdir()] == [".lock"]  # nothing written
+    finally:
+        other.communicate("", timeout=30)
+
+    def free() -> bool:  # asked by another process, as a second `visiontrain fit` asks
+        return subprocess.run([sys.executable, "-c", IS_FREE, run], capture_output=True, timeout=60).returncode == 0
+
+    trainer = Trainer(cfg, ToyTask(cfg), run)
+    assert not free()
+    trainer.fit()
+    assert free() and not (run / ".lock").exists()
+
+
 def test_a_script_keeps_the_cli_s_run_dir_rules(tmp_path):
     """``Trainer(cfg, task, RUN_DIR).fit()`` again from Python on a finished run dir started over and
     overwrote the run (its checkpoints, summary, a second run appended to metrics.jsonl). It is refused

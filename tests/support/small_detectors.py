@@ -47,3 +47,25 @@ def onnx_metadata(path: str | Path) -> dict:
         except ValueError:
             out[key] = value
     return out
+
+
+# Run as a user with only numpy, onnxruntime and PIL runs it: the file copied out of the package, and
+# torch and visiontrain made unimportable, so an import of either fails the run.
+_STANDALONE = ("import runpy, sys; sys.modules['torch'] = None; sys.modules['visiontrain'] = None; "
+               "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def run_onnx_runner_standalone(folder: Path, *args) -> list[dict]:
+    """``onnx_runner.py ARGS`` copied into ``folder`` and run without torch or visiontrain: its JSON
+    lines, one an image (a failed run fails the test with its stderr)."""
+    import shutil
+    import sys
+
+    import procs
+    from visiontrain.use import onnx_runner
+
+    script = Path(folder) / "onnx_runner.py"
+    shutil.copyfile(onnx_runner.__file__, script)
+    proc = procs.run([sys.executable, "-c", _STANDALONE, script, *map(str, args)], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines()]

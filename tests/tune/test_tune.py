@@ -63,6 +63,10 @@ def eval_steps(run_dir: Path) -> list[int]:
     ("optim.lr: {float: [0.1, 0.2], steps: 3}\n", [], "unknown option steps"),
     ("data.eval_batch_size: {float: [8.5, 16.5]}\n", [], "data.eval_batch_size: expected int"),
     ("task.drop_rate: {categorical: []}\n", [], "categorical expects a non-empty list"),
+    # Optuna would print its own UserWarning about it at every trial, and search [2, 6]
+    ("trainer.epochs: {int: [2, 7], step: 2}\n", [], "trainer.epochs: [2, 7] is not a whole number of steps of 2 "
+                                                     "(the values drawn would stop at 6): write [2, 6] or [2, 8]"),
+    ("task.drop_rate: {float: [0.0, 0.5], step: 0.2}\n", [], "[0.0, 0.5] is not a whole number of steps of 0.2"),
     (SPACE, ["optim.lr=0.01"], "optim.lr is searched here and set on the command line"),
 ])
 def test_a_bad_space_is_one_line_before_any_trial(tmp_path, capsys, text, extra, message):
@@ -175,12 +179,15 @@ def test_a_sigkilled_tuner_is_continued_by_the_same_command(tmp_path):
 
     proc = run_cli(*args, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "trial 1: its tuner (pid" in proc.stderr and "trial 2 resumes trial 1" in proc.stderr
+    assert "trial 1: its tuner (pid" in proc.stderr and f"trial 1 resumed in {second}" in proc.stderr
     summary = study_json(study)
     assert summary["counts"] == {"complete": 3}
+    # Optuna's attempt 1 failed and was continued as attempt 2 (never counted), the next new trial is 3;
+    # the trial keeps the number of its run dir through both attempts
     rows = {r["number"]: r for r in summary["trials"]}
-    assert sorted(rows) == [0, 2, 3] and rows[2]["resumes"] == 1  # 1 failed, resumed first as 2; never counted
-    assert rows[2]["run_dir"] == "trials/trial-0001" and len({r["run_dir"] for r in rows.values()}) == 3
+    assert sorted(rows) == [0, 1, 3] and rows[1]["resumed"] and rows[1]["optuna_trial"] == 2
+    assert all(r["run_dir"] == f"trials/trial-{n:04d}" for n, r in rows.items())
+    assert json.loads((second / "trial.json").read_text())["trial"] == 1
     launches = json.loads((second / "provenance.json").read_text())["launches"]
     assert len(launches) == 2 and launches[1]["step"] > 0 and launches[1]["resumed_from"].endswith("last.pt")
     assert eval_steps(second) == sorted(set(eval_steps(second))) and max(eval_steps(second)) > cut

@@ -1,11 +1,11 @@
 """`visiontrain export`: round trips through onnxruntime, torch.export and TorchScript for the
 classification, DETR, Faster R-CNN and YOLOv3 networks, end to end through the CLI, and the clear
-errors; the ONNX files' metadata, the detectors' free height and width, and docs/inference.md's
-onnxruntime script against the Python API on the same image."""
+errors; the ONNX files' metadata, the detectors' free height and width, and the torch-free ONNX
+runner (``visiontrain.use.onnx_runner``, run copied out of the package) against the Python API on the
+same image."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +13,8 @@ import pytest
 import torch
 from PIL import Image
 
-import procs
 from detection_helpers import vt
-from doc_pages import docs_script
-from small_detectors import detr, faster_rcnn, onnx_metadata, yolo
+from small_detectors import detr, faster_rcnn, onnx_metadata, run_onnx_runner_standalone, yolo
 from toy_task import ToyTask, toy_config
 from visiontrain.core import config as C
 from visiontrain.engine.protocols.task import ExportUnsupported
@@ -144,17 +142,14 @@ def test_detector_onnx_metadata_says_how_to_run_it(onnx_export, family):
         assert meta["class_activation"] == "sigmoid" and meta["top_k"] == 100  # the recipe's focal loss
 
 
-def assert_the_docs_script_agrees(onnx_export, family: str, image: Path, same_as: Path | None = None) -> None:
-    """docs/inference.md's onnxruntime script on ``image`` and ``Predictor`` on ``same_as`` (default:
+def assert_the_onnx_runner_agrees(onnx_export, family: str, image: Path, same_as: Path | None = None) -> None:
+    """``visiontrain.use.onnx_runner`` (copied out, no torch) on ``image`` and ``Predictor`` on ``same_as`` (default:
     ``image``), threshold 0: the same classes, boxes and scores, to float rounding."""
     from visiontrain.use.inference import Predictor
 
     task, model, info, result = onnx_export(family)
-    script = image.parent / "onnx_predict.py"
-    script.write_text(docs_script("onnx_predict.py"))
-    proc = procs.run([sys.executable, script, result["path"], image, "--threshold", "0"], timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout)["detections"]
+    (line,) = run_onnx_runner_standalone(image.parent, result["path"], image, "--threshold", "0")
+    got = line["detections"]
     want = Predictor(task, model, info, device="cpu")(str(same_as or image), threshold=0.0).to_dict()["detections"]
     assert len(want) > 0 and len(got) == len(want)
     assert [d["class_id"] for d in got] == [d["class_id"] for d in want]
@@ -165,16 +160,16 @@ def assert_the_docs_script_agrees(onnx_export, family: str, image: Path, same_as
 # (96, 120) and (120, 96): sides that are no multiple of 32, which predict pads and Faster R-CNN's graph pads itself
 @pytest.mark.parametrize("family,size", [("rcnn", (96, 128)), ("rcnn", (96, 120)), ("rcnn", (120, 96)),
                                          ("yolo", (96, 96)), ("detr", (64, 96))])
-def test_the_docs_onnx_script_gives_what_the_python_api_gives(onnx_export, family, size, tmp_path):
-    """docs/inference.md's onnxruntime + numpy script (resize, normalise, pad, decode, NMS from the
+def test_the_onnx_runner_gives_what_the_python_api_gives(onnx_export, family, size, tmp_path):
+    """The torch-free onnxruntime + numpy runner (resize, normalise, pad, decode, NMS from the
     metadata) on an image that needs no resize, against ``Predictor`` in PyTorch: the same boxes."""
     image = tmp_path / "image.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (*size, 3), dtype=np.uint8)).save(image)
-    assert_the_docs_script_agrees(onnx_export, family, image)
+    assert_the_onnx_runner_agrees(onnx_export, family, image)
 
 
 @pytest.mark.parametrize("kind", ["16-bit", "exif"])
-def test_the_docs_onnx_script_reads_an_image_file_as_predictor_does(onnx_export, kind, tmp_path):
+def test_the_onnx_runner_reads_an_image_file_as_predictor_does(onnx_export, kind, tmp_path):
     """A 16-bit grey PNG (scaled to 8 bits by its full range, not clipped at 255), and a photo stored
     turned with its EXIF orientation tag, whose boxes are those of its upright copy."""
     from dataset_trees import save_photo, upright_copy
@@ -188,7 +183,7 @@ def test_the_docs_onnx_script_reads_an_image_file_as_predictor_does(onnx_export,
     else:
         image = tmp_path / "photo.jpg"
         save_photo(Image.fromarray(pixels), image, 6)
-    assert_the_docs_script_agrees(onnx_export, "rcnn", image, upright_copy(image) if kind == "exif" else None)
+    assert_the_onnx_runner_agrees(onnx_export, "rcnn", image, upright_copy(image) if kind == "exif" else None)
 
 
 def test_faster_rcnn_torchscript_and_clear_exported_program_error(tmp_path):
@@ -211,8 +206,8 @@ def test_a_task_without_export_says_so(tmp_path):
 
 def test_cli_exports_a_checkpoint_and_prints_the_difference(classify_checkpoint, tmp_path):
     """A 2-step fit's checkpoint, its EMA weights, to ONNX next to the checkpoint (the default --out);
-    its metadata is the checkpoint's classes and validation transform, and the docs' onnxruntime
-    script on an 8 x 8 digit gives the Python API's probabilities."""
+    its metadata is the checkpoint's classes and validation transform, and the torch-free ONNX
+    runner on an 8 x 8 digit gives the Python API's probabilities."""
     from visiontrain.engine.state.checkpoint import load_checkpoint
     from visiontrain.use.inference import Predictor
 
@@ -231,12 +226,10 @@ def test_cli_exports_a_checkpoint_and_prints_the_difference(classify_checkpoint,
     assert meta["mean"] == info["preprocess"]["mean"] and meta["std"] == info["preprocess"]["std"]
     assert meta["scale"] == pytest.approx(1 / 255) and meta["mean"] != [0.0] and meta["std"] != [1.0]
 
-    (tmp_path / "onnx_predict.py").write_text(docs_script("onnx_predict.py"))
     digit = tmp_path / "digit.png"
     Image.fromarray(np.random.default_rng(1).integers(0, 256, (8, 8), dtype=np.uint8)).save(digit)
-    proc = procs.run([sys.executable, tmp_path / "onnx_predict.py", out, digit, "--top-k", "10"], timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout)["top"]
+    (line,) = run_onnx_runner_standalone(tmp_path, out, digit, "--top-k", "10")
+    got = line["top"]
     want = Predictor.load(classify_checkpoint, ema=True, device="cpu")(str(digit), top_k=10).top
     assert [c["class_id"] for c in got] == [c.class_id for c in want]
     np.testing.assert_allclose([c["probability"] for c in got], [c.probability for c in want], atol=1e-5)

@@ -1,11 +1,10 @@
 """Using a Mask R-CNN checkpoint: ``Predictor`` returns masks at the input's size, `visiontrain
 predict` draws them and writes them as RLE, the ONNX export carries them with a recipe that
-docs/inference.md's onnxruntime script follows to the Python model's very masks, and `validate
+the torch-free ONNX runner (visiontrain.use.onnx_runner) follows to the Python model's very masks, and `validate
 --split test` gives mask AP. One tiny checkpoint, trained once, serves every test."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,6 @@ import torch
 from PIL import Image
 from pycocotools import mask as coco_mask
 
-import procs
 from detection_helpers import vt
 from visiontrain.use.inference import Detections, Predictor
 
@@ -157,14 +155,12 @@ def same_detections(got: list[dict], want: Detections) -> list[int]:
     return cols[np.argsort(rows)].tolist()
 
 
-def test_the_documented_mask_recipe_on_onnxruntime_gives_the_predictor_masks(mask_onnx, predictor, val_paths,
+def test_the_onnx_runner_s_mask_paste_gives_the_predictor_masks(mask_onnx, predictor, val_paths,
                                                                              tmp_path):
-    """docs/inference.md's onnxruntime script (numpy: the metadata's mask_paste) on a landscape and
+    """The torch-free ONNX runner (numpy: the metadata's mask_paste) on a landscape and
     a portrait image that need no resize: the Predictor's boxes, scores and masks."""
-    from doc_pages import docs_script
+    from small_detectors import run_onnx_runner_standalone
 
-    script = tmp_path / "onnx_predict.py"
-    script.write_text(docs_script("onnx_predict.py"))
     val_size = predictor.task.cfg.task.val_size
     shapes = set()
     for n, path in enumerate(val_paths):
@@ -172,10 +168,10 @@ def test_the_documented_mask_recipe_on_onnxruntime_gives_the_predictor_masks(mas
         scale = val_size / min(image.size)
         image = image.resize((round(image.width * scale), round(image.height * scale)), Image.BILINEAR)
         image.save(tmp_path / f"{n}.png")
-        proc = procs.run([sys.executable, script, mask_onnx["path"], tmp_path / f"{n}.png", "--threshold", "0",
-                          "--masks", tmp_path / f"{n}.npy"], timeout=120)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        got, masks = json.loads(proc.stdout)["detections"], np.load(tmp_path / f"{n}.npy")
+        (line,) = run_onnx_runner_standalone(tmp_path, mask_onnx["path"], tmp_path / f"{n}.png", "--threshold", "0",
+                                             "--masks", tmp_path / "masks")
+        got, masks = line["detections"], np.load(line["masks_file"])
+        assert line["masks_file"] == str(tmp_path / "masks" / f"{n}.npy")
         want = predictor(str(tmp_path / f"{n}.png"), threshold=0.0)
         assert len(got) == len(want)
         order = same_detections(got, want)  # ties in score may come in either order
@@ -190,7 +186,7 @@ def test_the_documented_mask_recipe_on_onnxruntime_gives_the_predictor_masks(mas
         # The boxes and probabilities agree to float rounding, not exactly, and the paste samples each
         # mask at its box's exact corners; this two-step model's probabilities sit near the threshold
         # everywhere, so edge pixels flip, a few in a hundred (the paste itself, exactly:
-        # test_documented_paste_is_paste_masks)
+        # test_the_runner_s_paste_is_paste_masks)
         want_masks = want.masks.numpy()
         differ, union = (masks != want_masks).sum((1, 2)), (masks | want_masks).sum((1, 2))
         assert masks.dtype == bool and masks.shape == want_masks.shape and differ.sum() <= 0.03 * union.sum()
@@ -200,17 +196,12 @@ def test_the_documented_mask_recipe_on_onnxruntime_gives_the_predictor_masks(mas
     assert shapes == {True, False}, "a landscape and a portrait image with masks"
 
 
-def test_documented_paste_is_paste_masks(tmp_path):
-    """The numpy paste of docs/inference.md (the metadata's mask_paste in code) gives paste_masks'
+def test_the_runner_s_paste_is_paste_masks(tmp_path):
+    """The ONNX runner's numpy paste (the metadata's mask_paste in code) gives paste_masks'
     masks pixel for pixel: boxes inside, across the edge and outside the image, a box under a pixel."""
-    import runpy
-
-    from doc_pages import docs_script
     from visiontrain.models.rcnn import paste_masks
+    from visiontrain.use.onnx_runner import paste_mask
 
-    script = tmp_path / "onnx_predict.py"
-    script.write_text(docs_script("onnx_predict.py"))
-    paste_mask = runpy.run_path(str(script))["paste_mask"]
     gen = torch.Generator().manual_seed(0)
     probabilities = torch.nn.functional.avg_pool2d(torch.rand(6, 1, 28, 28, generator=gen), 5, 1, 2)
     probabilities = (probabilities - 0.5) * 8 + 0.5  # spread around the threshold, so edges are everywhere

@@ -6,13 +6,15 @@
     visiontrain validate RUN_DIR|CHECKPOINT [k=v ...] [--split val|test]
     visiontrain show-config RECIPE|FILE [k=v ...] [--docs]
     visiontrain preview RECIPE|FILE [k=v ...] [--out DIR]
-    visiontrain predict CHECKPOINT IMAGE... --out DIR [--top-k K] [--sheet] [--threshold T] [--ema] [--device D]
+    visiontrain predict CHECKPOINT|MODEL.onnx IMAGE... --out DIR [--top-k K] [--sheet] [--threshold T] [--ema]
+                        [--device D] [--tile S [--tile-overlap F] [--no-whole-image]]
     visiontrain export CHECKPOINT --format onnx|exported-program|torchscript [--out FILE] [--ema]
     visiontrain consolidate CHECKPOINT [--out FILE]
     visiontrain benchmark RECIPE|FILE [k=v ...] [--steps N] [--warmup N] [--synthetic] [--init PATH]
     visiontrain compare RUN_DIR RUN_DIR ... [--out FILE.png] [--metrics M ...]
     visiontrain report RUN_DIR [--out FILE.html]
     visiontrain shard RECIPE|FILE [k=v ...] --out DIR [--shard-size 1GB] [--splits train,val,test]
+    visiontrain tile RECIPE|FILE [k=v ...] --out DIR --size S [--overlap F] [--min-visibility V] [--keep-empty F]
     visiontrain tune RECIPE|FILE --space SPACE.yaml --trials N --study-dir DIR [k=v ...] [--jobs K] [--pruner P]
 """
 from __future__ import annotations
@@ -28,8 +30,8 @@ import yaml
 
 from visiontrain.core import config as C
 from visiontrain.app.commands import (cmd_benchmark, cmd_compare, cmd_consolidate, cmd_export, cmd_fit, cmd_predict,
-                                      cmd_preview, cmd_recipes, cmd_report, cmd_shard, cmd_show_config, cmd_tune,
-                                      cmd_validate)
+                                      cmd_preview, cmd_recipes, cmd_report, cmd_shard, cmd_show_config, cmd_tile,
+                                      cmd_tune, cmd_validate)
 from visiontrain.rundir.write_failure import WriteError
 from visiontrain.core.exit_codes import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_PEER_LOST, EXIT_USAGE
 from visiontrain.catalog import import_user
@@ -132,8 +134,8 @@ def _add_model_commands(sub: Any) -> None:
     """predict, export, consolidate: what a trained checkpoint is used for."""
     pred = sub.add_parser("predict", help="a classifier's top-k classes (JSON, optional contact sheet) or a "
                                           "detector's boxes (drawn, and a COCO JSON) on image files")
-    pred.add_argument("checkpoint", help="a classification or detection checkpoint, or a run dir (its best.pt, "
-                                         "else last.pt)")
+    pred.add_argument("checkpoint", help="a classification or detection checkpoint, a run dir (its best.pt, else "
+                                         "last.pt), or an .onnx file visiontrain export wrote (run by onnxruntime)")
     pred.add_argument("images", nargs="+", help="image files (PNG, JPEG, ...)")
     pred.add_argument("--out", required=True, help="output directory: predictions.json (and sheet.png) for a "
                                                    "classifier; one drawing per image and detections.json for a "
@@ -145,6 +147,13 @@ def _add_model_commands(sub: Any) -> None:
     pred.add_argument("--threshold", type=float, default=None,
                       help="detection: minimum score drawn and written (default: the task's; 0.3 for a DETR trained "
                            "with a focal or varifocal loss, 0.5 otherwise)")
+    pred.add_argument("--tile", type=int, default=None,
+                      help="detection: sliced prediction for large images: run on overlapping S x S tiles (the "
+                           "grid of `visiontrain tile`) and on the whole image, boxes and masks merged back")
+    pred.add_argument("--tile-overlap", type=float, default=0.2, help="with --tile: the share of a tile its "
+                                                                      "neighbour overlaps, in [0, 1)")
+    pred.add_argument("--no-whole-image", action="store_true", help="with --tile: run on the tiles only, not on "
+                                                                    "the whole image too")
     pred.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
     pred.add_argument("--device", default=None, help="where the model runs, e.g. cpu, cuda, cuda:1 (default: the "
                                                      "GPU if there is one)")
@@ -204,6 +213,7 @@ def _add_run_tools(sub: Any) -> None:
                                         "(data.train_split, data.val_split, data.test_split); default train and val, "
                                         "and test where the source has it")
     shard.set_defaults(fn=cmd_shard)
+    _add_tile(sub)
 
     prev = sub.add_parser("preview", help="draw a recipe's first training batch (train_batch.png) and its "
                                           "training labels (labels.png, detection) without training")
@@ -217,6 +227,30 @@ def _add_run_tools(sub: Any) -> None:
     show.add_argument("overrides", nargs="*", help="key=value overrides")
     show.add_argument("--docs", action="store_true", help="list every key with its type and meaning")
     show.set_defaults(fn=cmd_show_config)
+
+
+def _add_tile(sub: Any) -> None:
+    tile = sub.add_parser("tile", help="cut a recipe's detection data (or data.* overrides) into overlapping tiles "
+                                       "with their boxes and masks, written as COCO (data.name=coco data.root=OUT)")
+    tile.add_argument("recipe", help="built-in recipe name or path to a YAML file (its data section is read; masks "
+                                     "are cut where its task trains on them, e.g. segment-mask-rcnn)")
+    tile.add_argument("overrides", nargs="*", help="key=value overrides (data.name=..., data.root=...)")
+    tile.add_argument("--out", required=True, help="the directory written: OUT/annotations/instances_<split>.json "
+                                                   "and OUT/<split>/<image>__x<X>_y<Y>.<ext>")
+    tile.add_argument("--size", type=int, required=True, help="the tiles' side in pixels (an image smaller than "
+                                                              "that is one tile, as it is)")
+    tile.add_argument("--overlap", type=float, default=0.2, help="the share of a tile its neighbour overlaps, in "
+                                                                 "[0, 1); the last tile of a row or column ends at "
+                                                                 "the image's edge")
+    tile.add_argument("--min-visibility", type=float, default=0.3,
+                      help="the share of a box's area a tile must show for the box to be kept (clipped to the tile)")
+    tile.add_argument("--keep-empty", type=float, default=0.1,
+                      help="the share of the train split's tiles without an object that are kept (the same ones "
+                           "every time); the other splits keep every tile")
+    tile.add_argument("--splits", help="which splits to cut, comma-separated, train first: train,val,test "
+                                       "(data.train_split, data.val_split, data.test_split); default train and val, "
+                                       "and test where the source has it")
+    tile.set_defaults(fn=cmd_tile)
 
 
 def main(argv: list[str] | None = None) -> int:

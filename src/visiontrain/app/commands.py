@@ -168,15 +168,15 @@ def cmd_preview(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def shard_progress(total: int) -> Iterator[Callable[[int], None]]:
-    """``advance(n)`` for a rich progress bar over the samples on a terminal; elsewhere nothing to
-    draw (each finished shard's log line says how far the write is)."""
+def shard_progress(total: int, label: str = "shard") -> Iterator[Callable[[int], None]]:
+    """``advance(n)`` for a rich progress bar over the samples on a terminal, named ``label``;
+    elsewhere nothing to draw (each finished shard's or split's line says how far the write is)."""
     if not sys.stderr.isatty():
         yield lambda n: None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    with Progress(TextColumn("shard"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as bar:
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as bar:
         task = bar.add_task("samples", total=total)
         yield lambda n: bar.advance(task, n)
 
@@ -200,6 +200,34 @@ def cmd_shard(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tile(args: argparse.Namespace) -> int:
+    """A detection source's splits cut into overlapping tiles, written as COCO (``data/detection/tiled_coco.py``);
+    masks where the recipe's task trains on them."""
+    from visiontrain.data.detection.sources import DETECTION_SOURCES, DetectionDataConfig
+    from visiontrain.data.detection.tiled_coco import TileOptions, write_tiles
+    from visiontrain.data.shards.raw import raw_data
+    from visiontrain.engine.protocols.task import registered_task
+
+    options = TileOptions(args.size, args.overlap, args.min_visibility, args.keep_empty)
+    options.check()  # a bad option fails before the data is read
+    cfg = C.load_config(args.recipe, args.overrides)
+    if not isinstance(cfg.data, DetectionDataConfig):
+        raise C.ConfigError(f"data.name={cfg.data.name}: visiontrain tile cuts the boxes and masks of a detection "
+                            f"source ({', '.join(DETECTION_SOURCES)}) with its images; this one it cannot read")
+    masks = bool(getattr(registered_task(cfg.task.name).task_class, "reads_masks", False))
+    raw, lines = raw_data(cfg.data, args.splits.split(",") if args.splits else None, masks=masks)
+    for line in lines:
+        print(f"visiontrain: {line}", file=sys.stderr)
+    with shard_progress(sum(split.count for split in raw.splits), "tile") as advance:
+        splits = write_tiles(raw, Path(args.out), options, cfg.data.train_split, advance)
+    for name, counts in splits.items():
+        print(f"visiontrain: {name}: {counts['images']} images -> {counts['tiles']} tiles with {counts['boxes']} "
+              f"objects ({counts['empty_tiles_left_out']} tiles without an object left out)", file=sys.stderr)
+    print_json({"out": args.out, "size": options.size, "overlap": options.overlap, "masks": masks,
+                "classes": len(raw.class_names), "splits": splits})
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from visiontrain.engine.parts.evaluator import evaluate_models
     from visiontrain.engine.setup.training import build_evaluation
@@ -220,22 +248,24 @@ def cmd_predict(args: argparse.Namespace) -> int:
     """A classifier's top-k classes (predictions.json, --sheet: sheet.png) or a detector's boxes
     (drawings and detections.json), through the Python API (``visiontrain.use.inference``)."""
     from visiontrain.engine.protocols.task import Prediction
-    from visiontrain.use.inference import Predictor
-    from visiontrain.use.predict import classify_images, predict_images
+    from visiontrain.use.predict import classify_images, load_predictor, predict_images
 
     if args.top_k is not None and args.top_k < 1:
         raise C.ConfigError(f"--top-k: must be an integer >= 1 (classes written per image), got {args.top_k}")
-    predictor = Predictor.load(args.checkpoint, ema=args.ema, device=args.device)
-    out, what = Path(args.out), f"{predictor.checkpoint} is a {predictor.task.name} checkpoint"
+    predictor = load_predictor(args.checkpoint, ema=args.ema, device=args.device)
+    out, what = Path(args.out), f"{predictor.checkpoint} is a {predictor.task_name} model"
     if predictor.prediction is Prediction.BOXES:
         if args.top_k is not None or args.sheet:
             raise C.ConfigError(f"--top-k and --sheet apply to classification checkpoints; {what} "
                                 f"(a detector: its drawings are written, --threshold sets their minimum score)")
-        written = predict_images(predictor, args.images, out, score_threshold=args.threshold)
+        written = predict_images(predictor, args.images, out, score_threshold=args.threshold, tile=args.tile,
+                                 tile_overlap=args.tile_overlap, whole_image=not args.no_whole_image)
         print_json({"out": args.out, "images": len(args.images), "detections": written})
         return 0
     if args.threshold is not None:
         raise C.ConfigError(f"--threshold applies to detection checkpoints; {what} (a classifier: --top-k)")
+    if args.tile is not None:
+        raise C.ConfigError(f"--tile applies to detection checkpoints; {what} (a classifier takes each image whole)")
     written = classify_images(predictor, args.images, out, top_k=args.top_k, sheet=args.sheet)
     print_json({"out": args.out, "images": len(args.images), **written})
     return 0

@@ -145,11 +145,27 @@ def check_free(run_dir: Path) -> None:
         os.close(fd)
 
 
+#: The locks this process holds, by run dir: ``held`` inside ``held`` of one run dir (the CLI's
+#: around the whole command, the Trainer's around its own life) is the one lock, not a second
+#: ``flock``, which the first would refuse.
+_HELD: dict[str, RunLock] = {}
+
+
 @contextlib.contextmanager
 def held(run_dir: Path, enabled: bool = True) -> Iterator[RunLock]:
-    """The run dir's lock around a training (rank 0 only: ``enabled``; elsewhere a lock that holds nothing)."""
+    """The run dir's lock around a training (rank 0 only: ``enabled``; elsewhere a lock that holds
+    nothing). Re-entrant within a process: an inner ``held`` of a run dir this process already
+    holds yields that lock (with no notes) and leaves it held."""
+    key = os.path.abspath(run_dir)
+    if enabled and key in _HELD:
+        yield RunLock(run_dir)
+        return
     lock = RunLock(run_dir).acquire() if enabled else RunLock(run_dir)
+    if lock.fd is not None:
+        _HELD[key] = lock
     try:
         yield lock
     finally:
+        if _HELD.get(key) is lock:
+            del _HELD[key]
         lock.release()

@@ -22,7 +22,7 @@ from visiontrain.rundir.run_files import METRICS_FILE, MLFLOW_RUN_FILE, REPORT_F
 from visiontrain.engine.state.checkpoint import write_run_file
 from visiontrain.core.redact import redact_url
 from visiontrain.report.page import CSS, _duration, _figure, _fmt, write_report
-from visiontrain.tune.study import FAILURE_ATTR, RESUMES_ATTR, RUN_DIR_ATTR, Search, counted
+from visiontrain.tune.study import FAILURE_ATTR, RESUMES_ATTR, RUN_DIR_ATTR, Search, counted, trial_number
 from visiontrain.tune.space import override
 from visiontrain.tune.trial import Outcome
 
@@ -35,17 +35,19 @@ PLOTS = ("history", "importances", "parallel_coordinates")
 
 
 def trial_rows(search: Search) -> list[dict[str, Any]]:
-    """A row per counted trial (``tuning.counted``), in order; a resumed trial's row names the attempt
-    it continues."""
+    """A row per counted trial (``tuning.counted``), in order: ``number`` is the trial's (its run
+    dir's), ``optuna_trial`` the attempt's number in Optuna's study, ``resumed`` whether that attempt
+    continued an interrupted one."""
     rows = []
     for t in counted(search.study.get_trials(deepcopy=False)):
         seconds = (t.datetime_complete - t.datetime_start).total_seconds() \
             if t.datetime_complete and t.datetime_start else None
         params = t.params or t.system_attrs.get("fixed_params", {})  # a waiting trial's are fixed, not drawn yet
-        rows.append({"number": t.number, "state": t.state.name.lower(), "value": t.value,
+        rows.append({"number": trial_number(t), "optuna_trial": t.number, "state": t.state.name.lower(),
+                     "value": t.value,
                      "params": {p.key: p.value_of(params[p.key]) for p in search.space if p.key in params},
                      "run_dir": t.user_attrs.get(RUN_DIR_ATTR), "seconds": seconds,
-                     "evaluations": t.last_step, "resumes": t.user_attrs.get(RESUMES_ATTR),
+                     "evaluations": t.last_step, "resumed": RESUMES_ATTR in t.user_attrs,
                      "failure": t.user_attrs.get(FAILURE_ATTR)})
     return rows
 
@@ -85,10 +87,10 @@ def _table_csv(search: Search, rows: list[dict[str, Any]]) -> str:
     text = io.StringIO()
     out = csv.writer(text)
     out.writerow(["trial", "state", search.objective.metric, *keys, "seconds", "evaluations", "run_dir",
-                      "resumes", "failure"])
+                  "optuna_trial", "resumed", "failure"])
     for r in rows:
         out.writerow([r["number"], r["state"], r["value"], *(r["params"].get(k) for k in keys), r["seconds"],
-                      r["evaluations"], r["run_dir"], r["resumes"], r["failure"]])
+                      r["evaluations"], r["run_dir"], r["optuna_trial"], r["resumed"], r["failure"]])
     return text.getvalue()
 
 
@@ -173,7 +175,7 @@ def _trials_table(search: Search, rows: list[dict[str, Any]], root: Path) -> str
         report = root / (r["run_dir"] or "") / REPORT_FILE
         link = f'<a href="{escape(r["run_dir"])}/{REPORT_FILE}">report</a>' if r["run_dir"] and report.is_file() \
             else escape(r["run_dir"] or "")
-        note = r["failure"] or (f"resumes trial {r['resumes']}" if r["resumes"] is not None else "")
+        note = r["failure"] or ("resumed after an interruption" if r["resumed"] else "")
         cells = [str(r["number"]), r["state"] + (f" ({note})" if note else ""), _fmt(r["value"]),
                  *(_fmt(r["params"].get(k)) for k in keys), _duration(r["seconds"]) if r["seconds"] else ""]
         body.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + f"<td>{link}</td></tr>")
@@ -199,7 +201,8 @@ def summary_text(search: Search, summary: dict[str, Any]) -> str:
 def after_trial(search: Search, trial: Any, outcome: Outcome, run_dir: Path) -> None:
     """After each trial: ``trial.json`` in its run dir (what the tuner made of it: a pruned trial
     says so there), its report if the fit did not finish, its MLflow run's tags, the study's files."""
-    record = {"study": search.settings.name(), "trial": trial.number, "state": outcome.state,
+    record = {"study": search.settings.name(), "trial": trial_number(trial), "optuna_trial": trial.number,
+              "state": outcome.state,
               "value": outcome.value, "reason": outcome.reason or None, "pruned_at_step": outcome.pruned_at,
               "exit_code": outcome.exit_code, "params": {p.key: p.value_of(trial.params[p.key])
                                                           for p in search.space if p.key in trial.params}}

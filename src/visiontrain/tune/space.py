@@ -142,7 +142,19 @@ def _ranged(where: str, key: str, kind: str, spec: dict) -> Param:
                          f"cannot go with a log scale, got {step!r}")
     if kind == "float" and not isinstance(spec.get("log", False), bool):
         raise SpaceError(f"{where}: log must be true or false")
+    if step is not None:
+        _check_whole_steps(where, low, high, step)
     return Param(key, kind, low, high, step, log)
+
+
+def _check_whole_steps(where: str, low: float, high: float, step: float) -> None:
+    """[low, high] must be a whole number of steps: Optuna would cut the top off silently in the
+    study and warn about it in raw form at every trial; the user's range is the user's to fix."""
+    steps = (high - low) / step
+    if abs(steps - round(steps)) > 1e-9 * max(1.0, abs(steps)):
+        top = low + int(steps) * step
+        raise SpaceError(f"{where}: [{low}, {high}] is not a whole number of steps of {step} (the values drawn "
+                         f"would stop at {top:.10g}): write [{low}, {top:.10g}] or [{low}, {top + step:.10g}]")
 
 
 def check_against(space: list[Param], path: str | Path, recipe: str, overrides: list[str]) -> C.Config:

@@ -48,6 +48,8 @@ CONNECT_TRIES = 4
 PRUNERS = ("median", "halving", "none")
 #: Optuna's attributes of a trial, as this module keeps them.
 RUN_DIR_ATTR, RESUMES_ATTR, TUNER_ATTR, SURPLUS_ATTR, FAILURE_ATTR = "run_dir", "resumes", "tuner", "surplus", "failure"
+#: A trial's number as the user sees it: its run dir's (trial-NNNN), the same for every attempt.
+TRIAL_ATTR = "trial"
 
 
 @dataclasses.dataclass
@@ -193,10 +195,18 @@ def same_search(study: Any, s: TuneSettings, definition: dict[str, Any]) -> None
 
 
 # ---------------------------------------------------------------------- trials whose tuner died
+def trial_number(trial: Any) -> int:
+    """The trial's number in every line, file and table the user reads: the number of its run dir
+    (``trials/trial-NNNN``). Optuna numbers each attempt; an interrupted trial continued by a later
+    attempt keeps its first attempt's number, so a trial and its run dir are never told apart.
+    (A number left out of the list is an attempt that a later one continued.)"""
+    return trial.user_attrs.get(TRIAL_ATTR, trial.number)
+
+
 def resume_later(study: Any, trial: Any) -> None:
-    """Enqueue a failed trial again, with its parameters and run dir: the next trial started
+    """Enqueue a failed trial again, with its parameters, run dir and number: the next trial started
     continues it. (Optuna's heartbeat check calls this for a stale trial of any machine.)"""
-    study.enqueue_trial(trial.params, user_attrs={RESUMES_ATTR: trial.number,
+    study.enqueue_trial(trial.params, user_attrs={RESUMES_ATTR: trial.number, TRIAL_ATTR: trial_number(trial),
                                                   RUN_DIR_ATTR: trial.user_attrs.get(RUN_DIR_ATTR)})
 
 
@@ -244,7 +254,8 @@ def claim_orphans(search: Search) -> None:
         except optuna.exceptions.UpdateFinishedTrialError:
             continue
         if claimed:
-            log.info(f"visiontrain: trial {trial.number}: its tuner (pid {owner['pid']}) is gone: it will be resumed")
+            log.info(f"visiontrain: trial {trial_number(trial)}: its tuner (pid {owner['pid']}) is gone: "
+                     f"it will be resumed")
             resume_later(study, trial)
 
 
@@ -285,18 +296,19 @@ def run_one(search: Search, trial: Any, threads: int | None) -> Outcome:
     """Draw the trial's parameters, run it, tell the study how it ended."""
     s = search.settings
     params = {p.key: p.suggest(trial) for p in search.space}
-    rel = trial.user_attrs.get(RUN_DIR_ATTR) or f"{TRIALS_DIR}/trial-{trial.number:04d}"
+    n = trial_number(trial)
+    rel = trial.user_attrs.get(RUN_DIR_ATTR) or f"{TRIALS_DIR}/trial-{n:04d}"
     trial.set_user_attr(RUN_DIR_ATTR, rel)
+    trial.set_user_attr(TRIAL_ATTR, n)
     run_dir = s.study_dir / rel
-    resumed = trial.user_attrs.get(RESUMES_ATTR)
-    log.info(f"visiontrain: trial {trial.number} {'resumes trial ' + str(resumed) + ' ' if resumed is not None else ''}"
-             f"in {run_dir}: {' '.join(override(k, v) for k, v in params.items())}")
+    resumed = "resumed " if RESUMES_ATTR in trial.user_attrs else ""
+    log.info(f"visiontrain: trial {n} {resumed}in {run_dir}: {' '.join(override(k, v) for k, v in params.items())}")
     wait_free(run_dir, search.stopping)
     overrides = [*search.overrides, *(override(k, v) for k, v in params.items())]
     process = TrialProcess(fit_command(s.recipe, overrides, run_dir, s.imports), run_dir, trial_env(threads))
     metric = search.objective.metric
     watch = Watch(trial, run_dir, search.objective,
-                  lambda step, v: log.info(f"visiontrain: trial {trial.number}: step {step}: {metric} {v:.6g}"))
+                  lambda step, v: log.info(f"visiontrain: trial {n}: step {step}: {metric} {v:.6g}"))
     beat = Heartbeat(search.study._storage, trial._trial_id)
     outcome = run_trial(process, watch, search.stopping, beat)
     tell(search, trial, outcome)
@@ -335,7 +347,7 @@ def wait_free(run_dir: Path, stopping: threading.Event) -> None:
 def tell(search: Search, trial: Any, outcome: Outcome) -> None:
     from optuna.trial import TrialState
 
-    study, n, metric = search.study, trial.number, search.objective.metric
+    study, n, metric = search.study, trial_number(trial), search.objective.metric
     if outcome.state == COMPLETE:
         study.tell(trial, outcome.value)
         log.info(f"visiontrain: trial {n} complete: {metric} {outcome.value:.6g}")

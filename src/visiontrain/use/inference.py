@@ -108,6 +108,25 @@ def check_predicts(task: Task, checkpoint: str = "") -> None:
                                  f"visiontrain export)")
 
 
+def check_prediction_options(prediction: Prediction, what: str, top_k: int | None, threshold: float | None) -> None:
+    """``top_k`` is a classifier's option and ``threshold`` a detector's; a ValueError saying so
+    names ``what`` (the checkpoint) and the option that fits it."""
+    detection = prediction is Prediction.BOXES
+    if detection and top_k is not None:
+        raise ValueError(f"top_k applies to classification; {what} is a detector (use threshold)")
+    if not detection and threshold is not None:
+        raise ValueError(f"threshold applies to detection; {what} is a classifier (use top_k)")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k: must be >= 1, got {top_k}")
+
+
+def top_classes(probabilities: torch.Tensor, class_names: list[str], top_k: int | None) -> Classification:
+    """The ``top_k`` most probable classes (default 5, or the class count if lower), most probable first."""
+    values, ids = probabilities.topk(min(top_k or DEFAULT_TOP_K, probabilities.numel()))
+    top = [ClassScore(i, class_names[i], p) for i, p in zip(ids.tolist(), values.tolist())]
+    return Classification(top, probabilities)
+
+
 class Predictor:
     """A trained model and its task, callable on images. ``Predictor.load`` restores a checkpoint;
     the constructor takes a task, a model and its ``data_info`` already built (tests, notebooks)."""
@@ -137,6 +156,10 @@ class Predictor:
         return self.task.predicts
 
     @property
+    def task_name(self) -> str:
+        return self.task.name
+
+    @property
     def kind(self) -> str:
         """'detection' for a detector (boxes), 'classification' for a classifier (class probabilities)."""
         return self.prediction.value
@@ -152,13 +175,8 @@ class Predictor:
         ``top_k`` (classification): classes kept, default 5 or the class count if lower.
         ``threshold`` (detection): minimum score, default the task's (``predict_threshold``).
         ``batch_size``: images per forward pass (detection default 1, classification 64)."""
+        check_prediction_options(self.prediction, self._what(), top_k, threshold)
         detection = self.prediction is Prediction.BOXES
-        if detection and top_k is not None:
-            raise ValueError(f"top_k applies to classification; {self._what()} is a detector (use threshold)")
-        if not detection and threshold is not None:
-            raise ValueError(f"threshold applies to detection; {self._what()} is a classifier (use top_k)")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k: must be >= 1, got {top_k}")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
         single = not isinstance(images, (list, tuple)) and not (isinstance(images, torch.Tensor) and images.ndim == 4)
@@ -177,11 +195,7 @@ class Predictor:
         return self.checkpoint or f"task {self.task.name!r}"
 
     def _classification(self, pred: dict[str, torch.Tensor], top_k: int | None) -> Classification:
-        probs = pred["probabilities"]
-        k = min(top_k or DEFAULT_TOP_K, probs.numel())
-        values, ids = probs.topk(k)
-        top = [ClassScore(i, self.class_names[i], p) for i, p in zip(ids.tolist(), values.tolist())]
-        return Classification(top, probs)
+        return top_classes(pred["probabilities"], self.class_names, top_k)
 
     def _detections(self, pred: dict[str, torch.Tensor], image: torch.Tensor, threshold: float | None) -> Detections:
         minimum = self.task.predict_threshold if threshold is None else threshold

@@ -4,7 +4,8 @@ A detector's boxes are drawn on each image and written as COCO results (detectio
 instance segmenter's masks too (filled in their class's colour under the boxes; each result's
 ``segmentation`` as compressed RLE); a classifier's top-k classes are written to
 predictions.json, with an optional contact sheet (sheet.png: each input with its top class and
-probability)."""
+probability). ``--tile S``: a detector runs on overlapping tiles of each image, merged back
+(``visiontrain.use.tiled``)."""
 from __future__ import annotations
 
 import json
@@ -13,11 +14,36 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 
 from visiontrain.core._tv_compat import ensure_torchvision
+from visiontrain.data.detection.tiles import check_tiling
+from visiontrain.engine.protocols.task import Prediction, PredictUnsupported
 from visiontrain.evaluation.coco import to_coco_results
 from visiontrain.evaluation.figures import image_sheet
 from visiontrain.evaluation.previews import MASK_ALPHA, PALETTE
+from visiontrain.use.inference import CLASSIFICATION_BATCH, Predictor
+from visiontrain.use.onnx_predictor import OnnxPredictor
+from visiontrain.use.tiled import predict_tiled
+
+
+def load_predictor(target: str, *, ema: bool = False, device: str | None = None) -> Any:
+    """What ``predict`` runs: ``Predictor.load`` on a checkpoint or a run dir, and for an ``.onnx``
+    file an ``OnnxPredictor``, which computes with onnxruntime (``use.onnx_runner``) and answers the
+    same calls, so both give the same files. Either refuses a task that makes no predictions."""
+    if not target.lower().endswith(".onnx"):
+        return Predictor.load(target, ema=ema, device=device)
+    if not os.path.isfile(target):
+        raise FileNotFoundError(f"{target}: no such ONNX file")
+    if ema:
+        raise ValueError(f"--ema: {target} is an ONNX file, which holds one set of weights "
+                         f"(visiontrain export --ema writes the EMA's)")
+    predictor = OnnxPredictor(target, device=device)
+    if predictor.prediction is Prediction.NONE:
+        raise PredictUnsupported(f"{target}: task {predictor.task_name!r} makes no predictions on images; predict "
+                                 f"works for classification and detection models (its features: "
+                                 f"python -m visiontrain.use.onnx_runner)")
+    return predictor
 
 
 def output_names(images: list[str]) -> list[Path]:
@@ -62,21 +88,26 @@ def drawn_detections(pixels: torch.Tensor, det: Any) -> torch.Tensor:
     return draw_bounding_boxes(pixels, det.boxes, labels=captions, colors="red", width=2)
 
 
-def predict_images(predictor: Any, images: list[str], out: Path, *, score_threshold: float | None = None) -> int:
+def predict_images(predictor: Any, images: list[str], out: Path, *, score_threshold: float | None = None,
+                   tile: int | None = None, tile_overlap: float = 0.2, whole_image: bool = True) -> int:
     """Writes one drawing per input (masks, boxes, class names, scores; named by :func:`output_names`)
     and OUT/detections.json (COCO results format; image_id = position in the argument list, 1-based;
     each result also names its input, ``file_name`` as given, and its drawing, ``drawn``, relative to
     OUT; an instance segmenter's results carry their mask as ``segmentation``, COCO's compressed RLE
     at the input's size). ``predictor``: a detection ``visiontrain.use.inference.Predictor``;
-    ``score_threshold`` None: the task's ``predict_threshold``. Returns the detection count."""
+    ``score_threshold`` None: the task's ``predict_threshold``. ``tile``: sliced prediction on tiles
+    of that side overlapping by ``tile_overlap``, and on the whole image unless ``whole_image`` is
+    False (``visiontrain.use.tiled.predict_tiled``). Returns the detection count."""
     ensure_torchvision()  # nothing before this point need have loaded torchvision (e.g. the rcnn task)
-    from PIL import Image
+    if tile is not None:
+        check_tiling(tile, tile_overlap, ("--tile", "--tile-overlap"))
 
     out.mkdir(parents=True, exist_ok=True)
     results: list[dict] = []
     for image_id, (path, drawn_name) in enumerate(zip(images, output_names(images)), start=1):
         pixels = predictor.read(path)
-        det = predictor(pixels, threshold=score_threshold)
+        det = predictor(pixels, threshold=score_threshold) if tile is None else \
+            predict_tiled(predictor, pixels, tile, tile_overlap, threshold=score_threshold, whole_image=whole_image)
         found = to_coco_results(det.boxes, det.scores, det.labels, image_id, predictor.info["category_ids"])
         for result, segmentation in zip(found, det.segmentations()):
             result["segmentation"] = segmentation
@@ -95,8 +126,6 @@ def classify_images(predictor: Any, images: list[str], out: Path, *, top_k: int 
     ``top`` classes (``class_id``, ``name``, ``probability``), most probable first; with ``sheet``,
     OUT/sheet.png: each input with its top class and probability. Images are read and classified
     a batch at a time. Returns what was written."""
-    from visiontrain.use.inference import CLASSIFICATION_BATCH
-
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     shown: list[tuple[torch.Tensor, str]] = []

@@ -39,6 +39,7 @@ from PIL import Image
 
 from visiontrain.data.datasets import fashion_mnist
 from visiontrain.data.detection.masks import encode, mask_area, rle_dict
+from visiontrain.data.detection.tiles import Tile, clip_boxes
 
 log = logging.getLogger("visiontrain")
 
@@ -260,11 +261,9 @@ def read_voc_boxes(xml_path: Path) -> np.ndarray:
 
 def tile_boxes(boxes: np.ndarray, x0: int, y0: int, tile: int) -> np.ndarray:
     """Boxes clipped to the tile at (x0, y0), in tile coordinates; kept if they keep >= 50% of their
-    area and >= 2 px on each side."""
-    clipped = np.clip(boxes - [x0, y0, x0, y0], 0, tile)
-    w, h = clipped[:, 2] - clipped[:, 0], clipped[:, 3] - clipped[:, 1]
-    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    return clipped[(w >= 2) & (h >= 2) & (w * h >= 0.5 * area)]
+    area and >= 2 px on each side (``tiles.clip_boxes``, the rule of `visiontrain tile` too)."""
+    clipped, keep = clip_boxes(boxes, Tile(x0, y0, tile, tile), min_visibility=0.5)
+    return clipped[keep]
 
 
 def build_neon_trees(cache_dir: str | Path, *, tile: int = 400, val_fraction: float = 0.25, seed: int = 0) -> Path:

@@ -72,17 +72,20 @@ def png_bytes(pixels: np.ndarray) -> bytes:
 ROLES = ("train", "val", "test")
 
 
-def raw_data(data: DataConfig, roles: Sequence[str] | None = None) -> tuple[RawData, list[str]]:
+def raw_data(data: DataConfig, roles: Sequence[str] | None = None, *,
+             masks: bool = False) -> tuple[RawData, list[str]]:
     """The splits of ``data`` that ``roles`` names (train, val, test: its ``train_split``,
     ``val_split``, ``test_split``) as samples, and lines to tell the user. ``roles`` None: train and
-    val, and test where the source has that split (fashion-mnist and digits have none)."""
+    val, and test where the source has that split (fashion-mnist and digits have none). ``masks``
+    (detection): read each object's mask too, as a task that trains on masks reads them, and give
+    them in the labels (``masks``: compressed RLE counts, ``crowd``: COCO's crowd flags)."""
     asked = list(roles) if roles is not None else list(ROLES)
     if "train" not in asked or any(r not in ROLES for r in asked):
         raise ValueError(f"--splits {','.join(asked)}: expected train and any of val and test, comma-separated")
     lines: list[str] = []
     optional = lines if roles is None else None  # the test split where the source has one: said if not
     if isinstance(data, DetectionDataConfig):
-        return _detection(data, asked, optional), lines
+        return _detection(data, asked, optional, masks), lines
     if isinstance(data, ImageFolderDataConfig):
         return _image_folder(data, asked, optional), lines
     if isinstance(data, DigitsDataConfig):
@@ -111,10 +114,13 @@ def _with_test(data: Any, roles: list[str], read: Callable[[Any], tuple[Any, Any
     return {role: sets[role] for role in roles if role in sets}
 
 
-def _detection(data: DetectionDataConfig, roles: list[str], optional: list[str] | None) -> RawData:
+def _detection(data: DetectionDataConfig, roles: list[str], optional: list[str] | None, masks: bool) -> RawData:
     from visiontrain.data.detection.splits import build_detection_splits
 
-    sets = _with_test(dataclasses.replace(data, cache="none"), roles, build_detection_splits, optional)  # bytes
+    def read(d: DetectionDataConfig) -> tuple[Any, Any]:
+        return build_detection_splits(d, masks=masks)
+
+    sets = _with_test(dataclasses.replace(data, cache="none"), roles, read, optional)  # bytes
     train = sets["train"]
     splits = []
     for name, ds in ((getattr(data, f"{role}_split"), ds) for role, ds in sets.items()):
@@ -125,6 +131,9 @@ def _detection(data: DetectionDataConfig, roles: list[str], optional: list[str] 
                       "labels": r.labels.tolist(), "ann_ids": r.ann_ids.tolist(), "source": r.path}
             if r.difficult is not None:  # Pascal VOC's flags, which its evaluation reads
                 labels["difficult"] = r.difficult.tolist()
+            if r.masks is not None:
+                labels["masks"] = list(r.masks)
+                labels["crowd"] = [False] * len(r.masks) if r.crowd is None else r.crowd.tolist()
             return ext, image, labels
         splits.append(RawSplit(name, len(ds), ds.records.paths.__getitem__, load))
     return RawData("detection", list(train.class_names), splits, category_ids=list(train.category_ids))

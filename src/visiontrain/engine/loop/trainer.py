@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -24,7 +25,7 @@ from visiontrain.engine.records.run_log import RunLogger
 from visiontrain.engine.setup.placement import seed_everything
 from visiontrain.engine.setup.training import build_training
 from visiontrain.engine.state.checkpoint import write_run_config
-from visiontrain.engine.state.run_dir import resume_source
+from visiontrain.engine.state.run_dir import hold_run_dir, resume_source
 from visiontrain.engine.step.accumulation import accum_steps_at
 from visiontrain.engine.step.guards import OutOfMemory, is_out_of_memory, out_of_memory_message
 from visiontrain.engine.step.metrics import StepRecorder
@@ -53,40 +54,43 @@ class Trainer:
         the registered backends the config asks for, and ``fit`` ends them. ``launch``: what
         provenance.json records of this launch. Hooks and trackers are checked before anything is
         built (``engine.loop.assembly.prepare``)."""
-        self.cfg, self.task, self.fetch, t = cfg, task, fetch, cfg.trainer
-        self.resumed_from = resume = resume_source(run_dir, resume)  # a run in run_dir: refused, or continued
-        self.prepared = assembly.prepare(cfg, run_dir, hooks=hooks, trackers=trackers, launch=launch)
-        self.run = run = build_training(cfg, task, Path(run_dir) if run_dir is not None else None,
-                                        resume=resume is not None, init=init)
-        # what hooks read (detectron2's convention: a hook holds the trainer and reads what it needs)
-        self.model, self.raw_model, self.ema, self.optimizer = run.model, run.raw_model, run.ema, run.optimizer
-        self.dist, self.device, self.clock, self.scalars = run.dist, run.device, run.clock, run.scalars
-        self.progress = p = Progress(run.clock, t.epochs)
-        self.log = RunLogger(run.run_dir, total_steps=p.total, progress=t.progress, enabled=run.writes,
-                             trackers=self.prepared.trackers)
-        self.recorder = StepRecorder(t.log_every, run.device)
-        self.states, self.parts = States(), {}  # what a checkpoint holds; every named part and hook
-        self.nothing_to_train = False  # fit found the resumed run at its end (``_nothing_to_train``)
-        parts, self.hooks = assembly.assemble(self)
-        self._measure = [part for part in parts if not part.keeps]  # then the epoch moves on, then:
-        self._keep = [part for part in parts if part.keeps]
-        self.loss_weights = dict(task.loss_weights)
-        options = StepOptions(run.device, run.precision, run.scaler, clip_grad=t.clip_grad, clip_mode=t.clip_mode,
-                              channels_last=t.channels_last, mask_nonfinite=t.nonfinite == "skip",
-                              fixed_weights=not any(k.startswith("loss.") for k in run.scalars.schedules),
-                              placed=prefetches(run.device, cfg.data.prefetch_to_device),
-                              after_backward=self.hooks.callbacks("after_backward"))
-        self.step_fn = step_type(run.model, task.losses, run.optimizer, options, recorder=self.recorder,
-                                 on_device=task.device_transform(channels_last=t.channels_last))
-        for note in run.notes:
-            self.log.print(note)
-        # Set-up may draw from the global RNGs a varying amount (first-time imports do), so the
-        # training streams start from a fresh seed: a run is a function of cfg.seed alone.
-        seed_everything(cfg.seed + 1)
-        if resume:
-            self.parts["checkpointer"].resume(resume)
-        if run.writes:  # after the resume checks: a refused resume leaves the run's config.yaml as it was
-            write_run_config(run.run_dir, dump_config(cfg), resumed_at=p.step if resume else None)
+        with hold_run_dir(run_dir) as lock:  # one writer per run dir; released if set-up fails
+            self.cfg, self.task, self.fetch, t = cfg, task, fetch, cfg.trainer
+            self.resumed_from = resume = resume_source(run_dir, resume)  # a run in run_dir: refused, or continued
+            self.prepared = assembly.prepare(cfg, run_dir, hooks=hooks, trackers=trackers, launch=launch)
+            self.run = run = build_training(cfg, task, Path(run_dir) if run_dir is not None else None,
+                                            resume=resume is not None, init=init)
+            # what hooks read (detectron2's convention: a hook holds the trainer and reads what it needs)
+            self.model, self.raw_model, self.ema, self.optimizer = run.model, run.raw_model, run.ema, run.optimizer
+            self.dist, self.device, self.clock, self.scalars = run.dist, run.device, run.clock, run.scalars
+            self.progress = p = Progress(run.clock, t.epochs)
+            self.log = RunLogger(run.run_dir, total_steps=p.total, progress=t.progress, enabled=run.writes,
+                                 trackers=self.prepared.trackers)
+            self.recorder = StepRecorder(t.log_every, run.device)
+            self.states, self.parts = States(), {}  # what a checkpoint holds; every named part and hook
+            self.nothing_to_train = False  # fit found the resumed run at its end (``_nothing_to_train``)
+            parts, self.hooks = assembly.assemble(self)
+            self._measure = [part for part in parts if not part.keeps]  # then the epoch moves on, then:
+            self._keep = [part for part in parts if part.keeps]
+            self.loss_weights = dict(task.loss_weights)
+            options = StepOptions(run.device, run.precision, run.scaler, clip_grad=t.clip_grad, clip_mode=t.clip_mode,
+                                  channels_last=t.channels_last, mask_nonfinite=t.nonfinite == "skip",
+                                  fixed_weights=not any(k.startswith("loss.") for k in run.scalars.schedules),
+                                  placed=prefetches(run.device, cfg.data.prefetch_to_device),
+                                  after_backward=self.hooks.callbacks("after_backward"))
+            self.step_fn = step_type(run.model, task.losses, run.optimizer, options, recorder=self.recorder,
+                                     on_device=task.device_transform(channels_last=t.channels_last))
+            for note in run.notes:
+                self.log.print(note)
+            # Set-up may draw from the global RNGs a varying amount (first-time imports do), so the
+            # training streams start from a fresh seed: a run is a function of cfg.seed alone.
+            seed_everything(cfg.seed + 1)
+            if resume:
+                self.parts["checkpointer"].resume(resume)
+            if run.writes:  # after the resume checks: a refused resume leaves the run's config.yaml as it was
+                write_run_config(run.run_dir, dump_config(cfg), resumed_at=p.step if resume else None)
+            self._lock = lock.pop_all()  # held until fit ends (or this trainer is collected unfitted)
+        weakref.finalize(self, self._lock.close)
 
     def __getattr__(self, name: str) -> Any:
         """Every named part and hook as an attribute: ``trainer.evaluator``, ``trainer.early_stop``..."""
@@ -103,18 +107,19 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train to the end and return the summary (summary.json's content on rank 0 of a run with a run
         dir). A run resumed at its last step trains nothing and rewrites nothing."""
-        if self.resumed_from is not None and self.done():
-            return self._nothing_to_train()
-        try:
-            return self._fit()
-        except BaseException as err:
-            self.hooks("on_exception", err)  # trackers end FAILED or KILLED, signal handlers go back
-            if not (isinstance(err, Exception) and is_out_of_memory(err)):
-                raise
-            phase = "evaluation" if self.progress.evaluating else "training"
-            raise OutOfMemory(out_of_memory_message(err, phase=phase, run=self.run, step=self.step)) from err
-        finally:
-            self.run.source.close()  # persistent workers end now, not at garbage collection
+        with self._lock:  # the run dir's lock goes however fit ends
+            if self.resumed_from is not None and self.done():
+                return self._nothing_to_train()
+            try:
+                return self._fit()
+            except BaseException as err:
+                self.hooks("on_exception", err)  # trackers end FAILED or KILLED, signal handlers go back
+                if not (isinstance(err, Exception) and is_out_of_memory(err)):
+                    raise
+                phase = "evaluation" if self.progress.evaluating else "training"
+                raise OutOfMemory(out_of_memory_message(err, phase=phase, run=self.run, step=self.step)) from err
+            finally:
+                self.run.source.close()  # persistent workers end now, not at garbage collection
 
     def _nothing_to_train(self) -> dict[str, Any]:
         """The checkpoint it resumed is at the run's last step, or early stopping ended it: nothing is

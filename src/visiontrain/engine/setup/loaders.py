@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -88,6 +89,15 @@ def pins(cfg: Config, device: torch.device) -> bool:
 FORKSERVER_PRELOAD = ["__main__", "visiontrain.data.worker_preload"]
 
 
+#: multiprocessing's resource tracker (a process the first worker, queue or forkserver starts)
+#: unlinks the semaphores of a training killed with SIGKILL, and then prints a raw UserWarning
+#: ("There appear to be 11 leaked semaphore objects to clean up at shutdown") as the last line of
+#: the dead run's log. The cleaning is its job and it still does it; the warning, to a user who
+#: killed the run, reads like a fault. Interpreter flags (``-W``) are how it is started, so the
+#: filter goes there, before the tracker starts.
+QUIET_RESOURCE_TRACKER = "ignore:resource_tracker:UserWarning"
+
+
 def worker_context(start: str) -> Any:
     """The multiprocessing context DataLoader workers start from (``data.worker_start``).
 
@@ -96,6 +106,8 @@ def worker_context(start: str) -> Any:
     waits forever, and the run hangs at an evaluation. The forkserver is a separate process with a
     single thread, started once per training process, so its forks are clean."""
     os.environ[WORKER_PARENT_ENV] = str(os.getpid())  # each worker (and forkserver) checks it still has this parent
+    if QUIET_RESOURCE_TRACKER not in sys.warnoptions:
+        sys.warnoptions.append(QUIET_RESOURCE_TRACKER)
     if start == "spawn":
         from visiontrain.data.worker_preload import SpawnContext
 

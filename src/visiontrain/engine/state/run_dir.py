@@ -26,6 +26,7 @@ from visiontrain.rundir import checkpoint_format as fmt
 from visiontrain.rundir.run_files import (BEST_CHECKPOINT, CHECKPOINTS_DIR, CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT,
                                           METRICS_FILE, MLFLOW_FILES, PLOTS_DIR, PROFILE_DIR, PROVENANCE_FILE,
                                           REPORT_FILE, SUMMARY_FILE, TENSORBOARD_DIR)
+from visiontrain.rundir.run_lock import held
 from visiontrain.rundir.write_failure import why_not_written
 
 #: What a run writes beside its checkpoints (engine.state.run_files names each).
@@ -233,3 +234,16 @@ def config_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     old, new = flatten(before), flatten(after)
     return [f"config changed since the checkpoint: {key}: {old.get(key, '(unset)')!r} -> {new.get(key, '(unset)')!r}"
             for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)]
+
+
+def hold_run_dir(run_dir: str | Path | None) -> contextlib.ExitStack:
+    """The run dir's lock (``rundir.run_lock``) for a training's rank 0, as a stack to close when the
+    training ends: one writer per run dir from Python as from the CLI (whose own lock, held around
+    the whole command, is the same one; ``held`` is re-entrant). Lines about the lock (one taken
+    over from a dead holder, a file system that cannot lock) go to stderr. No run dir: nothing."""
+    stack = contextlib.ExitStack()
+    if run_dir is not None:
+        lock = stack.enter_context(held(Path(run_dir), enabled=os.environ.get("RANK", "0") == "0"))
+        for note in lock.notes:
+            print(f"visiontrain: {note}", file=sys.stderr)
+    return stack
