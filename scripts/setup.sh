@@ -36,6 +36,14 @@ else
   echo "[setup] packages up to date"
 fi
 
+# panopticapi's pq_compute is the reference of the panoptic metric's tests (tests/evaluation/test_panoptic_metrics.py).
+# Its wheel (panopticapi-lite) asks for numpy<2, which its evaluation code does not need (numpy and PIL
+# only) and which would clash with ours: --no-deps, and outside the extras, where pip would refuse it.
+if [ "${1:-}" = test ] && ! "$venv/bin/python" -c "import panopticapi.evaluation" 2>/dev/null; then
+  echo "[setup] installing panopticapi-lite (the panoptic tests' reference)"
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "$(grep -E '^panopticapi-lite==' constraints.txt)"
+fi
+
 # Fashion-MNIST ships as a Debian package; elsewhere visiontrain falls back to torchvision's download.
 fmnist=/usr/share/datasets/fashion-mnist
 if [ ! -f "$fmnist/train-images-idx3-ubyte.gz" ] && command -v apt-get >/dev/null 2>&1; then

@@ -66,3 +66,22 @@ def test_same_named_runs_are_told_apart(runs, tmp_path, capsys):
     assert cli.main(["compare", str(runs / "slow"), str(other), "--out", str(tmp_path / "c.png")]) == 0
     text = capsys.readouterr().out
     assert "elsewhere/slow" in text
+
+
+def test_an_undefined_metric_is_the_dash_the_log_and_the_report_show(runs, tmp_path, capsys):
+    """A metric with no value (COCO's APl where no large object exists: NaN, written as null) was
+    printed as ``nan`` by compare, and as a dash by the log and the report."""
+    import shutil
+
+    from visiontrain.rundir.metrics_file import UNDEFINED
+
+    run = tmp_path / "undefined"
+    shutil.copytree(runs / "slow", run)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    last_eval = max(i for i, r in enumerate(rows) if r.get("kind") == "eval")
+    rows[last_eval]["mse"] = None
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert cli.main(["compare", str(run), str(runs / "fast"), "--out", str(tmp_path / "c.png"),
+                     "--metrics", "mse"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if " undefined " in line)
+    assert UNDEFINED in line and "nan" not in line, line

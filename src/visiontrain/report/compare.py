@@ -13,7 +13,6 @@ flattened to dotted keys).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,8 @@ import yaml
 
 from visiontrain.core import safe_yaml
 from visiontrain.core.config import flatten
-from visiontrain.rundir.metrics_file import (SAMPLES_PER_S, Metrics, Row, is_ema, is_per_class, nan_for_null,
-                                             read_metrics, series)
+from visiontrain.rundir.metrics_file import (SAMPLES_PER_S, UNDEFINED, Metrics, Row, is_ema, is_per_class, nan_for_null,
+                                             read_metrics, series, value_text)
 from visiontrain.rundir.run_files import CONFIG_FILE, SUMMARY_FILE
 
 
@@ -107,23 +106,16 @@ def table_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
         steps = r.summary.get("steps", r.metrics.last_step)
         best = r.summary.get("best") or {}
         metric = r.summary.get("metric") or ""
-        best_text = ", ".join(f"{k} {_fmt(v)}" for k, v in best.items()) if best else "-"  # model / ema
+        best_text = ", ".join(f"{k} {value_text(v)}" for k, v in best.items()) if best else UNDEFINED  # model / ema
         rate = r.summary.get("samples_per_s")
         if rate is None and r.train:
             rate = r.train[-1].get(SAMPLES_PER_S)
         wall = r.summary.get("wall_s")
-        rows.append([r.name, str(steps), *(_fmt(last.get(m)) for m in metrics),
+        rows.append([r.name, str(steps), *(value_text(last.get(m)) for m in metrics),
                      f"{metric}: {best_text}" if metric else best_text,
-                     f"{wall:.3g} s" if wall is not None else "-", f"{rate:,.1f}" if rate is not None else "-"])
+                     f"{wall:.3g} s" if wall is not None else UNDEFINED,
+                     f"{rate:,.1f}" if rate is not None else UNDEFINED])
     return columns, rows
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.4g}"
-    return str(value)
 
 
 def plot_runs(runs: list[RunRecord], out: Path, metrics: list[str] | None = None) -> list[str]:

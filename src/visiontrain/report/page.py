@@ -28,7 +28,7 @@ from visiontrain import catalog
 from visiontrain.core import safe_yaml
 from visiontrain.report.compare import RunRecord, read_run
 from visiontrain.rundir.metrics_file import (COMPUTE_S, DATA_S, EPOCH, ROW_KEYS, SAMPLES_PER_S, STEP, TIME, ema_key,
-                                             is_number, is_per_class, per_class_tables)
+                                             is_number, is_per_class, per_class_tables, value_text)
 from visiontrain.engine.records.plots import write_curves
 from visiontrain.engine.records.provenance import read_provenance
 from visiontrain.rundir.run_files import (CONFIG_FILE, MODEL_SUMMARY_FILE, PLOTS_DIR, PROVENANCE_FILE, REPORT_FILE,
@@ -208,13 +208,13 @@ def _metrics_html(run: RunRecord, metric: str | None, mode: str) -> str:
     if not values:
         return '<p class="muted">no evaluation logged yet</p>'
     html = [f'<p class="muted">last evaluation ({escape(where)})</p>',
-            _table([(k, _fmt(v)) for k, v in values.items()])]
+            _table([(k, value_text(v)) for k, v in values.items()])]
     if metric:
         rows = []
         for label, key in (("model", metric), ("EMA", ema_key(metric))):
             best = _best(run, key, mode)
             if best is not None:
-                rows.append((f"{key} ({label})", f"{_fmt(best[0])} at step {best[1]}"))
+                rows.append((f"{key} ({label})", f"{value_text(best[0])} at step {best[1]}"))
         if rows:
             html += [f'<p class="muted">best {escape(metric)} ({escape(mode)}, the checkpoint metric)</p>',
                      _table(rows)]
@@ -242,7 +242,7 @@ def _per_class_html(run: RunRecord) -> list[str]:
             columns += [c for c in row if c not in columns]
         head = "".join(f"<th>{escape(c)}</th>" for c in ["class", *columns])
         body = "".join(f"<tr><th>{escape(str(name))}</th>"
-                       + "".join(f'<td class="num">{escape(_fmt(row.get(c)))}</td>' for c in columns) + "</tr>"
+                       + "".join(f'<td class="num">{escape(value_text(row.get(c)))}</td>' for c in columns) + "</tr>"
                        for name, row in table.items())
         parts.append(f'<section><h3>{escape(key)} ({len(table)} classes)</h3>'
                      f'<table class="classes"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></section>')
@@ -327,20 +327,6 @@ def _figure(path: Path, root: Path) -> str:
 def _table(rows: list[tuple[str, str]]) -> str:
     body = "".join(f'<tr><th>{escape(k)}</th><td class="num">{escape(v)}</td></tr>' for k, v in rows)
     return f"<table>{body}</table>"
-
-
-NO_VALUE = "—"  # an undefined value (null in the JSON, NaN in memory), as the log's tables print it
-
-
-def _fmt(value: Any) -> str:
-    if value is None:  # null is how a NaN is written (dumps_json): a missing value, as NaN is
-        return NO_VALUE
-    if isinstance(value, float):
-        return NO_VALUE if math.isnan(value) else f"{value:.4g}"
-    if isinstance(value, (dict, list)):  # e.g. VOC's per-class AP
-        text = ", ".join(f"{k} {_fmt(v)}" for k, v in value.items()) if isinstance(value, dict) else str(value)
-        return text if len(text) <= 80 else text[:77] + "..."
-    return str(value)
 
 
 def _duration(seconds: float) -> str:

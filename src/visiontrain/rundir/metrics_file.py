@@ -188,3 +188,21 @@ def rewind(path: Path, step: int) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text("".join(kept))
     tmp.replace(path)
+
+
+#: An undefined value (NaN in memory, null once written to JSON, or absent) in every table a person
+#: reads: the log's, the report's, ``compare``'s and ``tune``'s; never ``nan`` in one and ``None`` in another.
+UNDEFINED = "\u2014"
+
+
+def value_text(value: Any) -> str:
+    """A metric or setting as a table shows it: 4 significant digits, ``UNDEFINED`` for a missing or
+    NaN value, a mapping (VOC's per-class AP) as ``key value`` pairs cut at 80 characters."""
+    if value is None:  # null is how a NaN is written (dumps_json): a missing value, as NaN is
+        return UNDEFINED
+    if isinstance(value, float):
+        return UNDEFINED if math.isnan(value) else f"{value:.4g}"
+    if isinstance(value, (dict, list)):
+        text = ", ".join(f"{k} {value_text(v)}" for k, v in value.items()) if isinstance(value, dict) else str(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+    return str(value)

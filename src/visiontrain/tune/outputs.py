@@ -18,10 +18,11 @@ from typing import Any
 
 from visiontrain.core import config as C
 from visiontrain.engine.records.run_log import dumps_json
+from visiontrain.rundir.metrics_file import value_text
 from visiontrain.rundir.run_files import METRICS_FILE, MLFLOW_RUN_FILE, REPORT_FILE
 from visiontrain.engine.state.checkpoint import write_run_file
 from visiontrain.core.redact import redact_url
-from visiontrain.report.page import CSS, _duration, _figure, _fmt, write_report
+from visiontrain.report.page import CSS, _duration, _figure, write_report
 from visiontrain.tune.study import FAILURE_ATTR, RESUMES_ATTR, RUN_DIR_ATTR, Search, counted, trial_number
 from visiontrain.tune.space import override
 from visiontrain.tune.trial import Outcome
@@ -149,8 +150,8 @@ def study_page(search: Search, summary: dict[str, Any], why_not: dict[str, str])
             ("trials", ", ".join(f"{v} {k}" for k, v in summary["counts"].items()) + f" of {summary['trials_wanted']}")]
     parts = [f"<h1>Study {escape(summary['study'])}</h1>", _rows(head)]
     if best:
-        parts += [f"<h2>Best: trial {best['number']}, {escape(metric)} {_fmt(best['value'])}</h2>",
-                  _rows([(k, _fmt(v)) for k, v in best["params"].items()]),
+        parts += [f"<h2>Best: trial {best['number']}, {escape(metric)} {value_text(best['value'])}</h2>",
+                  _rows([(k, value_text(v)) for k, v in best["params"].items()]),
                   f'<p class="muted">as a recipe: <a href="{BEST_FILE}">{BEST_FILE}</a></p>']
     parts += ["<h2>Trials</h2>", _trials_table(search, summary["trials"], root), "<h2>The search</h2>",
               '<div class="plots">']
@@ -176,8 +177,8 @@ def _trials_table(search: Search, rows: list[dict[str, Any]], root: Path) -> str
         link = f'<a href="{escape(r["run_dir"])}/{REPORT_FILE}">report</a>' if r["run_dir"] and report.is_file() \
             else escape(r["run_dir"] or "")
         note = r["failure"] or ("resumed after an interruption" if r["resumed"] else "")
-        cells = [str(r["number"]), r["state"] + (f" ({note})" if note else ""), _fmt(r["value"]),
-                 *(_fmt(r["params"].get(k)) for k in keys), _duration(r["seconds"]) if r["seconds"] else ""]
+        cells = [str(r["number"]), r["state"] + (f" ({note})" if note else ""), value_text(r["value"]),
+                 *(value_text(r["params"].get(k)) for k in keys), _duration(r["seconds"]) if r["seconds"] else ""]
         body.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + f"<td>{link}</td></tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
@@ -189,7 +190,7 @@ def summary_text(search: Search, summary: dict[str, Any]) -> str:
     for r in summary["trials"]:
         value = "" if r["value"] is None or (isinstance(r["value"], float) and math.isnan(r["value"])) \
             else f"{r['value']:.6g}"
-        params = " ".join(f"{k}={_fmt(r['params'].get(k))}" for k in keys)
+        params = " ".join(f"{k}={value_text(r['params'].get(k))}" for k in keys)
         lines.append(f"  trial {r['number']:>4}  {r['state']:<9} {value:>10}  {params}")
     best = summary["best"]
     if best:

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from visiontrain.engine.protocols.hooks import Hook
-from visiontrain.rundir.metrics_file import (SAMPLES_PER_S, is_per_class, make_row, model_key, per_class_tables, rewind)
+from visiontrain.rundir.metrics_file import (SAMPLES_PER_S, UNDEFINED, is_per_class, make_row, model_key,
+                                             per_class_tables, rewind)
 from visiontrain.engine.records.tracking import Tracker
 from visiontrain.rundir.run_files import METRICS_FILE
 from visiontrain.rundir.write_failure import WriteError, why_not_written
@@ -51,7 +52,6 @@ MAX_CLASS_ROWS, LOWEST_ROWS = 100, 20
 #: A class name longer than this is cut in the console table (never in the files).
 NAME_WIDTH = 28
 #: What a per-class table shows for a value that is not defined (a class without ground truth): an em dash.
-UNDEFINED = "\u2014"
 
 
 def json_safe(value: Any) -> Any:
