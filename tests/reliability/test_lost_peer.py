@@ -66,3 +66,47 @@ def test_a_lost_node_is_one_line_and_no_wait(tmp_path):
     assert f"exitcode: {EXIT_PEER_LOST}" in err  # torchrun's agent reports the rank's status
     assert "Traceback" not in err.split("exitcode:", 1)[0]  # the rank printed no traceback of its own
     assert waited < 30  # not torchrun's 300-s exit barrier
+
+
+def ranks_of(launcher: int) -> list[int]:
+    """The ranks `fit --nproc` started: the launcher's children that run visiontrain."""
+    def cmdline(pid: int) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return b""
+    children = [pid for pid in descendants(launcher) if _parent(pid) == launcher]
+    return sorted(pid for pid in children if b"-m\0visiontrain" in cmdline(pid))
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def test_a_rank_killed_under_fit_nproc_is_the_surviving_rank_s_line_and_status(tmp_path):
+    """`fit --nproc 2` runs torchrun's agent in its own process. One rank killed with SIGKILL: the other
+    says in its one line what was lost, and the launch ends with that rank's status, EXIT_PEER_LOST;
+    torchrun's ChildFailedError traceback and its "Root Cause" summary no longer follow that line."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "visiontrain", "fit", *RUN, "--nproc", "2",
+                             "--run-dir", str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
+    try:
+        wait_for(lambda: (run_dir / "checkpoints" / "last.pt").is_file() and len(ranks_of(proc.pid)) == 2,
+                 "checkpoint", proc)
+        os.kill(ranks_of(proc.pid)[-1], signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        for pid in group(proc.pid) | alive(descendants(proc.pid)):
+            os.kill(pid, signal.SIGKILL)
+        proc.wait(10)
+        proc.stderr.close()
+    ours = [line for line in err.splitlines() if line.startswith("visiontrain:")]
+    assert proc.returncode == EXIT_PEER_LOST and len(ours) == 1, err[-3000:]
+    assert " lost another rank of the run (" in ours[0], ours
+    for torchrun_s in ("Traceback", "ChildFailedError", "Root Cause", "exitcode"):
+        assert torchrun_s not in err, err[-3000:]

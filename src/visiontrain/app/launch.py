@@ -3,11 +3,14 @@ user's modules again (``--import``, ``catalog.import_user``)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import shlex
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any, Iterator
 
 from visiontrain.core.process_tree import LAUNCHER_PID_ENV, end_with_parent, expected_pid
 
@@ -25,9 +28,10 @@ def run_torchrun(args: argparse.Namespace) -> int:
     """``fit ... --nproc N``: ``torchrun --standalone --nproc-per-node N -m visiontrain fit ...``, with
     torchrun's agent running in this process: the scheduler's signals reach it (the pid the user
     started), and it passes them on to every rank. torch is imported here already, which saves each
-    launch about 3 s of CPU over starting torchrun anew. A failed rank ends it as it ends torchrun:
-    the failure's summary, then ``ChildFailedError``."""
-    from torch.distributed.run import main as torchrun
+    launch about 3 s of CPU over starting torchrun anew. A failed rank ends the launch with the
+    rank's own exit status (``launch_failure``), not with torchrun's traceback and summary."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
 
     imports = list(args.imports)
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)  # python my_task.py fit --nproc N
@@ -42,9 +46,43 @@ def run_torchrun(args: argparse.Namespace) -> int:
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the agent is this process: the ranks' parent
     # torchrun keeps each rank's error file in a log dir, by default a new /tmp/torchelastic_* it never
     # removes (one a launch). Its failure summary has read them by the time it returns or raises.
-    with tempfile.TemporaryDirectory(prefix="visiontrain-torchrun-") as logs:
-        torchrun(["--standalone", f"--nproc-per-node={args.nproc}", f"--log-dir={logs}", "-m", "visiontrain", *argv])
+    with tempfile.TemporaryDirectory(prefix="visiontrain-torchrun-") as logs, _agent_quiet():
+        try:  # ``run``, not torchrun's ``main``, whose error recorder logs the failure once more
+            run(parse_args(["--standalone", f"--nproc-per-node={args.nproc}", f"--log-dir={logs}", "-m",
+                            "visiontrain", *argv]))
+        except ChildFailedError as err:
+            return launch_failure(err)
     return 0
+
+
+@contextlib.contextmanager
+def _agent_quiet() -> Iterator[None]:
+    """The agent's own log line for a failed rank ("failed (exitcode: -9) local_rank: 1 ...") is what
+    ``launch_failure`` says, once, in the project's words: that logger is quiet for the launch."""
+    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    level = agent_log.level
+    agent_log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        agent_log.setLevel(level)
+
+
+def launch_failure(err: Any) -> int:
+    """The exit status of a launch whose rank failed (torchrun's ``ChildFailedError``). A rank that
+    ended with a status of its own (``core.exit_codes``: a peer lost, a bad input, a non-finite
+    loss...) has printed its one ``visiontrain: error:`` line: the launch ends with that status and
+    adds nothing. A rank that died without a word (killed by a signal, the OOM killer) is named in
+    one line, and the launch ends as a process killed by that signal does (128 + its number)."""
+    failures = sorted(err.failures.items())
+    said = [failure for _, failure in failures if failure.exitcode > 0]
+    if said:
+        return said[0].exitcode
+    rank, failure = err.get_first_failure()
+    how = f"was killed by {failure.signal_name()}" if failure.exitcode < 0 else f"ended with status {failure.exitcode}"
+    print(f"visiontrain: error: rank {rank} (pid {failure.pid}) {how}, and the run stopped; its last "
+          f"checkpoint is intact: run the same command with --resume auto to continue", file=sys.stderr)
+    return 128 - failure.exitcode if failure.exitcode < 0 else 1
 
 
 def end_with_launcher() -> None:
