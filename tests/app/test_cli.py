@@ -170,3 +170,20 @@ def test_the_json_line_on_stdout_keeps_class_names_as_written(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = proc.stdout.strip().splitlines()[-1]
     assert line.isascii() and set(json.loads(line)["per_class"]) == {"Müll", "树"}
+
+
+def test_a_launch_ends_with_the_failed_rank_s_own_status(capsys):
+    """`fit --nproc`: a rank that said what happened (a lost peer, exit 6) gives the launch its status
+    and nothing is added; a rank that died without a word (SIGKILL to every rank, the OOM killer) is
+    named in one line, and the launch ends as a process killed by that signal (128 + 9)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from visiontrain.app.launch import launch_failure
+
+    killed = ProcessFailure(local_rank=1, pid=123, exitcode=-9, error_file="/nonexistent")
+    said = ProcessFailure(local_rank=0, pid=124, exitcode=6, error_file="/nonexistent")
+    assert launch_failure(ChildFailedError("visiontrain", {1: killed, 0: said})) == 6
+    assert capsys.readouterr().err == ""
+    assert launch_failure(ChildFailedError("visiontrain", {1: killed})) == 137
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("visiontrain: error: rank 1 (pid 123) was killed by SIGKILL") and "--resume auto" in line
