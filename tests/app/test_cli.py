@@ -187,3 +187,27 @@ def test_a_launch_ends_with_the_failed_rank_s_own_status(capsys):
     assert launch_failure(ChildFailedError("visiontrain", {1: killed})) == 137
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("visiontrain: error: rank 1 (pid 123) was killed by SIGKILL") and "--resume auto" in line
+
+
+def test_the_ranks_import_a_user_s_script_not_the_console_script(monkeypatch, tmp_path):
+    """`fit --nproc` makes each rank import the script that ran the CLI, so that its task registers.
+    Started as the `visiontrain` console script (a file that imports cli.main and calls it), the
+    ranks were told to import that file too (`--import .venv/bin/visiontrain`)."""
+    import types
+
+    from visiontrain.app import cli
+    from visiontrain.app.launch import users_main_file
+
+    def main_module(file: str, **names) -> types.ModuleType:
+        module = types.ModuleType("__main__")
+        module.__file__ = file
+        module.__dict__.update(names)
+        return module
+
+    script = tmp_path / "my_task.py"
+    for module, want in ((main_module(str(tmp_path / "visiontrain"), main=cli.main), None),
+                         (main_module(str(script), main=lambda: 0), str(script)),
+                         (main_module(str(script)), str(script)),
+                         (main_module(str(Path(cli.__file__).parents[1] / "__main__.py")), None)):
+        monkeypatch.setitem(sys.modules, "__main__", module)
+        assert users_main_file() == want, module.__file__

@@ -34,8 +34,8 @@ def run_torchrun(args: argparse.Namespace) -> int:
     from torch.distributed.run import parse_args, run
 
     imports = list(args.imports)
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)  # python my_task.py fit --nproc N
-    if main_file and Path(main_file).resolve() != (Path(__file__).parents[1] / "__main__.py").resolve():
+    main_file = users_main_file()
+    if main_file:
         imports.append(main_file)  # the ranks import it as a module: it registers its task
     argv = [*(a for m in imports for a in ("--import", m)), "fit", args.recipe, *args.overrides]
     for flag, value in (("--run-dir", args.run_dir), ("--resume", args.resume), ("--init", args.init)):
@@ -83,6 +83,20 @@ def launch_failure(err: Any) -> int:
     print(f"visiontrain: error: rank {rank} (pid {failure.pid}) {how}, and the run stopped; its last "
           f"checkpoint is intact: run the same command with --resume auto to continue", file=sys.stderr)
     return 128 - failure.exitcode if failure.exitcode < 0 else 1
+
+
+def users_main_file() -> str | None:
+    """The file of a user's script that runs the CLI itself (``python my_task.py fit --nproc N``),
+    which each rank must import to register what it defines; None when the CLI was started as
+    itself: ``python -m visiontrain`` (the package's ``__main__.py``) or the ``visiontrain`` console
+    script, a file that only imports ``visiontrain.app.cli.main`` and calls it."""
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None)
+    if not main_file or getattr(getattr(main, "main", None), "__module__", None) == "visiontrain.app.cli":
+        return None
+    if Path(main_file).resolve() == (Path(__file__).parents[1] / "__main__.py").resolve():
+        return None
+    return main_file
 
 
 def end_with_launcher() -> None:
