@@ -6,7 +6,8 @@ Pages: docs/*.md and docs/recipes/*.md. A fenced ```bash block preceded by an HT
 on PATH (``visiontrain`` through the warm Python of ``tests/support/procs.py``: the same console script,
 forked with torch already imported). Options (docs/README.md lists them for writers):
 
-    setup=NAME[,NAME]     build fixtures first: coco, voc, yolo, image-folder (tiny datasets)
+    setup=NAME[,NAME]     build fixtures first: coco, voc, yolo, image-folder, segmentation-folder,
+                          voc-segmentation (tiny datasets)
     continue              run in the previous marked block's directory, after it
     fit-args="k=v ..."    append these overrides to every `fit` command of the block (after its own)
     exit=N                expected exit status; each "# visiontrain: error: ..." comment line of the
@@ -49,6 +50,7 @@ from pathlib import Path
 import pytest
 
 from dataset_trees import build_coco, build_image_folder, build_voc, build_yolo
+from segmentation_trees import write_segmentation_folder, write_voc_segmentation
 from doc_pages import BLOCKS, DOCS, FENCE, PAGES, ROOT, Block, page_files, stray_markers
 from procs import shell_env
 from shipped import LENGTH_AND_SIZE
@@ -59,7 +61,7 @@ FULL_RECIPES = ("classify-mobilevit-imagenet", "detect-detr-r50-coco", "detect-d
                 "detect-faster-rcnn-r50-coco", "detect-yolov3-darknet53-voc", "segment-mask-rcnn-r50-coco",
                 "ssl-dino-vits16-imagenet")
 SMALL_RECIPES = ("classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3", "segment-mask-rcnn",
-                 "ssl-dino")
+                 "segment-semantic", "ssl-dino")
 DEFAULT_TIMEOUT = 300
 JOBS = int(os.environ.get("VISIONTRAIN_DOCS_JOBS", min(2, os.cpu_count() or 1)))
 
@@ -94,7 +96,9 @@ CHAINS = {c.id: c for c in build_chains()}
 
 # ----------------------------------------------------------------------------- fixtures
 SETUPS = {"coco": ("coco", build_coco), "voc": ("VOC2007", build_voc), "yolo": ("yolo", build_yolo),
-          "image-folder": ("imagefolder", build_image_folder)}
+          "image-folder": ("imagefolder", build_image_folder),
+          "segmentation-folder": ("segfolder", write_segmentation_folder),
+          "voc-segmentation": ("VOC2012", write_voc_segmentation)}
 
 
 # ----------------------------------------------------------------------------- running blocks

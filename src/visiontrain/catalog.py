@@ -38,6 +38,8 @@ BUILT_IN: dict[str, str] = {
     "visiontrain.data.datasets.sources": "data kinds: the classification datasets and image folders",
     "visiontrain.data.detection.sources": "data kinds: the detection datasets (COCO, VOC, YOLO, fashion-mosaic)",
     "visiontrain.data.shards.source": "data kind: shards",
+    "visiontrain.data.segmentation.sources": "data kinds: the semantic segmentation sources (a segmentation "
+                                             "folder, VOC's SegmentationClass)",
     "visiontrain.evaluation.coco": "eval.coco_backend, a key of the engine's eval section",
     "visiontrain.tasks.classification": "task: classification",
     "visiontrain.tasks.detr": "task: detr",
@@ -45,6 +47,7 @@ BUILT_IN: dict[str, str] = {
     "visiontrain.tasks.mask_rcnn": "task: mask_rcnn",
     "visiontrain.tasks.yolo": "task: yolo",
     "visiontrain.tasks.dino": "task: dino",
+    "visiontrain.tasks.semantic": "task: semantic",
 }
 
 _lock = threading.RLock()

@@ -39,6 +39,7 @@ RUNS: dict[str, tuple[str | None, list[str]]] = {
     "detect-faster-rcnn": (None, SMALL_DETECTION),
     "detect-yolov3": (None, SMALL_DETECTION),
     "segment-mask-rcnn": (None, SMALL_DETECTION),
+    "segment-semantic": (None, SMALL_DETECTION),
     "ssl-dino": (None, ["task.knn_bank=256", "data.limit_val=100"]),  # the k-NN bank is the train set
     "classify-mobilevit-imagenet": ("image-folder", ["data.batch_size=4", "data.image_size=64"]),
     "detect-detr-r50-coco": ("coco", ["task.pretrained_backbone=false", *DETECTION_SIZES, "task.crop_resize=[96]",

@@ -92,7 +92,7 @@ def test_in_memory_datasets_refuse_it():
     sources that read it are named in sorted order, whatever order their modules were imported in."""
     with pytest.raises(C.ConfigError, match=r"unknown config key 'data.normalize_on_device' \(data.name 'digits' "
                                             r"does not read it; coco, fashion-mosaic, image-folder, neon-trees, "
-                                            r"shards, voc, yolo do\)"):
+                                            r"segmentation-folder, shards, voc, voc-segmentation, yolo do\)"):
         C.load_config("classify-fashion", ["data.name=digits", "data.normalize_on_device=true"])
 
 

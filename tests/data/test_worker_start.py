@@ -19,7 +19,7 @@ from visiontrain.engine.step.source import stop_workers
 from worker_lock import LOCK, LargeItems, TakesTheLock, stack_unshared
 
 SMALL_RECIPES = ("classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3", "segment-mask-rcnn",
-                 "ssl-dino")
+                 "segment-semantic", "ssl-dino")
 
 
 def first_batch_while_a_thread_holds_the_lock(start: str, timeout: float) -> torch.Tensor:

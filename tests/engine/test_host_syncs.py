@@ -140,3 +140,16 @@ def test_dino_step_has_no_host_reads(monkeypatch):
     assert counter.calls == [], counter.calls[0][1]
     assert counter.syncs == [], sync_report(counter.syncs)
 
+
+
+def test_semantic_step_has_no_host_reads(monkeypatch):
+    """segment-semantic's step (its transforms, the aux head, class weights, normalisation on the
+    device) with every optional part of the step on: the pixel losses read nothing back."""
+    weights = ",".join(["0.5"] + ["1.0"] * 10)
+    cfg = C.load_config("segment-semantic", ALL_ON + [
+        "data.limit_train=32", "data.limit_val=2", "data.batch_size=2", "data.num_workers=0", "task.crop=64",
+        "task.train_sizes=[64,96]", f"task.class_weights=[{weights}]", "data.normalize_on_device=true",
+        "trainer.log_every=8", "trainer.max_steps=8"])
+    counter = run_counted(Trainer, cfg, build_task(cfg), monkeypatch, steps=8)
+    assert counter.calls == [], counter.calls[0][1]
+    assert counter.syncs == [], sync_report(counter.syncs)

@@ -93,9 +93,9 @@ def test_a_task_that_predicts_boxes_is_read_as_a_detector_whatever_its_class(reg
 
 def test_the_built_in_tasks_declare_what_they_predict():
     kinds = {name: entry.task_class.predicts for name, entry in TASK_REGISTRY.items()}
-    assert {k: kinds[k] for k in ("classification", "detr", "rcnn", "yolo", "dino")} == {
+    assert {k: kinds[k] for k in ("classification", "detr", "rcnn", "yolo", "dino", "semantic")} == {
         "classification": Prediction.CLASS_SCORES, "detr": Prediction.BOXES, "rcnn": Prediction.BOXES,
-        "yolo": Prediction.BOXES, "dino": Prediction.NONE}
+        "yolo": Prediction.BOXES, "dino": Prediction.NONE, "semantic": Prediction.LABEL_MAP}
 
 
 class Unsaid(SquareTask):

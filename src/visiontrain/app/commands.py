@@ -245,10 +245,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    """A classifier's top-k classes (predictions.json, --sheet: sheet.png) or a detector's boxes
-    (drawings and detections.json), through the Python API (``visiontrain.use.inference``)."""
+    """A classifier's top-k classes (predictions.json, --sheet: sheet.png), a detector's boxes
+    (drawings and detections.json) or a semantic segmenter's label maps (PNGs, overlays and
+    segmentation.json), through the Python API (``visiontrain.use.inference``)."""
     from visiontrain.engine.protocols.task import Prediction
-    from visiontrain.use.predict import classify_images, load_predictor, predict_images
+    from visiontrain.use.predict import classify_images, load_predictor, predict_images, segment_images
 
     if args.top_k is not None and args.top_k < 1:
         raise C.ConfigError(f"--top-k: must be an integer >= 1 (classes written per image), got {args.top_k}")
@@ -261,6 +262,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
         written = predict_images(predictor, args.images, out, score_threshold=args.threshold, tile=args.tile,
                                  tile_overlap=args.tile_overlap, whole_image=not args.no_whole_image)
         print_json({"out": args.out, "images": len(args.images), "detections": written})
+        return 0
+    if predictor.prediction is Prediction.LABEL_MAP:
+        if args.top_k is not None or args.sheet or args.threshold is not None or args.tile is not None:
+            raise C.ConfigError(f"--top-k, --sheet, --threshold and --tile apply to classification and detection "
+                                f"checkpoints; {what} (a semantic segmenter: its label maps and overlays are written)")
+        print_json({"out": args.out, "images": len(args.images), **segment_images(predictor, args.images, out)})
         return 0
     if args.threshold is not None:
         raise C.ConfigError(f"--threshold applies to detection checkpoints; {what} (a classifier: --top-k)")

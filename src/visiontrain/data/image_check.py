@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Sequence
+from typing import IO, Iterator, Sequence
 
 from PIL import Image, UnidentifiedImageError
 
+from visiontrain.data.image_verdicts import FileStamp, VerdictStore
 from visiontrain.data.images import upright_size
 
 #: The bytes a whole file of the format ends with.
 END_MARKERS = {"JPEG": b"\xff\xd9", "MPO": b"\xff\xd9", "PNG": b"\x00\x00\x00\x00IEND\xaeB`\x82"}
 NOT_AN_IMAGE = "is not an image: "
+MISSING = "does not exist"
 CORRUPT = "cannot be decoded (corrupt or truncated): "
 HEIF_BRANDS = (b"heic", b"heix", b"hevc", b"hevx", b"mif1", b"msf1", b"heim", b"heis")
 
@@ -60,10 +62,11 @@ def image_problem(path: str) -> str | None:
     return inspect_image(path)[0]
 
 
-def inspect_image(path: str, size: bool = False) -> tuple[str | None, tuple[int, int] | None]:
+def inspect_image(path: str, size: bool = False, whole: bool = True) -> tuple[str | None, tuple[int, int] | None]:
     """``(image_problem(path), None)``, or for a file that can be read whole ``(None, its upright
     (width, height))`` when ``size`` is asked for (else None): the check and the header's size from
-    one opening of the file, which is what a detection reader needs of each of COCO's 118k images."""
+    one opening of the file, which is what a detection reader needs of each of COCO's 118k images.
+    ``whole=False`` (``data.check_images=off``): the header alone, the file's end untested."""
     upright = None
     try:
         with open(path, "rb") as f:
@@ -71,14 +74,14 @@ def inspect_image(path: str, size: bool = False) -> tuple[str | None, tuple[int,
                 with Image.open(f) as im:
                     upright = upright_size(im) if size else None  # before draft(), which shrinks im.size
                     marker = END_MARKERS.get(im.format or "")
-                    if marker is None or not _ends_with(f, marker):
+                    if whole and (marker is None or not _ends_with(f, marker)):
                         im.draft(im.mode, (1, 1))  # a JPEG decodes at 1/8 scale; other formats ignore it
                         im.load()  # seeks to the pixel data itself
             except UnidentifiedImageError:
                 f.seek(0)
                 return NOT_AN_IMAGE + what_it_is(f.read(512)), None
     except FileNotFoundError:
-        return "does not exist", None
+        return MISSING, None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
         return CORRUPT + str(err), None
     return None, upright
@@ -91,14 +94,43 @@ def problem_kind(problem: str) -> str:
     return "truncated or corrupt files" if CORRUPT in problem else "missing files"
 
 
-def unreadable_images(paths: Sequence[str], workers: int = 8, chunk: int = 1024) -> list[tuple[int, str]]:
-    """``(index, problem)`` of each file of ``paths`` that cannot be read, in order. On a thread pool,
-    since on a network file system each open waits on the server; submitted by chunks, so that a
-    million paths do not make a million futures at once."""
-    found: list[tuple[int, str]] = []
+#: ``data.check_images``: every file opened and checked each run; a file's recorded verdict reused
+#: while its size and modification time are unchanged (``image_verdicts``); no check.
+CHECKS = ("full", "changed", "off")
+
+
+def inspect_images(paths: Sequence[str], *, size: bool = False, check: str = "changed", workers: int = 8,
+                   chunk: int = 1024) -> Iterator[tuple[str | None, tuple[int, int] | None]]:
+    """``inspect_image`` of each path, in order, lazily by chunks (a reader's ``limit`` stops early,
+    and a million paths do not make a million futures at once). The files are opened on a thread
+    pool, since on a network file system each open waits on the server. Under ``changed`` a file whose
+    verdict was recorded at its present size and modification time is not opened; ``full`` opens
+    every file, ``off`` only reads the headers (for ``size``) and records nothing."""
+    if check not in CHECKS:
+        raise ValueError(f"data.check_images: expected one of {', '.join(CHECKS)}, got {check!r}")
+    store = VerdictStore.default() if check != "off" else VerdictStore(None)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for start in range(0, len(paths), chunk):
-            for i, problem in enumerate(pool.map(image_problem, paths[start:start + chunk]), start):
-                if problem is not None:
-                    found.append((i, problem))
-    return found
+            # the store's lock around one chunk, never across a yield: ranks checking the same split
+            # take its chunks in turns, each chunk opened by one of them and found recorded by the rest
+            with store.held() as verdicts:
+                found = _inspect_chunk(paths[start:start + chunk], size, check, verdicts, pool)
+            yield from found
+
+
+def _inspect_chunk(paths: Sequence[str], size: bool, check: str, verdicts: VerdictStore,
+                   pool: ThreadPoolExecutor) -> list[tuple[str | None, tuple[int, int] | None]]:
+    stamps = list(pool.map(FileStamp.of, paths)) if verdicts.location else [None] * len(paths)
+    known = verdicts.lookup([s for s in stamps if s is not None]) if check == "changed" else {}
+    reused = {i: known[s.path] for i, s in enumerate(stamps) if s is not None and s.path in known
+              and not (size and known[s.path] == (None, None))}  # a good file's verdict without its size
+    todo = [i for i in range(len(paths)) if i not in reused]
+    opened = dict(zip(todo, pool.map(lambda p: inspect_image(p, size=size, whole=check != "off"),
+                                     [paths[i] for i in todo])))
+    verdicts.record([(stamps[i], opened[i]) for i in todo if stamps[i] is not None])
+    return [reused[i] if i in reused else opened[i] for i in range(len(paths))]
+
+
+def unreadable_images(paths: Sequence[str], check: str = "changed") -> list[tuple[int, str]]:
+    """``(index, problem)`` of each file of ``paths`` that cannot be read, in order (``inspect_images``)."""
+    return [(i, problem) for i, (problem, _) in enumerate(inspect_images(paths, check=check)) if problem is not None]

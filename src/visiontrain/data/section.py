@@ -73,6 +73,12 @@ class ImageFileKeys:
         "every dataset read from files: an image file that is missing, not an image, or truncated (all are "
         "opened before the first step) is an error naming the files and their count, or is skipped and counted; "
         "null: as data.on_bad_annotation (error unless that is set)", None)
+    check_images: Literal["full", "changed", "off"] = doc(
+        "the check of every image file before the first step (missing, not an image, truncated): full opens "
+        "every file at each start; changed reuses each file's verdict while its size and modification time are "
+        "those recorded (in the data cache directory), so a re-run stats instead of opening; off checks nothing "
+        "(a detection reader still reads each header for the image's size): a bad file stops the run when it "
+        "is loaded", "changed")
     max_skipped_share: float = doc(
         "under skip, the largest share of a split's images (or of its boxes) that may be dropped: above it the "
         "run stops with the count and the likely cause, since a split that loses that much is more often read "

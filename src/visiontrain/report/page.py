@@ -109,7 +109,7 @@ NOT_DRAWN = ": trained with trainer.plots=false (<code>visiontrain report RUN_DI
 #: The plots in the order a reader wants them: the data as the model saw it, how training went, how
 #: the model does per class; then the rest, by name.
 PLOT_ORDER = ("train_batch", "labels", "losses", "eval", "pr_curves", "mask_pr_curves", "confusion_matrix",
-              "val_detections", "val_masks", "schedules", "throughput")
+              "val_detections", "val_masks", "val_segmentation", "schedules", "throughput")
 
 
 def _plot_order(path: Path) -> tuple[int, str]:

@@ -140,7 +140,8 @@ class ClassificationTask(Task):
         d = self.cfg.data
         data = build_classification_data(d.name, reader_args(d))
         if isinstance(d, ImageFolderDataConfig):  # the other sources are in memory: no file to open
-            check_image_files(data, on_bad_image=d.image_policy(), max_skipped_share=d.max_skipped_share)
+            check_image_files(data, on_bad_image=d.image_policy(), max_skipped_share=d.max_skipped_share,
+                              check=d.check_images)
         self.num_classes, self.class_names = data.num_classes, list(data.class_names)
         self.normalisation = (data.eval_transform.mean, data.eval_transform.std)  # the training images' too
         info = {"num_classes": data.num_classes, "class_names": data.class_names,

@@ -136,7 +136,8 @@ class DinoTask(Task):
                          train_split="train", val_split="val")
         data = build_classification_data(d.name, reader)
         if isinstance(d, ImageFolderDataConfig):  # the other sources are in memory: no file to open
-            check_image_files(data, on_bad_image=d.image_policy(), max_skipped_share=d.max_skipped_share)
+            check_image_files(data, on_bad_image=d.image_policy(), max_skipped_share=d.max_skipped_share,
+                              check=d.check_images)
         src = data.train
         spec = MultiCropSpec(global_size=t.global_crop_size, local_size=t.local_crop_size,
                              local_crops=t.local_crops, global_scale=tuple(t.global_scale),

@@ -10,7 +10,8 @@ An image is a file path, a PIL image, a numpy uint8 array (H, W, 3) or a tensor 
 or float in [0, 1]); a list of those or a tensor batch [B, 3, H, W] gives a list. A classifier gives
 its top-k classes with names, ids and probabilities; a detector its boxes (XYXY in the input
 image's own pixels), scores, labels and class names, and an instance segmenter (``mask_rcnn``)
-each detection's mask too (bool, at the input image's size).
+each detection's mask too (bool, at the input image's size); a semantic segmenter (``semantic``)
+its label map: each pixel's class, at the input image's size.
 
 The checkpoint is restored by ``trained.load_trained``, the path ``validate`` and ``export`` take,
 and each image goes through the task's ``predict``, which prepares it with the validation set's own
@@ -93,6 +94,26 @@ class Detections:
         return [] if self.masks is None else segmentations(self.masks.cpu().numpy())
 
 
+@dataclass(frozen=True)
+class Segmentation:
+    labels: torch.Tensor            # [H, W] int64: each pixel's class id, an index into class_names
+    class_names: list[str]          # every class of the model, by id
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return int(self.labels.shape[-2]), int(self.labels.shape[-1])
+
+    def pixels(self) -> dict[str, int]:
+        """Pixels of each class present in the map, by class name, in class order."""
+        counts = torch.bincount(self.labels.flatten(), minlength=len(self.class_names))
+        return {self.class_names[k]: int(n) for k, n in enumerate(counts.tolist()) if n}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the image's size and each present class's pixel count (the map itself is an
+        image: ``visiontrain predict`` writes it as a PNG)."""
+        return {"image_size": list(self.image_size), "pixels": self.pixels()}
+
+
 def _device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -104,13 +125,16 @@ def check_predicts(task: Task, checkpoint: str = "") -> None:
     if task.predicts is Prediction.NONE:
         where = f"{checkpoint}: " if checkpoint else ""
         raise PredictUnsupported(f"{where}task {task.name!r} makes no predictions on images; predict works for "
-                                 f"classification and detection checkpoints (a DINO backbone's features: "
+                                 f"classification, detection and segmentation checkpoints (a DINO backbone's features: "
                                  f"visiontrain export)")
 
 
 def check_prediction_options(prediction: Prediction, what: str, top_k: int | None, threshold: float | None) -> None:
-    """``top_k`` is a classifier's option and ``threshold`` a detector's; a ValueError saying so
-    names ``what`` (the checkpoint) and the option that fits it."""
+    """``top_k`` is a classifier's option and ``threshold`` a detector's (a segmenter takes neither);
+    a ValueError saying so names ``what`` (the checkpoint) and the option that fits it."""
+    if prediction is Prediction.LABEL_MAP and (top_k is not None or threshold is not None):
+        raise ValueError(f"top_k and threshold apply to classification and detection; {what} is a semantic "
+                         f"segmenter (each pixel's most probable class)")
     detection = prediction is Prediction.BOXES
     if detection and top_k is not None:
         raise ValueError(f"top_k applies to classification; {what} is a detector (use threshold)")
@@ -161,7 +185,8 @@ class Predictor:
 
     @property
     def kind(self) -> str:
-        """'detection' for a detector (boxes), 'classification' for a classifier (class probabilities)."""
+        """'detection' for a detector (boxes), 'classification' for a classifier (class probabilities),
+        'segmentation' for a semantic segmenter (a label map)."""
         return self.prediction.value
 
     def read(self, image: Any, what: str = "image") -> torch.Tensor:
@@ -174,27 +199,33 @@ class Predictor:
         """Results for one image (one result) or for a list / a tensor batch [B, C, H, W] (a list).
         ``top_k`` (classification): classes kept, default 5 or the class count if lower.
         ``threshold`` (detection): minimum score, default the task's (``predict_threshold``).
-        ``batch_size``: images per forward pass (detection default 1, classification 64)."""
+        ``batch_size``: images per forward pass (detection and segmentation default 1, classification 64):
+        a semantic segmenter's result is a ``Segmentation`` (label map at the input's size)."""
         check_prediction_options(self.prediction, self._what(), top_k, threshold)
-        detection = self.prediction is Prediction.BOXES
+        padded = self.prediction in (Prediction.BOXES, Prediction.LABEL_MAP)  # images of their own sizes
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
         single = not isinstance(images, (list, tuple)) and not (isinstance(images, torch.Tensor) and images.ndim == 4)
         items = [images] if single else list(images)
-        step = batch_size or (DETECTION_BATCH if detection else CLASSIFICATION_BATCH)
+        step = batch_size or (DETECTION_BATCH if padded else CLASSIFICATION_BATCH)
         results = []
         for start in range(0, len(items), step):  # read a batch at a time: a long list is not held decoded
             chunk = [self.read(img, "image" if single else f"image {start + i}")
                      for i, img in enumerate(items[start:start + step])]
             preds = self.task.predict(self.model, chunk, self.device)
-            results += [self._detections(p, img, threshold) if detection else self._classification(p, top_k)
-                        for p, img in zip(preds, chunk)]
+            results += [self._result(p, img, top_k, threshold) for p, img in zip(preds, chunk)]
         return results[0] if single else results
 
     def _what(self) -> str:
         return self.checkpoint or f"task {self.task.name!r}"
 
-    def _classification(self, pred: dict[str, torch.Tensor], top_k: int | None) -> Classification:
+    def _result(self, pred: dict[str, torch.Tensor], image: torch.Tensor, top_k: int | None,
+                threshold: float | None) -> Classification | Detections | Segmentation:
+        """One image's result, of the kind the task declares it predicts."""
+        if self.prediction is Prediction.BOXES:
+            return self._detections(pred, image, threshold)
+        if self.prediction is Prediction.LABEL_MAP:
+            return Segmentation(pred["labels"], self.class_names)
         return top_classes(pred["probabilities"], self.class_names, top_k)
 
     def _detections(self, pred: dict[str, torch.Tensor], image: torch.Tensor, threshold: float | None) -> Detections:

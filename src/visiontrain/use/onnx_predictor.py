@@ -1,5 +1,5 @@
 """An exported ONNX file behind the Python API's face, so that ``visiontrain predict MODEL.onnx``
-writes what it writes for a checkpoint (drawings, detections.json, predictions.json, the sheet)
+writes what it writes for a checkpoint (drawings, detections.json, predictions.json, the sheet, label maps)
 from the same code, with the numbers computed by ``onnx_runner`` (onnxruntime and numpy).
 
 The image is read by the rule the datasets and ``Predictor`` use (``data.images.image_tensor``) and
@@ -15,10 +15,11 @@ from PIL import Image
 
 from visiontrain.data.images import image_tensor
 from visiontrain.engine.protocols.task import Prediction
-from visiontrain.use.inference import Detections, check_prediction_options, top_classes
+from visiontrain.use.inference import Detections, Segmentation, check_prediction_options, top_classes
 from visiontrain.use.onnx_runner import OnnxModel
 
-_PREDICTS = {"classification": Prediction.CLASS_SCORES, "detection": Prediction.BOXES, "features": Prediction.NONE}
+_PREDICTS = {"classification": Prediction.CLASS_SCORES, "detection": Prediction.BOXES,
+             "segmentation": Prediction.LABEL_MAP, "features": Prediction.NONE}
 
 
 class OnnxPredictor:
@@ -56,6 +57,8 @@ class OnnxPredictor:
         image = Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array)
         if self.prediction is Prediction.CLASS_SCORES:
             return top_classes(torch.from_numpy(self.model.probabilities(image)), self.class_names, top_k)
+        if self.prediction is Prediction.LABEL_MAP:
+            return Segmentation(torch.from_numpy(self.model.segment(image)), self.class_names)
         found = self.model.detect(image).above(self.model.meta["score_threshold"] if threshold is None else threshold)
         labels = found.labels.tolist()
         return Detections(torch.from_numpy(np.ascontiguousarray(found.boxes, dtype=np.float32)),

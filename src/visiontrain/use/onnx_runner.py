@@ -7,6 +7,7 @@ visiontrain, so this one file can be copied to a machine that has only those thr
     from visiontrain.use.onnx_runner import OnnxModel
     model = OnnxModel("digits.onnx")
     model.predict("digit.png")                     # {"top": [{"class_id", "name", "probability"}, ...]}
+    OnnxModel("semantic.onnx").segment(image)      # a semantic model's label map, int64 [H, W]
 
 Every size, statistic, class name and decoding rule comes from the file's metadata, which
 ``visiontrain export`` writes (docs/inference.md lists the keys). An image is read as visiontrain
@@ -32,6 +33,7 @@ from PIL import Image, ImageOps
 CLASSIFIERS = ("classification",)
 DETECTORS = ("rcnn", "mask_rcnn", "yolo", "detr")
 BACKBONES = ("dino",)
+SEGMENTERS = ("semantic",)
 DEFAULT_TOP_K = 5
 
 
@@ -84,6 +86,8 @@ def providers_for(device: str | None, available: Sequence[str]) -> list[Any]:
 
 def resized_size(h: int, w: int, resize: dict[str, Any]) -> tuple[int, int]:
     """(height, width) after the model's resize rule (torchvision's Resize arithmetic)."""
+    if resize["mode"] == "none":
+        return h, w
     if resize["mode"] == "stretch":
         return resize["height"], resize["width"]
     short, long = min(h, w), max(h, w)
@@ -115,6 +119,19 @@ def prepare(image: Image.Image, meta: dict[str, Any]) -> tuple[np.ndarray, tuple
         ph, pw = -(-h // pad["multiple"]) * pad["multiple"], -(-w // pad["multiple"]) * pad["multiple"]
         x = np.pad(x, ((0, 0), (0, 0), (0, ph - h), (0, pw - w)), constant_values=pad["value"])
     return np.ascontiguousarray(x, dtype=np.float32), (h, w)
+
+
+def resize_bilinear(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Maps [C, h, w] resized to ``size`` (H, W) as torch's ``interpolate(mode="bilinear",
+    align_corners=False)``: half-pixel centres, a source coordinate below 0 taken as 0."""
+    def taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        src = np.maximum((np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5, 0.0)
+        low = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+        return low, np.minimum(low + 1, n_in - 1), (src - low).astype(np.float32)
+
+    (y0, y1, wy), (x0, x1, wx) = taps(x.shape[-2], size[0]), taps(x.shape[-1], size[1])
+    rows = x[:, y0] * (1 - wy)[:, None] + x[:, y1] * wy[:, None]
+    return rows[:, :, x0] * (1 - wx) + rows[:, :, x1] * wx
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -270,7 +287,7 @@ class OnnxModel:
             raise OnnxRunnerError(f"{self.path}: onnxruntime cannot load it ({str(err).splitlines()[0]})") from None
         self.meta = read_metadata(self.session)
         self.task: str = str(self.meta.get("task", ""))
-        known = CLASSIFIERS + DETECTORS + BACKBONES
+        known = CLASSIFIERS + DETECTORS + BACKBONES + SEGMENTERS
         if self.task not in known:
             raise OnnxRunnerError(f"{self.path}: its metadata names task {self.task or None!r}; this runner reads "
                                   f"files visiontrain export wrote for {', '.join(known)}")
@@ -279,9 +296,9 @@ class OnnxModel:
 
     @property
     def kind(self) -> str:
-        """'classification', 'detection', or 'features' (a DINO backbone)."""
+        """'classification', 'detection', 'segmentation' (a label map), or 'features' (a DINO backbone)."""
         return "classification" if self.task in CLASSIFIERS else "detection" if self.task in DETECTORS \
-            else "features"
+            else "segmentation" if self.task in SEGMENTERS else "features"
 
     def run(self, image: Image.Image) -> tuple[list[np.ndarray], tuple[int, int], tuple[int, int]]:
         """The graph's outputs on ``image``, the size it was resized to and its own (h, w)."""
@@ -303,6 +320,13 @@ class OnnxModel:
         """A backbone's features [D] on one image."""
         outputs, _, _ = self.run(image)
         return outputs[0][0]
+
+    def segment(self, image: Image.Image) -> np.ndarray:
+        """A semantic model's label map, int64 [H, W] at the image's own size: the logits cut to the
+        resized image, resized to the original (``resize_bilinear``), their argmax."""
+        outputs, size, orig = self.run(image)
+        logits = outputs[0][0, :, :size[0], :size[1]]
+        return (logits if size == orig else resize_bilinear(logits, orig)).argmax(0).astype(np.int64)
 
     def detect(self, image: Image.Image) -> Found:
         """A detector's detections on one image, best first, in the image's own pixels."""
@@ -326,11 +350,17 @@ class OnnxModel:
     def predict(self, image: str | Path | Image.Image, threshold: float | None = None,
                 top_k: int | None = None) -> dict[str, Any]:
         """JSON-ready results for one image (a path or a PIL image), as ``Predictor(...).to_dict()``
-        gives them; a mask model's masks under ``"masks"`` (bool [N, H, W], the detections' order)."""
+        gives them; a mask model's masks under ``"masks"`` (bool [N, H, W], the detections' order), a
+        semantic model's label map under ``"labels"`` (int64 [H, W])."""
         if not isinstance(image, Image.Image):
             image = read_image(image)
         if self.kind == "features":
             return {"features": self.features(image).tolist()}
+        if self.kind == "segmentation":
+            labels = self.segment(image)
+            counts = np.bincount(labels.ravel(), minlength=len(self.class_names))
+            return {"image_size": list(labels.shape), "labels": labels,
+                    "pixels": {self.class_names[k]: int(n) for k, n in enumerate(counts) if n}}
         if self.kind == "classification":
             probs = self.probabilities(image)
             best = np.argsort(-probs, kind="stable")[:top_k or min(DEFAULT_TOP_K, probs.size)]
@@ -369,19 +399,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("images", nargs="+", help="image files")
     parser.add_argument("--threshold", type=float, help="detection: minimum score (default: the model's)")
     parser.add_argument("--top-k", type=int, help="classification: classes shown (default 5 or fewer)")
-    parser.add_argument("--masks", help="instance segmentation: save each image's masks to DIR/<image stem>.npy "
-                                        "(bool [N, H, W] in the printed order)")
+    parser.add_argument("--masks", help="segmentation: save each image's masks to DIR/<image stem>.npy (bool "
+                                        "[N, H, W] in the printed order; a semantic model's label map, int64 [H, W])")
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU where onnxruntime has one)")
     args = parser.parse_args(argv)
     if args.top_k is not None and args.top_k < 1:
         parser.error(f"--top-k: must be >= 1, got {args.top_k}")
     try:
         model = OnnxModel(args.model, args.device)
-        if args.masks and model.task != "mask_rcnn":
-            parser.error(f"--masks: {args.model} gives no masks (a mask_rcnn model does)")
+        if args.masks and model.task not in ("mask_rcnn", *SEGMENTERS):
+            parser.error(f"--masks: {args.model} gives no masks (a mask_rcnn or semantic model does)")
         for image, masks_file in zip(args.images, mask_files(args.images, Path(args.masks or "."))):
             result = model.predict(image, args.threshold, args.top_k)
-            masks = result.pop("masks", None)
+            masks = result.pop("masks", result.pop("labels", None))
             if args.masks:
                 masks_file.parent.mkdir(parents=True, exist_ok=True)
                 np.save(masks_file, masks)

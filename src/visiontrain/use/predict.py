@@ -4,8 +4,9 @@ A detector's boxes are drawn on each image and written as COCO results (detectio
 instance segmenter's masks too (filled in their class's colour under the boxes; each result's
 ``segmentation`` as compressed RLE); a classifier's top-k classes are written to
 predictions.json, with an optional contact sheet (sheet.png: each input with its top class and
-probability). ``--tile S``: a detector runs on overlapping tiles of each image, merged back
-(``visiontrain.use.tiled``)."""
+probability). A semantic segmenter's label maps are written as palette PNGs (each pixel's value its
+class id) with a drawing of each over its image. ``--tile S``: a detector runs on overlapping tiles
+of each image, merged back (``visiontrain.use.tiled``)."""
 from __future__ import annotations
 
 import json
@@ -13,15 +14,18 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 
 from visiontrain.core._tv_compat import ensure_torchvision
 from visiontrain.data.detection.tiles import check_tiling
+from visiontrain.data.segmentation.label_maps import BACKGROUND
 from visiontrain.engine.protocols.task import Prediction, PredictUnsupported
 from visiontrain.evaluation.coco import to_coco_results
 from visiontrain.evaluation.figures import image_sheet
-from visiontrain.evaluation.previews import MASK_ALPHA, PALETTE
+from visiontrain.evaluation.previews import MASK_ALPHA, PALETTE, class_rgb
+from visiontrain.evaluation.segmentation import painted_classes
 from visiontrain.use.inference import CLASSIFICATION_BATCH, Predictor
 from visiontrain.use.onnx_predictor import OnnxPredictor
 from visiontrain.use.tiled import predict_tiled
@@ -38,7 +42,7 @@ def load_predictor(target: str, *, ema: bool = False, device: str | None = None)
     if ema:
         raise ValueError(f"--ema: {target} is an ONNX file, which holds one set of weights "
                          f"(visiontrain export --ema writes the EMA's)")
-    predictor = OnnxPredictor(target, device=device)
+    predictor = OnnxPredictor(target, device=device)  # classification and detection files (no segmenter exports)
     if predictor.prediction is Prediction.NONE:
         raise PredictUnsupported(f"{target}: task {predictor.task_name!r} makes no predictions on images; predict "
                                  f"works for classification and detection models (its features: "
@@ -143,3 +147,40 @@ def classify_images(predictor: Any, images: list[str], out: Path, *, top_k: int 
         figure.savefig(out / "sheet.png")
         written["sheet"] = str(out / "sheet.png")
     return written
+
+
+#: Where ``segment_images`` puts each label map's drawing over its image, under OUT.
+OVERLAYS = "overlays"
+
+
+def label_map_png(labels: torch.Tensor, class_count: int) -> Image.Image:
+    """A label map [H, W] as a palette PNG, as VOC writes its own: each pixel's value is its class id
+    (PIL and every segmentation tool read the values, not the colours), the palette the figures' class
+    colours, so that an image viewer shows the classes apart."""
+    image = Image.fromarray(labels.numpy().astype(np.uint8), mode="P")
+    colours = [round(255 * v) for k in range(class_count) for v in class_rgb(k)]
+    image.putpalette(colours + [0] * (768 - len(colours)))
+    return image
+
+
+def segment_images(predictor: Any, images: list[str], out: Path) -> dict[str, Any]:
+    """For each input (named by :func:`output_names`): OUT/NAME.png, its label map as a palette PNG
+    (``label_map_png``), and OUT/overlays/NAME.png, its classes filled over the image in the figures'
+    colours (a class named background left unpainted); OUT/segmentation.json: per input, in argument
+    order, its ``file_name`` as given, both files relative to OUT, its size and each present class's
+    pixel count. ``predictor``: a semantic segmentation ``Predictor``. Returns what was written."""
+    rows: list[dict[str, Any]] = []
+    names = predictor.class_names
+    unpainted = [k for k, n in enumerate(names) if n.lower() == BACKGROUND]
+    for path, name in zip(images, output_names(images)):
+        pixels = predictor.read(path)
+        result = predictor(pixels)
+        overlay = painted_classes(pixels.permute(1, 2, 0).numpy() / 255.0, result.labels.numpy(), unpainted)
+        for folder, picture in ((out, label_map_png(result.labels, len(names))),
+                                (out / OVERLAYS, Image.fromarray(np.round(255 * overlay).astype(np.uint8)))):
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            picture.save(folder / name)
+        rows.append({"file_name": str(path), "label_map": name.as_posix(), "overlay": f"{OVERLAYS}/{name.as_posix()}",
+                     **result.to_dict()})
+    (out / "segmentation.json").write_text(json.dumps(rows, indent=1))
+    return {"segmentation": str(out / "segmentation.json"), "label_maps": len(rows)}

@@ -163,14 +163,18 @@ def _decoded_from_files(name: str, reader: ClassificationReader) -> Classificati
                               val.eval_transform)
 
 
-def check_image_files(data: ClassificationData, *, on_bad_image: str, max_skipped_share: float) -> None:
+def check_image_files(data: ClassificationData, *, on_bad_image: str, max_skipped_share: float,
+                      check: str = "changed") -> None:
     """Open every image file of an image folder's splits before training, under ``data.on_bad_image``
-    (``ImageFolderClassification.check_files``); fashion-mnist and digits have no files to check."""
+    (``ImageFolderClassification.check_files``); fashion-mnist and digits have no files to check.
+    ``check``: ``data.check_images`` (off: none is opened)."""
     from visiontrain.data.datasets.image_folder import ImageFolderClassification
 
+    if check == "off":
+        return
     for split in (data.train, data.val):
         if isinstance(split, ImageFolderClassification):
-            split.check_files(on_bad_image, max_skipped_share)
+            split.check_files(on_bad_image, max_skipped_share, check)
 
 
 def classification_eval_transform(name: str, *, root: str | None, image_size: int | None, augment: str,

@@ -121,7 +121,7 @@ class ImageFolderClassification(Dataset):
         path, label = self.samples[index]
         return open_rgb(path), int(label)
 
-    def check_files(self, on_bad_image: str, max_skipped_share: float) -> None:
+    def check_files(self, on_bad_image: str, max_skipped_share: float, check: str = "changed") -> None:
         """Open every file now, before the first step (``visiontrain.data.image_check``). Under
         ``error`` the files that cannot be read are one error naming the first few and their count;
         under ``skip`` they leave the sample list, with one warning, unless they are more than
@@ -130,7 +130,7 @@ class ImageFolderClassification(Dataset):
         where = f"image-folder split {self.source}"
         if len(self.samples) >= 50_000:  # ImageNet's 1.28 M files take minutes: say why nothing moves
             log.info("%s: checking that its %d image files can be read (data.on_bad_image)", where, len(self.samples))
-        bad = unreadable_images(list(self.samples.paths))
+        bad = unreadable_images(list(self.samples.paths), check)  # changed: recorded verdicts of unchanged files
         if not bad:
             return
         total, named = len(self.samples), [f"{self.samples[i][0]} {problem}" for i, problem in bad]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -34,23 +33,24 @@ Probe = tuple[tuple[int, int] | None, str, str]  # ((height, width) or None, rea
 XYXY_CAUSE = "boxes look like x1,y1,x2,y2: COCO's bbox is x,y,w,h"
 
 
-def probe_image(path: str) -> Probe:
+def _probe(path: str, verdict: tuple[str | None, tuple[int, int] | None]) -> Probe:
     """(size, "", "") for an image that can be read whole; (None, reason, message) for a missing or
-    unreadable one (a truncated file included: its header alone reads). One opening of the file."""
-    if not os.path.isfile(path):
+    unreadable one (a truncated file included: its header alone reads)."""
+    problem, size = verdict
+    if problem == image_check.MISSING:
         return None, "missing image", f"image file {path} does not exist"
-    problem, size = image_check.inspect_image(path, size=True)  # the whole file: a truncated one has a header
     if problem is not None or size is None:
         return None, "unreadable image", f"image file {path} {problem}"
     width, height = size
     return (height, width), "", ""
 
 
-def probe_images(paths: Sequence[str], chunk: int = 256, workers: int = 8) -> Iterator[Probe]:
-    """``probe_image`` for each path, in order. Lazy by chunks so that ``limit`` stops early."""
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for start in range(0, len(paths), chunk):
-            yield from pool.map(probe_image, paths[start:start + chunk])
+def probe_images(paths: Sequence[str], chunk: int = 256, check: str = "changed") -> Iterator[Probe]:
+    """The probe of each path, in order: the whole file checked and its header's size, from one
+    opening of it or from its recorded verdict (``image_check.inspect_images``, ``data.check_images``).
+    Lazy by chunks so that ``limit`` stops early."""
+    verdicts = image_check.inspect_images(paths, size=True, check=check, chunk=chunk)
+    return (_probe(path, verdict) for path, verdict in zip(paths, verdicts))
 
 
 def keep_boxes(policy: BadDataPolicy, boxes: np.ndarray, width: int, height: int,
@@ -225,7 +225,7 @@ def masks_of(anns: list[dict[str, Any]], path: str, height: int, width: int,
 
 
 def read_coco(ann_file: str, image_dir: str, *, on_bad_annotation: str = "error", on_bad_image: str | None = None,
-              limit: int | None = None, masks: bool = False) -> DetectionDataset:
+              limit: int | None = None, masks: bool = False, check_images: str = "changed") -> DetectionDataset:
     """Read a COCO detection file. Images are taken in id order (as torchvision's CocoDetection);
     ``limit`` keeps the first N images that survive the checks. Boxes: [x, y, w, h] -> XYXY.
     ``masks``: read each annotation's ``segmentation`` too (``masks_of``), and keep crowd regions
@@ -240,7 +240,7 @@ def read_coco(ann_file: str, image_dir: str, *, on_bad_annotation: str = "error"
     order = [i for i in sorted(images) if _inside(images[i], image_dir, policy)]
     paths = [os.path.join(image_dir, str(images[i]["file_name"])) for i in order]
     records: list[ImageRecord] = []
-    for image_id, path, (size, reason, message) in zip(order, paths, probe_images(paths)):
+    for image_id, path, (size, reason, message) in zip(order, paths, probe_images(paths, check=check_images)):
         if limit is not None and len(records) >= limit:
             break
         if size is None:

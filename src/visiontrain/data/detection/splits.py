@@ -66,6 +66,7 @@ def build_detection_splits(data: DetectionDataConfig, *, masks: bool = False) ->
         raise ValueError(f"data.name={name}: this source has no instance masks; a task that trains on masks reads "
                          f"{', '.join(MASK_FORMATS)}")
     policy = dict(on_bad_annotation=data.on_bad_annotation, on_bad_image=data.on_bad_image)
+    check = data.check_images  # the file readers' up-front check (shards hold no files to check)
     if name in ("coco", "fashion-mosaic", "neon-trees"):
         if name == "coco":
             base = _need_root(name, root, "ROOT/annotations/instances_<split>.json and ROOT/<split>/*.jpg")
@@ -77,19 +78,22 @@ def build_detection_splits(data: DetectionDataConfig, *, masks: bool = False) ->
         for split in (train_split, val_split):
             if not ann(split).is_file():
                 raise FileNotFoundError(f"{name}: annotation file {ann(split)} does not exist")
-        train = read_coco(str(ann(train_split)), str(base / train_split), limit=limit_train, masks=masks, **policy)
-        val = read_coco(str(ann(val_split)), str(base / val_split), limit=limit_val, masks=masks, **policy)
+        train = read_coco(str(ann(train_split)), str(base / train_split), limit=limit_train, masks=masks,
+                          check_images=check, **policy)
+        val = read_coco(str(ann(val_split)), str(base / val_split), limit=limit_val, masks=masks,
+                        check_images=check, **policy)
     elif name == "shards":
         train, val = (read_shards_detection(data.shard_spec(), split, limit=limit, **policy)
                       for split, limit in ((train_split, limit_train), (val_split, limit_val)))
     elif name == "voc":
         base = _need_root(name, root, "ROOT/ImageSets/Main/<split>.txt, ROOT/Annotations, ROOT/JPEGImages")
-        train = read_voc(str(base), train_split, limit=limit_train, **policy)
-        val = read_voc(str(base), val_split, class_names=train.class_names, limit=limit_val, **policy)
+        train = read_voc(str(base), train_split, limit=limit_train, check_images=check, **policy)
+        val = read_voc(str(base), val_split, class_names=train.class_names, limit=limit_val, check_images=check,
+                       **policy)
     elif name == "yolo":
         base = _need_root(name, root, "ROOT/images/<split>/*.jpg, ROOT/labels/<split>/*.txt, ROOT/data.yaml")
-        train = read_yolo(str(base), train_split, limit=limit_train, masks=masks, **policy)
-        val = read_yolo(str(base), val_split, limit=limit_val, masks=masks, **policy)
+        train = read_yolo(str(base), train_split, limit=limit_train, masks=masks, check_images=check, **policy)
+        val = read_yolo(str(base), val_split, limit=limit_val, masks=masks, check_images=check, **policy)
     else:
         raise ValueError(f"data.name: unknown detection dataset {name!r}{did_you_mean(name, list(FORMATS))}; "
                          f"expected one of {', '.join(FORMATS)}")

@@ -22,7 +22,7 @@ import numpy as np
 from visiontrain.data.bad_data import alike_in, leaves_its_directory, listed, warn_spelled_alike
 from visiontrain.data.detection.base import (OUTSIDE, BadAnnotationError, BadDataPolicy, DetectionDataset,
                                              ImageRecord, check_box)
-from visiontrain.data.detection.coco import probe_image
+from visiontrain.data.detection.coco import Probe, probe_images
 from visiontrain.data.detection.images import size_text
 
 LAYOUT = ("expected the Pascal VOC layout root/ImageSets/Main/{split}.txt (one image id a line), "
@@ -51,9 +51,8 @@ def _text(node: ET.Element, tag: str) -> str:
     return (node.findtext(tag) or "").strip()
 
 
-def _parse(xml_path: str, image_id: int, stem: str, root: str,
-           policy: BadDataPolicy) -> _Image | None:
-    """One image's annotation, with its image file checked; None when it was skipped.
+def _annotation(xml_path: str, stem: str, root: str, policy: BadDataPolicy) -> tuple[ET.Element, str] | None:
+    """One image's parsed annotation and the path of its image file; None when it was skipped.
 
     A missing or broken XML file only loses that image, so it follows the policy (unlike a broken
     COCO file, which loses the whole dataset and always raises)."""
@@ -70,8 +69,13 @@ def _parse(xml_path: str, image_id: int, stem: str, root: str,
         policy.bad(OUTSIDE, f"annotation file {xml_path}: <filename> {name!r} is outside {root}/JPEGImages (an "
                             f"absolute path or a '..' step; expected a file name in it)")
         return None
-    path = os.path.join(root, "JPEGImages", name)
-    size, reason, message = probe_image(path)
+    return tree, os.path.join(root, "JPEGImages", name)
+
+
+def _parse(xml_path: str, image_id: int, tree: ET.Element, path: str, probe: Probe,
+           policy: BadDataPolicy) -> _Image | None:
+    """One image's annotation, with its image file checked (``probe``); None when it was skipped."""
+    size, reason, message = probe
     if size is None:
         policy.bad(reason, f"{message} (annotation {xml_path})")
         return None
@@ -112,9 +116,11 @@ def _name_files(parsed: list[_Image], xml_of: list[str]) -> dict[str, list[str]]
 
 
 def read_voc(root: str, split: str, *, on_bad_annotation: str = "error", on_bad_image: str | None = None,
-             class_names: list[str] | None = None, limit: int | None = None) -> DetectionDataset:
+             class_names: list[str] | None = None, limit: int | None = None,
+             check_images: str = "changed") -> DetectionDataset:
     """Read one VOC split. Image ids are 1-based positions in the split file; ``limit`` keeps the
-    first N images that survive the checks; ``difficult`` flags go to ``ImageRecord.difficult``."""
+    first N images that survive the checks; ``difficult`` flags go to ``ImageRecord.difficult``;
+    ``check_images``: ``data.check_images`` (``image_check.inspect_images``)."""
     split_file = os.path.join(root, "ImageSets", "Main", f"{split}.txt")
     policy = BadDataPolicy(on_bad_annotation, split_file, on_bad_image)
     if not os.path.isdir(root):
@@ -124,16 +130,22 @@ def read_voc(root: str, split: str, *, on_bad_annotation: str = "error", on_bad_
     with open(split_file, encoding="utf-8") as f:
         stems = [line.split()[0] for line in f if line.strip()]
 
-    parsed: list[_Image] = []
     xml_of = [os.path.join(root, "Annotations", f"{stem}.xml") for stem in stems]
+    annotated: list[tuple[int, ET.Element, str]] = []  # (image id, annotation, image path)
     for image_id, stem in enumerate(stems, 1):
-        if limit is not None and len(parsed) >= limit:
-            break
         if leaves_its_directory(stem):
             policy.bad(OUTSIDE, f"line {image_id}: image id {stem!r} is outside {root} (an absolute path or a '..' "
                                 f"step; expected a name in Annotations/ and JPEGImages/)")
             continue
-        image = _parse(xml_of[image_id - 1], image_id, stem, root, policy)
+        found = _annotation(xml_of[image_id - 1], stem, root, policy)
+        if found is not None:
+            annotated.append((image_id, *found))
+    parsed: list[_Image] = []
+    probes = probe_images([path for _, _, path in annotated], check=check_images)  # lazy: limit stops it
+    for (image_id, tree, path), probe in zip(annotated, probes):
+        if limit is not None and len(parsed) >= limit:
+            break
+        image = _parse(xml_of[image_id - 1], image_id, tree, path, probe, policy)
         if image is not None:
             parsed.append(image)
     policy.raise_unreadable()

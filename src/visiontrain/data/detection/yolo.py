@@ -170,7 +170,7 @@ def _read_labels(label_path: str, width: int, height: int, label_of: dict[int, i
 
 
 def read_yolo(root: str, split: str, *, on_bad_annotation: str = "error", on_bad_image: str | None = None,
-              limit: int | None = None, masks: bool = False) -> DetectionDataset:
+              limit: int | None = None, masks: bool = False, check_images: str = "changed") -> DetectionDataset:
     """Read one YOLO split. Images (searched recursively) are taken in sorted path order and their
     ids are 1-based positions in that order; ``limit`` keeps the first N that survive the checks.
     ``masks``: read each line's polygon as its instance mask too (the module docstring)."""
@@ -190,7 +190,7 @@ def read_yolo(root: str, split: str, *, on_bad_annotation: str = "error", on_bad
 
     records: list[ImageRecord] = []
     for image_id, (rel, path, (size, reason, message)) in enumerate(
-            zip(rel_paths, paths, probe_images(paths)), 1):
+            zip(rel_paths, paths, probe_images(paths, check=check_images)), 1):
         if limit is not None and len(records) >= limit:
             break
         if size is None:

@@ -137,6 +137,7 @@ class Prediction(enum.Enum):
     NONE = "none"                       # no predictions on images (DINO: its backbone is exported)
     CLASS_SCORES = "classification"     # {"probabilities": [C]}
     BOXES = "detection"                 # {"boxes" [N, 4] XYXY, "scores" [N], "labels" [N]}; predict_threshold
+    LABEL_MAP = "segmentation"          # {"labels": int64 [H, W]}: each pixel's class, at the input's size
 
 
 class Task(abc.ABC):
@@ -236,7 +237,8 @@ class Task(abc.ABC):
         """The model's prediction on each raw image (uint8 [C, H, W], or float in [0, 1]), prepared
         exactly as evaluation prepares a validation item: ``{"probabilities": [C]}`` from a
         classifier, ``{"boxes", "scores", "labels"}`` (XYXY in the image's own pixels) from a
-        detector. ``visiontrain.use.inference`` and ``visiontrain predict`` call it; a task without
+        detector, ``{"labels": [H, W]}`` at the image's size from a semantic segmenter.
+        ``visiontrain.use.inference`` and ``visiontrain predict`` call it; a task without
         predictions says so here."""
         raise PredictUnsupported(f"task {self.name!r} makes no predictions on images")
 
@@ -272,8 +274,9 @@ def register_task(name: str, task_class: type[Task], config_class: type[TaskConf
         raise ValueError(f"{where}.name is {task_class.name!r}; a task registers under its own name")
     overrides_predict = task_class.predict is not Task.predict
     if overrides_predict != (task_class.predicts is not Prediction.NONE):
+        kinds = "Prediction.CLASS_SCORES, Prediction.BOXES or Prediction.LABEL_MAP"
         raise ValueError(f"{where} overrides predict but declares predicts = Prediction.NONE; say what it "
-                         f"returns (Prediction.CLASS_SCORES or Prediction.BOXES)" if overrides_predict else
+                         f"returns ({kinds})" if overrides_predict else
                          f"{where} declares predicts = {task_class.predicts} but does not override predict")
     if task_class.predicts is Prediction.BOXES and not hasattr(task_class, "predict_threshold"):
         raise ValueError(f"{where} predicts boxes but has no predict_threshold (the default minimum score)")

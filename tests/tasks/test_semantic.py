@@ -1,0 +1,50 @@
+"""The semantic task's network and loss: torchvision's heads on a ResNet of any depth at the output
+stride asked for, logits at the input's size, a cross-entropy that leaves out the ignore index and
+weighs classes as torch does, and segment-semantic's training (random resize, crop and flip drawn
+from torch's RNG, a DataLoader worker) resumed bit-exactly after a crash."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from resume_checks import assert_bit_identical, fit_and_crash_resume, state_of
+from visiontrain.core import config as C
+from visiontrain.models.segmentation import SegmenterSpec, build_segmenter
+from visiontrain.tasks.semantic import SemanticTask
+
+
+@pytest.mark.parametrize("head, stride, aux", [("deeplabv3", 16, True), ("fcn", 8, False), ("deeplabv3", 32, False),
+                                               ("deeplabv3plus", 16, True), ("fpn", 32, True)])
+def test_the_network_gives_logits_at_the_input_size_from_features_at_the_stride(head, stride, aux):
+    model = build_segmenter(SegmenterSpec("resnet18", head=head, output_stride=stride, atrous_rates=(1, 2, 3),
+                                          aux_head=aux), 5).eval()
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        out, features = model(x), model.backbone(x)
+    assert out["out"].shape == (1, 5, 64, 96) and ("aux" in out) == aux
+    stages = features["out"] if isinstance(features["out"], dict) else {"high": features["out"]}
+    assert list(stages.values())[-1].shape[-2:] == (64 // stride, 96 // stride)  # the last stage
+    if head != "deeplabv3" and head != "fcn":  # DeepLabV3+'s decoder and the FPN take the first stage too, stride 4
+        assert list(stages.values())[0].shape[-2:] == (16, 24)
+
+
+def test_the_loss_leaves_out_the_ignore_index_and_weighs_classes_as_torch_does():
+    task = SemanticTask(C.load_config("segment-semantic", ["task.class_weights=[1,2,0.5]"]))
+    torch.manual_seed(0)
+    logits, labels = torch.randn(2, 3, 8, 8), torch.randint(0, 3, (2, 8, 8))
+    labels[0, :4] = 255
+    want = F.cross_entropy(logits, labels, weight=torch.tensor([1, 2, 0.5]), ignore_index=255)
+    assert torch.allclose(task.pixel_loss(logits, labels), want)
+    assert task.pixel_loss(logits, torch.full_like(labels, 255)) == 0  # no labelled pixel: 0, not 0 / 0
+
+
+def test_segment_semantic_resumes_bit_exact_after_a_crash(tmp_path):
+    """segment-semantic as shipped (its transforms, one worker, the poly schedule's warmup, the aux
+    head), on 16 images in batches of 4 and 64 px crops, crashed after step 4's checkpoint."""
+    cfg = C.load_config("segment-semantic", [
+        "data.limit_train=16", "data.limit_val=4", "data.batch_size=4", "task.crop=64", "task.train_sizes=[64,96]",
+        "trainer.max_steps=6", "eval.every=0", "checkpoint.every=2", "checkpoint.unit=steps", "trainer.progress=plain"])
+    full, resumed = fit_and_crash_resume(cfg, tmp_path, crash_at=4)
+    assert resumed.step == full.step == 6
+    assert_bit_identical(state_of(full), state_of(resumed))
