@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import shutil
 import signal
 from pathlib import Path
 
@@ -27,8 +28,10 @@ SPLITS = {"coco": ("train2017", "val2017"), "voc": ("trainval", "test"), "yolo":
 def tree(name: str, tmp_path_factory, mosaic_coco) -> tuple[str, Path, tuple[str, str]]:
     """(data.name, data.root, splits) of a tiny tree: COCO, VOC and YOLO JPEGs, or fashion-mosaic's
     PNGs laid out as COCO."""
-    if name == "mosaic":
-        return "coco", mosaic_coco(4, 2), ("train", "val")
+    if name == "mosaic":  # a copy: the tests delete the files they cached, and the session's tree is shared
+        copy = tmp_path_factory.mktemp(name) / "coco"
+        shutil.copytree(mosaic_coco(4, 2), copy)
+        return "coco", copy, ("train", "val")
     root = tmp_path_factory.mktemp(name)
     getattr(dataset_trees, f"build_{name}")(root)
     return name, root, SPLITS[name]

@@ -120,14 +120,14 @@ def test_fit_nproc_leaves_no_log_dir_of_torchrun_behind(monkeypatch, tmp_path):
 
     seen = {}
 
-    def agent(argv: list[str]) -> None:
-        logs = Path(next(a.split("=", 1)[1] for a in argv if a.startswith("--log-dir=")))
+    def agent(parsed: argparse.Namespace) -> None:  # torchrun's run(), as run_torchrun calls it
+        logs = Path(parsed.log_dir)
         (logs / "attempt_0").mkdir()
         (logs / "attempt_0" / "error.json").write_text("{}")
         seen["logs"] = logs
         raise RuntimeError("a rank failed")
 
-    monkeypatch.setattr(torchrun, "main", agent)
+    monkeypatch.setattr(torchrun, "run", agent)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     for key in (launch.COMMAND_ENV, LAUNCHER_PID_ENV):  # run_torchrun sets them for the ranks
         monkeypatch.setenv(key, "")

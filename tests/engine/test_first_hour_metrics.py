@@ -72,7 +72,7 @@ def _null_run(path: Path) -> Path:
 
 def test_readers_take_null_as_a_missing_value(tmp_path):
     from visiontrain.report.compare import read_run, table_rows
-    from visiontrain.rundir.metrics_file import read_metrics
+    from visiontrain.rundir.metrics_file import UNDEFINED, read_metrics
     from visiontrain.engine.records.plots import curve_figures
     from visiontrain.report.page import build_report
 
@@ -85,7 +85,7 @@ def test_readers_take_null_as_a_missing_value(tmp_path):
     assert [t.get_text() for t in panels[1].texts] == ["no finite value"]
     record = read_run(run)
     assert math.isnan(record.evals[0]["APs"]) and math.isnan(record.summary["final"]["APs"])
-    assert table_rows([record])[1][0][3] == "nan"  # run, steps, AP, APs
+    assert table_rows([record])[1][0][3] == UNDEFINED  # run, steps, AP, APs: the dash, as the log's tables
     html = build_report(run)
     assert "None" not in html and "<th>APs</th><td class=\"num\">—</td>" in html  # as the log's tables
 
