@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from visiontrain.evaluation.confusion import _ratio
+from visiontrain.evaluation.confusion import BACKGROUND, _ratio
 from visiontrain.evaluation.fonts import use_fonts_with_glyphs
 from visiontrain.evaluation.panels import panel_grid
 from visiontrain.evaluation.previews import paint_masks
@@ -55,6 +55,12 @@ def accumulate_pixels(counts: torch.Tensor, truth: torch.Tensor, predicted: torc
     c = math.isqrt(c2)
     cells = torch.where(truth == ignore, c2, truth * c + predicted).flatten()
     counts.scatter_add_(0, cells, torch.ones_like(cells))
+
+
+def background_classes(class_names: Sequence[str]) -> list[int]:
+    """The classes the figures and overlays leave unpainted, so that the image shows: those named
+    background (any case), as fashion-mosaic's class 0 is."""
+    return [k for k, name in enumerate(class_names) if str(name).lower() == BACKGROUND]
 
 
 def painted_classes(pixels: np.ndarray, labels: np.ndarray, unpainted: Sequence[int]) -> np.ndarray:

@@ -30,7 +30,6 @@ from torch import nn
 
 from visiontrain.core.config import doc
 from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD, NormalizeOnDevice
-from visiontrain.data.segmentation.label_maps import BACKGROUND
 from visiontrain.data.segmentation.readers import build_semantic_splits
 from visiontrain.data.segmentation.sources import ignore_index, semantic_source
 from visiontrain.engine.protocols.task import (DictOutputs, ExportSpec, Prediction, Task, TaskConfig, TaskData,
@@ -38,7 +37,8 @@ from visiontrain.engine.protocols.task import (DictOutputs, ExportSpec, Predicti
 from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.evaluation.figures import confusion_figure
 from visiontrain.evaluation.previews import Tile, display_pixels, grid, tiles_image
-from visiontrain.evaluation.segmentation import accumulate_pixels, painted_classes, segmentation_figure, semantic_scores
+from visiontrain.evaluation.segmentation import (accumulate_pixels, background_classes, painted_classes,
+                                                  segmentation_figure, semantic_scores)
 from visiontrain.rundir.metrics_file import PER_CLASS
 
 SHOWN_IMAGES = 4  # the validation images drawn in val_segmentation.png after each evaluation
@@ -176,7 +176,7 @@ class SemanticTask(Task):
 
     def unpainted(self) -> list[int]:
         """The classes the figures leave unpainted, so that the image shows: those named background."""
-        return [k for k, n in enumerate(self.info["class_names"]) if n.lower() == BACKGROUND]
+        return background_classes(self.info["class_names"])
 
     def preview_figures(self, batch: Any) -> dict[str, Any]:
         """The first training batch as the model receives it, each crop's label map painted over it

@@ -20,12 +20,11 @@ from PIL import Image
 
 from visiontrain.core._tv_compat import ensure_torchvision
 from visiontrain.data.detection.tiles import check_tiling
-from visiontrain.data.segmentation.label_maps import BACKGROUND
 from visiontrain.engine.protocols.task import Prediction, PredictUnsupported
 from visiontrain.evaluation.coco import to_coco_results
 from visiontrain.evaluation.figures import image_sheet
 from visiontrain.evaluation.previews import MASK_ALPHA, PALETTE, class_rgb
-from visiontrain.evaluation.segmentation import painted_classes
+from visiontrain.evaluation.segmentation import background_classes, painted_classes
 from visiontrain.use.inference import CLASSIFICATION_BATCH, Predictor
 from visiontrain.use.onnx_predictor import OnnxPredictor
 from visiontrain.use.tiled import predict_tiled
@@ -42,10 +41,10 @@ def load_predictor(target: str, *, ema: bool = False, device: str | None = None)
     if ema:
         raise ValueError(f"--ema: {target} is an ONNX file, which holds one set of weights "
                          f"(visiontrain export --ema writes the EMA's)")
-    predictor = OnnxPredictor(target, device=device)  # classification and detection files (no segmenter exports)
+    predictor = OnnxPredictor(target, device=device)
     if predictor.prediction is Prediction.NONE:
         raise PredictUnsupported(f"{target}: task {predictor.task_name!r} makes no predictions on images; predict "
-                                 f"works for classification and detection models (its features: "
+                                 f"works for classification, detection and segmentation models (its features: "
                                  f"python -m visiontrain.use.onnx_runner)")
     return predictor
 
@@ -171,7 +170,7 @@ def segment_images(predictor: Any, images: list[str], out: Path) -> dict[str, An
     pixel count. ``predictor``: a semantic segmentation ``Predictor``. Returns what was written."""
     rows: list[dict[str, Any]] = []
     names = predictor.class_names
-    unpainted = [k for k, n in enumerate(names) if n.lower() == BACKGROUND]
+    unpainted = background_classes(names)
     for path, name in zip(images, output_names(images)):
         pixels = predictor.read(path)
         result = predictor(pixels)

@@ -27,7 +27,8 @@ from torch.utils.data import Dataset
 from visiontrain.core._tv_compat import ensure_torchvision
 from visiontrain.data.detection.base import BadDataPolicy, DetectionDataset
 from visiontrain.data.detection.images import BadAnnotationError, read_rgb
-from visiontrain.data.image_check import inspect_image
+from visiontrain.data.image_check import MISSING
+from visiontrain.data.image_verdicts import Verdict
 
 #: The class fashion-mosaic's label maps give the pixels no item covers.
 BACKGROUND = "background"
@@ -61,13 +62,14 @@ def to_classes(raw: np.ndarray, ignore: int, reduce_zero_label: bool) -> np.ndar
     return np.where((raw == 0) | (raw == ignore), ignore, raw - 1)
 
 
-def check_pair(policy: BadDataPolicy, image: str, label: str, num_classes: int, ignore: int,
+def check_pair(policy: BadDataPolicy, image: str, label: str, verdict: Verdict, num_classes: int, ignore: int,
                reduce_zero_label: bool) -> bool:
     """Whether an image and its label map can be trained on; what is wrong goes to ``policy`` (an
-    error or a count under ``data.on_bad_annotation``) in one line naming the file and the value."""
-    problem, size = inspect_image(image, size=True)
-    if problem is not None:
-        reason = "missing image" if problem == "does not exist" else "unreadable image"
+    error or a count under ``data.on_bad_annotation``) in one line naming the file and the value.
+    ``verdict``: the image's check (``image_check.inspect_images``: its problem, or its size)."""
+    problem, size = verdict
+    if problem is not None or size is None:
+        reason = "missing image" if problem == MISSING else "unreadable image"
         policy.bad(reason, f"image file {image} {problem}")
         return False
     try:

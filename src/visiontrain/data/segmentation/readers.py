@@ -8,6 +8,7 @@ from typing import Sequence
 from visiontrain.data.bad_data import check_skipped_share, leaves_its_directory, listed
 from visiontrain.data.detection.base import BadDataPolicy
 from visiontrain.data.detection.splits import build_detection_splits
+from visiontrain.data.image_check import inspect_images
 from visiontrain.data.segmentation.label_maps import LabelMapDataset, PaintedLabelMaps, SemanticDataset, check_pair
 from visiontrain.data.segmentation.sources import FOLDER, VOC, LabelMapDataConfig, semantic_source
 from visiontrain.data.section import DataConfig
@@ -65,10 +66,11 @@ def read_label_maps(pairs: Sequence[tuple[str, str]], class_names: list[str], da
                          f"must be no class (>= the class count) and at most {MOST_CLASSES}")
     policy = BadDataPolicy(data.on_bad_annotation, where, data.on_bad_image)
     kept: list[tuple[str, str]] = []
-    for image, label in pairs:
+    verdicts = inspect_images([image for image, _ in pairs], size=True, check=data.check_images)  # lazy, by chunks
+    for (image, label), verdict in zip(pairs, verdicts):
         if limit is not None and len(kept) == limit:
             break
-        if check_pair(policy, image, label, len(class_names), ignore, data.reduce_zero_label):
+        if check_pair(policy, image, label, verdict, len(class_names), ignore, data.reduce_zero_label):
             kept.append((image, label))
     policy.raise_unreadable()
     skipped = sum(policy.skipped.values())
