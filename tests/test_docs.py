@@ -7,7 +7,7 @@ on PATH (``visiontrain`` through the warm Python of ``tests/support/procs.py``: 
 forked with torch already imported). Options (docs/README.md lists them for writers):
 
     setup=NAME[,NAME]     build fixtures first: coco, voc, yolo, image-folder, segmentation-folder,
-                          voc-segmentation (tiny datasets)
+                          voc-segmentation, cityscapes, ade20k, coco-panoptic (tiny datasets)
     continue              run in the previous marked block's directory, after it
     fit-args="k=v ..."    append these overrides to every `fit` command of the block (after its own)
     exit=N                expected exit status; each "# visiontrain: error: ..." comment line of the
@@ -50,6 +50,8 @@ from pathlib import Path
 import pytest
 
 from dataset_trees import build_coco, build_image_folder, build_voc, build_yolo
+from panoptic_trees import write_coco_panoptic
+from segmentation_dataset_trees import write_ade20k, write_cityscapes
 from segmentation_trees import write_segmentation_folder, write_voc_segmentation
 from doc_pages import BLOCKS, DOCS, FENCE, PAGES, ROOT, Block, page_files, stray_markers
 from procs import shell_env
@@ -59,9 +61,9 @@ from visiontrain.core import config as C
 
 FULL_RECIPES = ("classify-mobilevit-imagenet", "detect-detr-r50-coco", "detect-detr-fast-r50-coco",
                 "detect-faster-rcnn-r50-coco", "detect-yolov3-darknet53-voc", "segment-mask-rcnn-r50-coco",
-                "ssl-dino-vits16-imagenet")
+                "segment-deeplabv3plus-r50-cityscapes", "segment-panoptic-fpn-r50-coco", "ssl-dino-vits16-imagenet")
 SMALL_RECIPES = ("classify-fashion", "detect-detr", "detect-faster-rcnn", "detect-yolov3", "segment-mask-rcnn",
-                 "segment-semantic", "ssl-dino")
+                 "segment-panoptic", "segment-semantic", "ssl-dino")
 DEFAULT_TIMEOUT = 300
 JOBS = int(os.environ.get("VISIONTRAIN_DOCS_JOBS", min(2, os.cpu_count() or 1)))
 
@@ -98,7 +100,9 @@ CHAINS = {c.id: c for c in build_chains()}
 SETUPS = {"coco": ("coco", build_coco), "voc": ("VOC2007", build_voc), "yolo": ("yolo", build_yolo),
           "image-folder": ("imagefolder", build_image_folder),
           "segmentation-folder": ("segfolder", write_segmentation_folder),
-          "voc-segmentation": ("VOC2012", write_voc_segmentation)}
+          "voc-segmentation": ("VOC2012", write_voc_segmentation), "cityscapes": ("cityscapes", write_cityscapes),
+          "ade20k": ("ADEChallengeData2016", write_ade20k),
+          "coco-panoptic": ("coco", lambda root: write_coco_panoptic(root, {"train2017": 6, "val2017": 3}))}
 
 
 # ----------------------------------------------------------------------------- running blocks

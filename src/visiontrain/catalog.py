@@ -39,7 +39,7 @@ BUILT_IN: dict[str, str] = {
     "visiontrain.data.detection.sources": "data kinds: the detection datasets (COCO, VOC, YOLO, fashion-mosaic)",
     "visiontrain.data.shards.source": "data kind: shards",
     "visiontrain.data.segmentation.sources": "data kinds: the semantic segmentation sources (a segmentation "
-                                             "folder, VOC's SegmentationClass)",
+                                             "folder, VOC's SegmentationClass, ...) and COCO panoptic",
     "visiontrain.evaluation.coco": "eval.coco_backend, a key of the engine's eval section",
     "visiontrain.tasks.classification": "task: classification",
     "visiontrain.tasks.detr": "task: detr",
@@ -48,6 +48,7 @@ BUILT_IN: dict[str, str] = {
     "visiontrain.tasks.yolo": "task: yolo",
     "visiontrain.tasks.dino": "task: dino",
     "visiontrain.tasks.semantic": "task: semantic",
+    "visiontrain.tasks.panoptic": "task: panoptic",
 }
 
 _lock = threading.RLock()

@@ -198,7 +198,7 @@ def test_list_recipes() -> None:
 
 
 #: The recipes that ship a precision other than auto, each with its reason in a comment beside it.
-WRITES_ITS_PRECISION = {"detect-faster-rcnn", "segment-mask-rcnn", "segment-semantic"}
+WRITES_ITS_PRECISION = {"detect-faster-rcnn", "segment-mask-rcnn", "segment-panoptic", "segment-semantic"}
 
 
 @pytest.mark.parametrize("recipe", C.list_recipes())

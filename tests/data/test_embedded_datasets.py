@@ -93,8 +93,9 @@ def test_paste_item_box_is_the_tight_box_of_the_item(tmp_path):
 
 
 def test_mosaic_boxes_are_tight_around_visible_items(tmp_path, fake, monkeypatch):
-    # a black texture: every non-zero pixel belongs to an item
+    # a black wall and floor: every non-zero pixel belongs to an item
     monkeypatch.setattr(embedded, "_texture", lambda rng, h, w: np.zeros((h, w, 3), np.uint8))
+    monkeypatch.setattr(embedded, "_floor_texture", lambda rng, h, w: np.zeros((h, w, 3), np.uint8))
     root = build_fashion_mosaic(tmp_path, **SMALL, min_size=64, max_size=160)
     assert root.name == "fashion-mosaic-s0-20-8-400-64-160"
     for split in ("train", "val"):

@@ -12,7 +12,8 @@ import pytest
 import torch
 from PIL import Image
 
-from segmentation_trees import FOLDER_CLASSES, GREY, rgb_of, scene, write_segmentation_folder, write_voc_segmentation
+from segmentation_trees import (FOLDER_CLASSES, GREY, interior, rgb_of, scene, write_segmentation_folder,
+                               write_voc_segmentation)
 from visiontrain.core import config as C
 from visiontrain.data.detection.images import BadAnnotationError
 from visiontrain.data.segmentation.readers import VOC_CLASSES, build_semantic_splits
@@ -101,18 +102,6 @@ def test_fashion_mosaic_paints_each_items_visible_pixels_with_its_class_plus_one
             assert not (want[mask.bool()] > 0).any()  # visible pixels: no two items share one
             want[mask.bool()] = label + 1
         assert torch.equal(labels.as_subclass(torch.Tensor), want) and (labels > 0).any()
-
-
-def interior(labels: torch.Tensor, reach: int = 2) -> torch.Tensor:
-    """The pixels whose label is that of every pixel within ``reach`` of them, and not within ``reach``
-    of the crop's edge (the image may blend with what lay beyond it)."""
-    padded = torch.nn.functional.pad(labels, (reach,) * 4, value=-1)
-    h, w = labels.shape
-    same = torch.ones_like(labels, dtype=torch.bool)
-    for dy in range(2 * reach + 1):
-        for dx in range(2 * reach + 1):
-            same &= padded[dy:dy + h, dx:dx + w] == labels
-    return same
 
 
 def test_label_maps_stay_on_their_pixels_through_the_recipes_transforms(folder):

@@ -24,6 +24,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from visiontrain.core import config as C
+from visiontrain.data.detection.masks import decode
 from visiontrain.evaluation.coco import COCO_BACKENDS, COCO_METRICS, coco_evaluation
 from visiontrain.evaluation.previews import MASK_ALPHA, PALETTE, Tile, class_rgb, mask_outline, paint_masks, tiles_image
 from visiontrain.tasks import build_task
@@ -51,7 +52,7 @@ def band(x1: int, y1: int, x2: int, y2: int, t: int) -> list[list[int]]:
 
 
 def polygon_mask(polygons: list[list[int]]) -> np.ndarray:
-    return coco_mask.decode(coco_mask.merge(coco_mask.frPyObjects(polygons, H, W)))
+    return decode([coco_mask.merge(coco_mask.frPyObjects(polygons, H, W))["counts"].decode("ascii")], H, W)[0]
 
 
 def rle(m: np.ndarray) -> dict:

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from visiontrain.evaluation.panoptic import (VOID, PanopticQuality, Segment, id2rgb, parse_segments, pq_metrics,
-                                             read_panoptic, rgb2id, write_panoptic_png)
+from visiontrain.core.panoptic_format import (VOID, Segment, id2rgb, parse_segments, read_panoptic, rgb2id,
+                                              write_panoptic_png)
+from visiontrain.evaluation.panoptic import PanopticQuality, pq_metrics
 from visiontrain.rundir.metrics_file import PER_CLASS
 
 try:

@@ -59,12 +59,13 @@ MASK_SCENES: tuple[Scene, ...] = (
 
 def scene_masks(scene: Scene) -> Any:
     """uint8 [N, H, W]: each polygon of ``scene`` rasterised as COCO rasterises it (pycocotools)."""
-    import numpy as np
     from pycocotools import mask as coco_mask
+
+    from visiontrain.data.detection.masks import decode  # pycocotools' decode, its NumPy 2 warning filtered
 
     width, height, objects = scene
     rles = [coco_mask.frPyObjects([list(map(float, poly))], height, width)[0] for _, poly in objects]
-    return np.ascontiguousarray(coco_mask.decode(rles).transpose(2, 0, 1)) if rles else np.zeros((0, height, width))
+    return decode([rle["counts"].decode("ascii") for rle in rles], height, width)
 
 
 def scene_image(scene: Scene) -> Any:

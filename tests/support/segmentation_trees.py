@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
 
 FOLDER_CLASSES = ("ground", "square", "bar")
@@ -85,3 +86,15 @@ def write_voc_segmentation(root: Path, splits: dict[str, int] | None = None) -> 
             png.putpalette(voc_palette())
             png.save(root / "SegmentationClass" / f"{name}.png")
     return root
+
+
+def interior(labels: torch.Tensor, reach: int = 2) -> torch.Tensor:
+    """The pixels whose label is that of every pixel within ``reach`` of them, and not within ``reach``
+    of the crop's edge (the image may blend with what lay beyond it, or a resize across an edge)."""
+    padded = torch.nn.functional.pad(labels, (reach,) * 4, value=-1)
+    h, w = labels.shape
+    same = torch.ones_like(labels, dtype=torch.bool)
+    for dy in range(2 * reach + 1):
+        for dx in range(2 * reach + 1):
+            same &= padded[dy:dy + h, dx:dx + w] == labels
+    return same

@@ -12,5 +12,5 @@ LENGTH_AND_SIZE = frozenset({
     "data.batch_size", "data.eval_batch_size", "task.knn_bank",  # batch and evaluation sizes
     "data.image_size", "task.train_scales", "task.max_size", "task.val_size", "task.crop_resize",
     "task.crop_min", "task.crop_max", "task.size", "task.multiscale_sizes", "task.global_crop_size",
-    "task.local_crop_size",                                      # image sizes
+    "task.local_crop_size", "task.crop", "task.train_sizes",     # image sizes
 })

@@ -1,13 +1,17 @@
 """The semantic task's network and loss: torchvision's heads on a ResNet of any depth at the output
 stride asked for, logits at the input's size, a cross-entropy that leaves out the ignore index and
 weighs classes as torch does, and segment-semantic's training (random resize, crop and flip drawn
-from torch's RNG, a DataLoader worker) resumed bit-exactly after a crash."""
+from torch's RNG, a DataLoader worker) resumed bit-exactly after a crash and after kill -9."""
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
+import procs
 from resume_checks import assert_bit_identical, fit_and_crash_resume, state_of
 from visiontrain.core import config as C
 from visiontrain.models.segmentation import SegmenterSpec, build_segmenter
@@ -48,3 +52,23 @@ def test_segment_semantic_resumes_bit_exact_after_a_crash(tmp_path):
     full, resumed = fit_and_crash_resume(cfg, tmp_path, crash_at=4)
     assert resumed.step == full.step == 6
     assert_bit_identical(state_of(full), state_of(resumed))
+
+
+def test_segment_semantic_killed_with_sigkill_resumes_auto_to_the_uninterrupted_weights(tmp_path):
+    """`visiontrain fit segment-semantic` as shipped (its transforms, one forkserver worker, the poly
+    schedule), small: SIGKILL to its whole process tree as soon as its first checkpoint is on disk,
+    then `--resume auto` to the end gives the weights of a run never interrupted, bit for bit."""
+    args = ["data.limit_train=16", "data.limit_val=4", "data.batch_size=4", "task.crop=64", "task.train_sizes=[64,96]",
+            "trainer.max_steps=24", "eval.every=0", "checkpoint.every=2", "checkpoint.unit=steps"]
+    fit = [sys.executable, "-m", "visiontrain", "fit", "segment-semantic", *args, "--run-dir"]
+    whole = procs.run([*fit, tmp_path / "whole"], timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    killed = procs.popen([*fit, tmp_path / "killed"])
+    last = tmp_path / "killed" / "checkpoints" / "last.pt"
+    procs.wait_for(last.is_file, "first checkpoint", killed)
+    procs.kill_everything(killed)
+    assert killed.returncode == -9 and not (tmp_path / "killed" / "model.safetensors").exists()  # killed mid-run
+    resumed = procs.run([*fit, tmp_path / "killed", "--resume", "auto"], timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = (load_file(str(tmp_path / run / "model.safetensors")) for run in ("whole", "killed"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from pycocotools import mask as coco_mask
 
 from detection_helpers import vt
+from visiontrain.data.detection.masks import decode
 from visiontrain.use.inference import Detections, Predictor
 
 
@@ -42,8 +42,9 @@ def val_paths(predictor) -> list[str]:
 
 
 def decoded(segmentation: dict) -> np.ndarray:
-    """A COCO compressed RLE (``{"size", "counts": str}``) as a bool [H, W] mask, by pycocotools."""
-    return coco_mask.decode({"size": segmentation["size"], "counts": segmentation["counts"].encode()}).astype(bool)
+    """A COCO compressed RLE (``{"size", "counts": str}``) as a bool [H, W] mask, by pycocotools (through
+    ``masks.decode``, which filters its NumPy 2 warning)."""
+    return decode([segmentation["counts"]], *segmentation["size"])[0].astype(bool)
 
 
 def test_predictor_masks_follow_the_boxes_and_are_those_of_evaluation(predictor, val_paths):

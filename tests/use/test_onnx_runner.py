@@ -1,7 +1,7 @@
 """`visiontrain predict MODEL.onnx`: an exported file gives the files and the numbers the checkpoint
 gives (through ``visiontrain.use.onnx_runner``, onnxruntime and numpy), and what it cannot run is
 one clear line. The runner's own agreement with the Python API, file by file and run without torch,
-is in test_export.py and test_mask_use.py."""
+is in test_export.py, test_mask_use.py, test_semantic_use.py and test_panoptic_use.py."""
 from __future__ import annotations
 
 import json

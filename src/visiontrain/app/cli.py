@@ -132,14 +132,18 @@ def _add_tune(sub: Any) -> None:
 
 def _add_model_commands(sub: Any) -> None:
     """predict, export, consolidate: what a trained checkpoint is used for."""
-    pred = sub.add_parser("predict", help="a classifier's top-k classes (JSON, optional contact sheet) or a "
-                                          "detector's boxes (drawn, and a COCO JSON) on image files")
-    pred.add_argument("checkpoint", help="a classification or detection checkpoint, a run dir (its best.pt, else "
-                                         "last.pt), or an .onnx file visiontrain export wrote (run by onnxruntime)")
+    pred = sub.add_parser("predict", help="a classifier's top-k classes (JSON, optional contact sheet), a "
+                                          "detector's boxes (drawn, and a COCO JSON), a segmenter's label maps or "
+                                          "panoptic segments (PNGs, overlays, JSON) on image files")
+    pred.add_argument("checkpoint", help="a classification, detection or segmentation checkpoint, a run dir (its "
+                                         "best.pt, else last.pt), or an .onnx file visiontrain export wrote (run by "
+                                         "onnxruntime)")
     pred.add_argument("images", nargs="+", help="image files (PNG, JPEG, ...)")
     pred.add_argument("--out", required=True, help="output directory: predictions.json (and sheet.png) for a "
                                                    "classifier; one drawing per image and detections.json for a "
-                                                   "detector")
+                                                   "detector; label PNGs, overlays and segmentation.json for a "
+                                                   "semantic segmenter; COCO panoptic PNGs, overlays and "
+                                                   "panoptic.json for a panoptic one")
     pred.add_argument("--top-k", type=int, default=None,
                       help="classification: classes written per image (default 5, or the class count if lower)")
     pred.add_argument("--sheet", action="store_true",

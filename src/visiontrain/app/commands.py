@@ -249,7 +249,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     (drawings and detections.json) or a semantic segmenter's label maps (PNGs, overlays and
     segmentation.json), through the Python API (``visiontrain.use.inference``)."""
     from visiontrain.engine.protocols.task import Prediction
-    from visiontrain.use.predict import classify_images, load_predictor, predict_images, segment_images
+    from visiontrain.use.predict import (classify_images, load_predictor, panoptic_images, predict_images,
+                                         segment_images)
 
     if args.top_k is not None and args.top_k < 1:
         raise C.ConfigError(f"--top-k: must be an integer >= 1 (classes written per image), got {args.top_k}")
@@ -268,6 +269,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
             raise C.ConfigError(f"--top-k, --sheet, --threshold and --tile apply to classification and detection "
                                 f"checkpoints; {what} (a semantic segmenter: its label maps and overlays are written)")
         print_json({"out": args.out, "images": len(args.images), **segment_images(predictor, args.images, out)})
+        return 0
+    if predictor.prediction is Prediction.PANOPTIC:
+        if args.top_k is not None or args.sheet or args.threshold is not None or args.tile is not None:
+            raise C.ConfigError(f"--top-k, --sheet, --threshold and --tile apply to classification and detection "
+                                f"checkpoints; {what} (a panoptic segmenter: its id PNGs, overlays and COCO "
+                                f"panoptic JSON are written)")
+        print_json({"out": args.out, "images": len(args.images), **panoptic_images(predictor, args.images, out)})
         return 0
     if args.threshold is not None:
         raise C.ConfigError(f"--threshold applies to detection checkpoints; {what} (a classifier: --top-k)")

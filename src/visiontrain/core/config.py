@@ -270,10 +270,12 @@ def _drop_unread_data_keys(data: dict, kind: type, task: dict, task_keys: dict[s
     else is refused: one the task does not read names what it reads instead, another the sources
     that read it."""
     own = {f.name: f for f in dataclasses.fields(kind)}
-    defaults = _data_defaults()
+    own_defaults, defaults = dataclasses.asdict(kind()), _data_defaults()
     out = {}
     for key, value in data.items():
-        at_default = key in defaults and value == defaults[key]
+        # the source's own default where it has the key (train_split is "train" for an image folder,
+        # "training" for ADE20K), else any source's
+        at_default = value == own_defaults[key] if key in own_defaults else value in defaults.get(key, [])
         if key in task_keys and not at_default:
             raise ConfigError(f"data.{key}={value}: task {task.get('name', SECTIONS['task'].default_kind)!r} "
                               f"does not read it; {task_keys[key]}")
@@ -287,14 +289,15 @@ def _drop_unread_data_keys(data: dict, kind: type, task: dict, task_keys: dict[s
     return out
 
 
-def _data_defaults() -> dict[str, Any]:
-    """Each data key's default, over every registered source (by name: the same whatever order their
-    modules were imported in)."""
-    out: dict[str, Any] = {}
+def _data_defaults() -> dict[str, list[Any]]:
+    """Each data key's defaults, over every registered source (in their names' order: the same
+    whatever order their modules were imported in); sources may differ (their split names)."""
+    out: dict[str, list[Any]] = {}
     kinds = SECTIONS["data"].kinds
     for kind in (kinds[name] for name in sorted(kinds)):
         for key, value in dataclasses.asdict(kind()).items():
-            out.setdefault(key, value)
+            if value not in out.setdefault(key, []):
+                out[key].append(value)
     return out
 
 

@@ -81,27 +81,39 @@ class PlusHead(nn.Module):
         return self.fuse(torch.cat([high, low], 1))
 
 
-class FpnHead(nn.Module):
-    """Semantic FPN (Kirillov et al. 2019, MMSeg's FPNHead): torchvision's FeaturePyramidNetwork over
-    the four stages, each level through 3 x 3 convolutions of 128 (one, or one per halving of its
-    resolution below the first stage's: 1, 1, 2, 3) and brought to the first stage's size
-    (stride 4), the levels summed, a 1 x 1 classifier. MMSeg upsamples 2x after each convolution;
-    here a level is upsampled once, after its convolutions. It takes the stages by name (``Stages``)."""
+class PyramidFusion(nn.Module):
+    """Semantic FPN's fusion (Kirillov et al. 2019, MMSeg's FPNHead, Detectron2's SemSegFPNHead): each
+    pyramid level through 3 x 3 convolutions of ``width`` (one, or one per halving of its resolution
+    below the finest level's: 1, 1, 2, 3), brought to the finest level's size, the levels summed, a
+    1 x 1 classifier: logits at the finest level's stride. MMSeg and Detectron2 upsample 2x after each
+    convolution; here a level is upsampled once, after its convolutions. Panoptic FPN's semantic
+    head is this on the detector's own FPN."""
 
-    def __init__(self, in_channels: Sequence[int], num_classes: int, channels: int = 256, width: int = 128) -> None:
+    def __init__(self, levels: int, channels: int, num_classes: int, width: int = 128) -> None:
         super().__init__()
-        self.fpn = FeaturePyramidNetwork(list(in_channels), channels)
         self.levels = nn.ModuleList(
             nn.Sequential(*[conv_bn_relu(width if k else channels, width, 3) for k in range(max(1, level))])
-            for level in range(len(in_channels)))
+            for level in range(levels))
         self.classifier = nn.Conv2d(width, num_classes, 1)
 
-    def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
-        pyramid = list(self.fpn(features).values())
+    def forward(self, pyramid: Sequence[torch.Tensor]) -> torch.Tensor:
         size = pyramid[0].shape[-2:]
         out = sum(F.interpolate(level(p), size=size, mode="bilinear", align_corners=False)
                   for level, p in zip(self.levels, pyramid))
         return self.classifier(out)
+
+
+class FpnHead(nn.Module):
+    """Semantic FPN: torchvision's FeaturePyramidNetwork over the four stages and ``PyramidFusion`` to
+    the first stage's stride (4). It takes the stages by name (``Stages``)."""
+
+    def __init__(self, in_channels: Sequence[int], num_classes: int, channels: int = 256, width: int = 128) -> None:
+        super().__init__()
+        self.fpn = FeaturePyramidNetwork(list(in_channels), channels)
+        self.fusion = PyramidFusion(len(in_channels), channels, num_classes, width)
+
+    def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.fusion(list(self.fpn(features).values()))
 
 
 class Stages(nn.Module):

@@ -18,6 +18,7 @@ from visiontrain.data.bad_data import listed
 from visiontrain.data.detection.masks import decode, segmentations
 from visiontrain.data.detection.sources import detection_source
 from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD, NormalizeOnDevice
+from visiontrain.data.section import ImageFileKeys
 from visiontrain.engine.protocols.task import Prediction, Task, TaskConfig, TaskData
 from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.evaluation.coco import coco_api, coco_evaluation, to_coco_results
@@ -124,7 +125,8 @@ class DetectionTask(Task):
                         train_collate=collate_detection, eval_collate=collate_detection, group_ids=groups)
 
     def device_transform(self, *, channels_last: bool) -> Callable[[Any], Any] | None:
-        if not detection_source(self.cfg.data).normalize_on_device:
+        data = self.cfg.data  # a detection source, or a panoptic one
+        if not (isinstance(data, ImageFileKeys) and data.normalize_on_device):
             return None
 
         normalize = NormalizeOnDevice()
@@ -173,23 +175,26 @@ class DetectionTask(Task):
         return result.metrics, per_class
 
     def preview_figures(self, batch: Any) -> dict[str, Any]:
-        """The first training batch with its boxes and, where the data has them, its instance masks
-        (padded as the model receives it), and the training set's labels: boxes per class, their
-        sizes and centres."""
+        """The first training batch (``train_batch_figure``) and the training set's labels: boxes per
+        class, their sizes and centres."""
         images, _, targets = batch[:3]
+        records = self.train_set.records  # a RecordIndex: every box of the split in one array
+        boxes, labels, sizes = records.boxes, records.labels, records.box_sizes
+        return {"train_batch": self.train_batch_figure(images, targets),
+                "labels": labels_figure(boxes, labels, sizes, self.info["class_names"],
+                                        title=f"training labels: {len(records)} images, {len(labels)} boxes")}
+
+    def train_batch_figure(self, images: torch.Tensor, targets: list[dict[str, Any]]) -> Any:
+        """The first training images with their boxes and, where the data has them, their instance
+        masks, padded as the model receives them."""
         n = min(PREVIEW_IMAGES, len(images))
         tiles = [Tile(display_pixels(images[i], IMAGENET_MEAN, IMAGENET_STD), boxes_caption(len(t["labels"])),
                       t["boxes"].numpy(), t["labels"].tolist(),
                       t["masks"].numpy().astype(bool) if "masks" in t else None)  # unpadded: the image's top-left
                  for i, t in enumerate(targets[:n])]
-        names = self.info["class_names"]
         title = f"first training batch as the model receives it ({n} of {len(images)} images, padded to " \
                 f"{images.shape[-1]} x {images.shape[-2]} px)"
-        records = self.train_set.records  # a RecordIndex: every box of the split in one array
-        boxes, labels, sizes = records.boxes, records.labels, records.box_sizes
-        return {"train_batch": tiles_image(grid(tiles, 4), title=title, class_names=names, cell=240),
-                "labels": labels_figure(boxes, labels, sizes, names,
-                                        title=f"training labels: {len(records)} images, {len(labels)} boxes")}
+        return tiles_image(grid(tiles, 4), title=title, class_names=self.info["class_names"], cell=240)
 
     def eval_figures(self) -> dict[str, Any]:
         """From the last evaluation: the first validation images with their detections over the

@@ -73,6 +73,18 @@ class SemanticConfig(TaskConfig):
                         "label map's own size", 0, minimum=0)
 
 
+def labelled_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore: int,
+                           weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Cross-entropy averaged over the labelled pixels (by their class weights where given); a
+    batch with no labelled pixel gives 0, not torch's 0 / 0. ``logits`` may be larger than
+    ``labels`` (a crop padded to a multiple of 32): they are cut to the labels' size."""
+    logits = logits[..., :labels.shape[-2], :labels.shape[-1]].float()
+    total = F.cross_entropy(logits, labels, weight=weight, ignore_index=ignore, reduction="sum")
+    labelled = labels != ignore
+    counted = labelled.sum() if weight is None else (weight[labels.where(labelled, 0)] * labelled).sum()
+    return total / counted.clamp_min(1)
+
+
 class SemanticTask(Task):
     name = "semantic"
     predicts = Prediction.LABEL_MAP
@@ -120,19 +132,14 @@ class SemanticTask(Task):
         return lambda batch: (normalize(batch[0]), *batch[1:])
 
     def pixel_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy averaged over the labelled pixels (by their class weights where given); a
-        batch with no labelled pixel gives 0, not torch's 0 / 0."""
+        """``labelled_cross_entropy`` with the task's class weights, where given."""
         weight = None
         if self.cfg.task.class_weights:
             weight = self._weights.get(labels.device)
             if weight is None:  # once a device: no copy each step
                 weight = self._weights[labels.device] = torch.tensor(self.cfg.task.class_weights,
                                                                      device=labels.device)
-        logits = logits[..., :labels.shape[-2], :labels.shape[-1]].float()  # a crop padded to a multiple of 32
-        total = F.cross_entropy(logits, labels, weight=weight, ignore_index=self.ignore, reduction="sum")
-        labelled = labels != self.ignore
-        counted = labelled.sum() if weight is None else (weight[labels.where(labelled, 0)] * labelled).sum()
-        return total / counted.clamp_min(1)
+        return labelled_cross_entropy(logits, labels, self.ignore, weight)
 
     def losses(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         images, labels, _ = batch

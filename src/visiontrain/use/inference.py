@@ -11,7 +11,8 @@ or float in [0, 1]); a list of those or a tensor batch [B, 3, H, W] gives a list
 its top-k classes with names, ids and probabilities; a detector its boxes (XYXY in the input
 image's own pixels), scores, labels and class names, and an instance segmenter (``mask_rcnn``)
 each detection's mask too (bool, at the input image's size); a semantic segmenter (``semantic``)
-its label map: each pixel's class, at the input image's size.
+its label map: each pixel's class, at the input image's size; a panoptic segmenter (``panoptic``)
+each pixel's segment id and the segments (COCO's ``segments_info``: category, thing or stuff, area).
 
 The checkpoint is restored by ``trained.load_trained``, the path ``validate`` and ``export`` take,
 and each image goes through the task's ``predict``, which prepares it with the validation set's own
@@ -114,6 +115,25 @@ class Segmentation:
         return {"image_size": list(self.image_size), "pixels": self.pixels()}
 
 
+@dataclass
+class PanopticSegmentation:
+    """One image's panoptic segmentation: every pixel a segment (a thing instance or a stuff region)
+    or none, in COCO's panoptic form."""
+    ids: torch.Tensor               # [H, W] int32: each pixel's segment id, 0 where none (VOID)
+    segments: list[dict[str, Any]]  # COCO segments_info: id, category_id, isthing, area (things: score)
+    category_names: dict[int, str]  # category id -> name, things and stuff
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return int(self.ids.shape[-2]), int(self.ids.shape[-1])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the image's size and each segment with its category's name (the id map itself is
+        an image: ``visiontrain predict`` writes it as COCO's panoptic PNG)."""
+        return {"image_size": list(self.image_size),
+                "segments_info": [{**s, "category": self.category_names[s["category_id"]]} for s in self.segments]}
+
+
 def _device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -132,9 +152,10 @@ def check_predicts(task: Task, checkpoint: str = "") -> None:
 def check_prediction_options(prediction: Prediction, what: str, top_k: int | None, threshold: float | None) -> None:
     """``top_k`` is a classifier's option and ``threshold`` a detector's (a segmenter takes neither);
     a ValueError saying so names ``what`` (the checkpoint) and the option that fits it."""
-    if prediction is Prediction.LABEL_MAP and (top_k is not None or threshold is not None):
-        raise ValueError(f"top_k and threshold apply to classification and detection; {what} is a semantic "
-                         f"segmenter (each pixel's most probable class)")
+    if prediction in (Prediction.LABEL_MAP, Prediction.PANOPTIC) and (top_k is not None or threshold is not None):
+        kind = "semantic segmenter (each pixel's most probable class)" if prediction is Prediction.LABEL_MAP else \
+            "panoptic segmenter (its instances' score threshold is the model's task.instance_score_thresh)"
+        raise ValueError(f"top_k and threshold apply to classification and detection; {what} is a {kind}")
     detection = prediction is Prediction.BOXES
     if detection and top_k is not None:
         raise ValueError(f"top_k applies to classification; {what} is a detector (use threshold)")
@@ -186,7 +207,7 @@ class Predictor:
     @property
     def kind(self) -> str:
         """'detection' for a detector (boxes), 'classification' for a classifier (class probabilities),
-        'segmentation' for a semantic segmenter (a label map)."""
+        'segmentation' for a semantic segmenter (a label map), 'panoptic' for a panoptic one (segments)."""
         return self.prediction.value
 
     def read(self, image: Any, what: str = "image") -> torch.Tensor:
@@ -200,9 +221,10 @@ class Predictor:
         ``top_k`` (classification): classes kept, default 5 or the class count if lower.
         ``threshold`` (detection): minimum score, default the task's (``predict_threshold``).
         ``batch_size``: images per forward pass (detection and segmentation default 1, classification 64):
-        a semantic segmenter's result is a ``Segmentation`` (label map at the input's size)."""
+        a semantic segmenter's result is a ``Segmentation`` (label map at the input's size), a panoptic
+        one's a ``PanopticSegmentation``."""
         check_prediction_options(self.prediction, self._what(), top_k, threshold)
-        padded = self.prediction in (Prediction.BOXES, Prediction.LABEL_MAP)  # images of their own sizes
+        padded = self.prediction is not Prediction.CLASS_SCORES  # images of their own sizes
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
         single = not isinstance(images, (list, tuple)) and not (isinstance(images, torch.Tensor) and images.ndim == 4)
@@ -220,12 +242,15 @@ class Predictor:
         return self.checkpoint or f"task {self.task.name!r}"
 
     def _result(self, pred: dict[str, torch.Tensor], image: torch.Tensor, top_k: int | None,
-                threshold: float | None) -> Classification | Detections | Segmentation:
+                threshold: float | None) -> Classification | Detections | Segmentation | PanopticSegmentation:
         """One image's result, of the kind the task declares it predicts."""
         if self.prediction is Prediction.BOXES:
             return self._detections(pred, image, threshold)
         if self.prediction is Prediction.LABEL_MAP:
             return Segmentation(pred["labels"], self.class_names)
+        if self.prediction is Prediction.PANOPTIC:
+            names = {int(c["id"]): str(c.get("name", c["id"])) for c in self.info["categories"]}
+            return PanopticSegmentation(pred["ids"], pred["segments"], names)
         return top_classes(pred["probabilities"], self.class_names, top_k)
 
     def _detections(self, pred: dict[str, torch.Tensor], image: torch.Tensor, threshold: float | None) -> Detections:

@@ -1,6 +1,7 @@
 """An exported ONNX file behind the Python API's face, so that ``visiontrain predict MODEL.onnx``
-writes what it writes for a checkpoint (drawings, detections.json, predictions.json, the sheet, label maps)
-from the same code, with the numbers computed by ``onnx_runner`` (onnxruntime and numpy).
+writes what it writes for a checkpoint (drawings, detections.json, predictions.json, the sheet, label maps,
+panoptic PNGs and panoptic.json) from the same code, with the numbers computed by ``onnx_runner``
+(onnxruntime and numpy).
 
 The image is read by the rule the datasets and ``Predictor`` use (``data.images.image_tensor``) and
 handed to the runner as 8-bit pixels, so a file gives the runner the pixels ``Predictor`` sees."""
@@ -15,11 +16,12 @@ from PIL import Image
 
 from visiontrain.data.images import image_tensor
 from visiontrain.engine.protocols.task import Prediction
-from visiontrain.use.inference import Detections, Segmentation, check_prediction_options, top_classes
+from visiontrain.use.inference import (Detections, PanopticSegmentation, Segmentation, check_prediction_options,
+                                       top_classes)
 from visiontrain.use.onnx_runner import OnnxModel
 
 _PREDICTS = {"classification": Prediction.CLASS_SCORES, "detection": Prediction.BOXES,
-             "segmentation": Prediction.LABEL_MAP, "features": Prediction.NONE}
+             "segmentation": Prediction.LABEL_MAP, "panoptic": Prediction.PANOPTIC, "features": Prediction.NONE}
 
 
 class OnnxPredictor:
@@ -31,6 +33,8 @@ class OnnxPredictor:
         self.task_name = self.model.task
         self.class_names = self.model.class_names
         self.info: dict[str, Any] = {"class_names": self.class_names, "category_ids": self.model.category_ids}
+        if self.model.kind == "panoptic":  # what predict's panoptic.json lists, and each segment's name
+            self.info["categories"] = self.model.categories()
         self.channels = int(self.model.meta.get("input_channels", 3))
 
     @property
@@ -59,6 +63,10 @@ class OnnxPredictor:
             return top_classes(torch.from_numpy(self.model.probabilities(image)), self.class_names, top_k)
         if self.prediction is Prediction.LABEL_MAP:
             return Segmentation(torch.from_numpy(self.model.segment(image)), self.class_names)
+        if self.prediction is Prediction.PANOPTIC:
+            ids, segments = self.model.panoptic(image)
+            names = {int(c["id"]): str(c["name"]) for c in self.info["categories"]}
+            return PanopticSegmentation(torch.from_numpy(ids), segments, names)
         found = self.model.detect(image).above(self.model.meta["score_threshold"] if threshold is None else threshold)
         labels = found.labels.tolist()
         return Detections(torch.from_numpy(np.ascontiguousarray(found.boxes, dtype=np.float32)),

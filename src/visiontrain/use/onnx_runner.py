@@ -8,6 +8,7 @@ visiontrain, so this one file can be copied to a machine that has only those thr
     model = OnnxModel("digits.onnx")
     model.predict("digit.png")                     # {"top": [{"class_id", "name", "probability"}, ...]}
     OnnxModel("semantic.onnx").segment(image)      # a semantic model's label map, int64 [H, W]
+    OnnxModel("panoptic.onnx").panoptic(image)     # a panoptic model's (segment ids int32 [H, W], segments_info)
 
 Every size, statistic, class name and decoding rule comes from the file's metadata, which
 ``visiontrain export`` writes (docs/inference.md lists the keys). An image is read as visiontrain
@@ -34,6 +35,8 @@ CLASSIFIERS = ("classification",)
 DETECTORS = ("rcnn", "mask_rcnn", "yolo", "detr")
 BACKBONES = ("dino",)
 SEGMENTERS = ("semantic",)
+PANOPTIC = ("panoptic",)
+MASK_DETECTORS = ("mask_rcnn", *PANOPTIC)  # each detection's M x M probabilities, pasted by mask_paste
 DEFAULT_TOP_K = 5
 
 
@@ -132,6 +135,14 @@ def resize_bilinear(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     (y0, y1, wy), (x0, x1, wx) = taps(x.shape[-2], size[0]), taps(x.shape[-1], size[1])
     rows = x[:, y0] * (1 - wy)[:, None] + x[:, y1] * wy[:, None]
     return rows[:, :, x0] * (1 - wx) + rows[:, :, x1] * wx
+
+
+def label_map(logits: np.ndarray, size: tuple[int, int], orig: tuple[int, int]) -> np.ndarray:
+    """Logits [C, H', W'] at the padded input's size -> each pixel's class, int64 [H, W] at the original
+    size, as visiontrain's semantic task makes its label maps: cut to the resized image (``size``),
+    resized bilinearly to the original (``resize_bilinear``), argmax (the first class of a tie)."""
+    logits = logits[:, :size[0], :size[1]]
+    return (logits if size == orig else resize_bilinear(logits, orig)).argmax(0).astype(np.int64)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -273,6 +284,42 @@ class Found:
                      None if self.masks is None else self.masks[keep], self.image_size)
 
 
+def fuse(found: Found, semantic: np.ndarray, thing_ids: Sequence[int], stuff_ids: Sequence[int],
+         fusion: dict[str, Any]) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """One image's panoptic segmentation, (segment ids int32 [H, W], COCO's segments_info), as
+    visiontrain's ``models.panoptic.fuse_panoptic`` makes it (the metadata's ``fusion.rule``), so that
+    the file gives the checkpoint's segments: ``found``'s instances (labels index ``thing_ids``, masks at
+    the image's size) best score first while at least ``instance_score_thresh``, each skipped if more
+    than ``overlap_thresh`` of its mask is taken, else its free pixels a new segment; then each stuff
+    class k >= 1 of ``semantic`` (the argmax, 0 the things) on the free pixels, if at least
+    ``stuff_area`` of them. Equal scores keep the outputs' order (the graph's NMS gives them best first);
+    ``fuse_panoptic``'s torch.argsort promises no order for a tie."""
+    ids = np.zeros(semantic.shape, dtype=np.int32)
+    segments: list[dict[str, Any]] = []
+    scores = found.scores.tolist()  # Python floats: compared and rounded as fuse_panoptic's .tolist() gives them
+    for i in np.argsort(-found.scores, kind="stable").tolist():
+        if scores[i] < fusion["instance_score_thresh"]:
+            break
+        mask = found.masks[i]
+        area = int(mask.sum())
+        if area == 0 or int((mask & (ids > 0)).sum()) / area > fusion["overlap_thresh"]:
+            continue
+        mask = mask & (ids == 0)
+        segments.append({"id": len(segments) + 1, "category_id": int(thing_ids[int(found.labels[i])]), "iscrowd": 0,
+                         "isthing": 1, "score": round(scores[i], 4), "area": int(mask.sum())})
+        ids[mask] = len(segments)
+    for k in np.unique(semantic).tolist():
+        if k == 0 or k > len(stuff_ids):  # the things' class: the instances decide those pixels
+            continue
+        mask = (semantic == k) & (ids == 0)
+        area = int(mask.sum())
+        if area >= fusion["stuff_area"]:
+            segments.append({"id": len(segments) + 1, "category_id": int(stuff_ids[k - 1]), "iscrowd": 0,
+                             "isthing": 0, "area": area})
+            ids[mask] = len(segments)
+    return ids, segments
+
+
 class OnnxModel:
     """An ONNX file written by ``visiontrain export`` and what its metadata says about it."""
 
@@ -287,7 +334,7 @@ class OnnxModel:
             raise OnnxRunnerError(f"{self.path}: onnxruntime cannot load it ({str(err).splitlines()[0]})") from None
         self.meta = read_metadata(self.session)
         self.task: str = str(self.meta.get("task", ""))
-        known = CLASSIFIERS + DETECTORS + BACKBONES + SEGMENTERS
+        known = CLASSIFIERS + DETECTORS + BACKBONES + SEGMENTERS + PANOPTIC
         if self.task not in known:
             raise OnnxRunnerError(f"{self.path}: its metadata names task {self.task or None!r}; this runner reads "
                                   f"files visiontrain export wrote for {', '.join(known)}")
@@ -296,9 +343,19 @@ class OnnxModel:
 
     @property
     def kind(self) -> str:
-        """'classification', 'detection', 'segmentation' (a label map), or 'features' (a DINO backbone)."""
+        """'classification', 'detection', 'segmentation' (a label map), 'panoptic' (segments), or
+        'features' (a DINO backbone)."""
         return "classification" if self.task in CLASSIFIERS else "detection" if self.task in DETECTORS \
-            else "segmentation" if self.task in SEGMENTERS else "features"
+            else "segmentation" if self.task in SEGMENTERS else "panoptic" if self.task in PANOPTIC else "features"
+
+    def categories(self) -> list[dict[str, Any]]:
+        """A panoptic model's categories by id, things and stuff: ``{"id", "name", "isthing"}`` (the
+        things from ``category_ids`` and ``class_names``, the stuff from ``stuff_category_ids`` and
+        ``semantic_classes`` after its class 0), as COCO's panoptic JSON lists them."""
+        things = [(int(i), name, 1) for i, name in zip(self.category_ids, self.class_names)]
+        stuff = [(int(i), str(name), 0) for i, name in zip(self.meta.get("stuff_category_ids") or [],
+                                                           (self.meta.get("semantic_classes") or [])[1:])]
+        return [{"id": i, "name": name, "isthing": isthing} for i, name, isthing in sorted(things + stuff)]
 
     def run(self, image: Image.Image) -> tuple[list[np.ndarray], tuple[int, int], tuple[int, int]]:
         """The graph's outputs on ``image``, the size it was resized to and its own (h, w)."""
@@ -325,17 +382,29 @@ class OnnxModel:
         """A semantic model's label map, int64 [H, W] at the image's own size: the logits cut to the
         resized image, resized to the original (``resize_bilinear``), their argmax."""
         outputs, size, orig = self.run(image)
-        logits = outputs[0][0, :, :size[0], :size[1]]
-        return (logits if size == orig else resize_bilinear(logits, orig)).argmax(0).astype(np.int64)
+        return label_map(outputs[0][0], size, orig)
+
+    def panoptic(self, image: Image.Image) -> tuple[np.ndarray, list[dict[str, Any]]]:
+        """A panoptic model's segmentation of one image at its own size: (segment ids int32 [H, W], 0
+        VOID; COCO's segments_info), as ``Predictor`` gives it: the Mask R-CNN's detections with their
+        masks pasted into the original image, the semantic logits' argmax there (``label_map``), fused
+        by the metadata's ``fusion`` (``fuse``)."""
+        outputs, size, orig = self.run(image)
+        found = self.decode(outputs[:4], size, orig)
+        return fuse(found, label_map(outputs[4][0], size, orig), self.category_ids,
+                    self.meta["stuff_category_ids"], self.meta["fusion"])
 
     def detect(self, image: Image.Image) -> Found:
         """A detector's detections on one image, best first, in the image's own pixels."""
-        outputs, size, orig = self.run(image)
+        return self.decode(*self.run(image))
+
+    def decode(self, outputs: Sequence[np.ndarray], size: tuple[int, int], orig: tuple[int, int]) -> Found:
+        """The graph's outputs as detections, best first, in the original image's pixels (``orig``)."""
         masks = None
-        if self.task in ("rcnn", "mask_rcnn"):  # NMS is in the graph; boxes are in the resized image's pixels
+        if self.task in ("rcnn", *MASK_DETECTORS):  # NMS is in the graph; boxes are in the resized image's pixels
             boxes, labels, scores = outputs[:3]
             boxes = scale_to(boxes, size, orig)
-            if self.task == "mask_rcnn":  # each box's M x M probabilities, pasted into the original image
+            if self.task in MASK_DETECTORS:  # each box's M x M probabilities, pasted into the original image
                 masks = np.stack([paste_mask(p[0], box, *orig, self.meta["mask_threshold"])
                                   for p, box in zip(outputs[3], boxes)]) if len(boxes) else \
                     np.zeros((0, *orig), dtype=bool)
@@ -351,11 +420,18 @@ class OnnxModel:
                 top_k: int | None = None) -> dict[str, Any]:
         """JSON-ready results for one image (a path or a PIL image), as ``Predictor(...).to_dict()``
         gives them; a mask model's masks under ``"masks"`` (bool [N, H, W], the detections' order), a
-        semantic model's label map under ``"labels"`` (int64 [H, W])."""
+        semantic model's label map under ``"labels"`` (int64 [H, W]), a panoptic model's segment ids
+        under ``"ids"`` (int32 [H, W]). ``threshold`` and ``top_k`` do not apply to a segmenter: a panoptic
+        model's instances are kept by its metadata's ``fusion.instance_score_thresh``, as the checkpoint's."""
         if not isinstance(image, Image.Image):
             image = read_image(image)
         if self.kind == "features":
             return {"features": self.features(image).tolist()}
+        if self.kind == "panoptic":
+            ids, segments = self.panoptic(image)
+            names = {c["id"]: c["name"] for c in self.categories()}
+            return {"image_size": list(ids.shape), "ids": ids,
+                    "segments_info": [{**s, "category": names[s["category_id"]]} for s in segments]}
         if self.kind == "segmentation":
             labels = self.segment(image)
             counts = np.bincount(labels.ravel(), minlength=len(self.class_names))
@@ -393,28 +469,30 @@ def mask_files(images: Sequence[str], folder: Path) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """One JSON line per image, in the order given; --masks DIR: a mask model's masks as .npy files."""
+    """One JSON line per image, in the order given; --masks DIR: a mask model's masks (a segmenter's
+    label map, a panoptic model's segment ids) as .npy files, never in the JSON."""
     parser = argparse.ArgumentParser(prog="onnx_runner", description=__doc__.splitlines()[0])
     parser.add_argument("model", help="an ONNX file visiontrain export wrote")
     parser.add_argument("images", nargs="+", help="image files")
     parser.add_argument("--threshold", type=float, help="detection: minimum score (default: the model's)")
     parser.add_argument("--top-k", type=int, help="classification: classes shown (default 5 or fewer)")
     parser.add_argument("--masks", help="segmentation: save each image's masks to DIR/<image stem>.npy (bool "
-                                        "[N, H, W] in the printed order; a semantic model's label map, int64 [H, W])")
+                                        "[N, H, W] in the printed order; a semantic model's label map, int64 [H, W]; "
+                                        "a panoptic model's segment ids, int32 [H, W])")
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU where onnxruntime has one)")
     args = parser.parse_args(argv)
     if args.top_k is not None and args.top_k < 1:
         parser.error(f"--top-k: must be >= 1, got {args.top_k}")
     try:
         model = OnnxModel(args.model, args.device)
-        if args.masks and model.task not in ("mask_rcnn", *SEGMENTERS):
-            parser.error(f"--masks: {args.model} gives no masks (a mask_rcnn or semantic model does)")
+        if args.masks and model.task not in (*MASK_DETECTORS, *SEGMENTERS):
+            parser.error(f"--masks: {args.model} gives no masks (a mask_rcnn, semantic or panoptic model does)")
         for image, masks_file in zip(args.images, mask_files(args.images, Path(args.masks or "."))):
             result = model.predict(image, args.threshold, args.top_k)
-            masks = result.pop("masks", result.pop("labels", None))
+            arrays = [result.pop(key) for key in ("masks", "labels", "ids") if key in result]  # not JSON
             if args.masks:
                 masks_file.parent.mkdir(parents=True, exist_ok=True)
-                np.save(masks_file, masks)
+                np.save(masks_file, arrays[0])
                 result["masks_file"] = str(masks_file)
             print(json.dumps({"file_name": image, **result}))
     except OnnxRunnerError as err:

@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 
 from visiontrain.core._tv_compat import ensure_torchvision
+from visiontrain.core.panoptic_format import id2rgb
 from visiontrain.data.detection.tiles import check_tiling
 from visiontrain.engine.protocols.task import Prediction, PredictUnsupported
 from visiontrain.evaluation.coco import to_coco_results
@@ -183,3 +184,30 @@ def segment_images(predictor: Any, images: list[str], out: Path) -> dict[str, An
                      **result.to_dict()})
     (out / "segmentation.json").write_text(json.dumps(rows, indent=1))
     return {"segmentation": str(out / "segmentation.json"), "label_maps": len(rows)}
+
+
+def panoptic_images(predictor: Any, images: list[str], out: Path) -> dict[str, Any]:
+    """For each input (named by :func:`output_names`): OUT/NAME.png, its segment ids as COCO's panoptic
+    PNG, and OUT/overlays/NAME.png, each segment filled over the image in its category's colour;
+    OUT/panoptic.json: COCO's panoptic results (``annotations``: per input, in argument order, its
+    ``file_name`` as given, the PNG relative to OUT and its ``segments_info`` with category names;
+    ``categories``). ``predictor``: a panoptic ``Predictor``. Returns what was written."""
+    categories = predictor.info["categories"]
+    order = [int(c["id"]) for c in categories]
+    annotations: list[dict[str, Any]] = []
+    for path, name in zip(images, output_names(images)):
+        pixels = predictor.read(path)
+        result = predictor(pixels)
+        ids = result.ids.numpy()
+        classes = np.full(ids.shape, -1, dtype=np.int64)
+        for s in result.segments:
+            classes[ids == s["id"]] = order.index(s["category_id"])
+        overlay = painted_classes(pixels.permute(1, 2, 0).numpy() / 255.0, classes, [-1])
+        for folder, picture in ((out, Image.fromarray(id2rgb(ids))),
+                                (out / OVERLAYS, Image.fromarray(np.round(255 * overlay).astype(np.uint8)))):
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            picture.save(folder / name)
+        annotations.append({"file_name": str(path), "panoptic_png": name.as_posix(),
+                            "overlay": f"{OVERLAYS}/{name.as_posix()}", **result.to_dict()})
+    (out / "panoptic.json").write_text(json.dumps({"annotations": annotations, "categories": categories}, indent=1))
+    return {"panoptic": str(out / "panoptic.json"), "segmentations": len(annotations)}

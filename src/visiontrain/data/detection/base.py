@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import Dataset
 
 from visiontrain.core._tv_compat import ensure_torchvision
-from visiontrain.data.bad_data import listed
+from visiontrain.data.bad_data import check_skipped_share, listed
 from visiontrain.data.detection import masks
 from visiontrain.data.detection.images import BadAnnotationError, read_rgb
 from visiontrain.data.detection.record_index import ImageRecord, RecordIndex
@@ -94,6 +94,34 @@ class BadDataPolicy:
             raise BadAnnotationError(f"{self.source}: {n:,} image file{'s' if n > 1 else ''} cannot be read: "
                                      f"{listed(self.unreadable, sep='; ')} (set data.on_bad_image=skip to drop "
                                      f"{'them' if n > 1 else 'it'})")
+
+    def finish_split(self, kept: int, max_share: float) -> None:
+        """Once a split of files is read with its ``kept`` usable images: the unreadable files raised
+        (under error), the share skipped checked against data.max_skipped_share, a split with
+        nothing usable refused."""
+        self.raise_unreadable()
+        skipped = sum(self.skipped.values())
+        check_skipped_share(self.source, "images are bad data", skipped, kept + skipped, max_share,
+                            {cause: n for (_, cause), n in self.causes.items()},
+                            ", ".join(f"{n} {reason}" for reason, n in sorted(self.skipped.items())))
+        if not kept:
+            raise ValueError(f"{self.source}: no usable image (data.train_split / data.val_split name the splits)")
+
+    def load_or_next(self, load: Callable[[int], Any], index: int, count: int,
+                     key: Callable[[BadAnnotationError], str] = lambda err: "on_bad_image") -> Any:
+        """``load(index)``; a sample found bad only when loaded in full (the readers opened every file
+        up front) is raised under ``error`` and under ``skip`` replaced by the next one (deterministic,
+        so exact resume holds) with a warning naming the file. ``key(err)``: the data key whose policy
+        applies (``on_bad_image`` by default)."""
+        for offset in range(count):
+            try:
+                return load((index + offset) % count)
+            except BadAnnotationError as err:
+                name = key(err)
+                if (self.image_policy if name == "on_bad_image" else self.policy) == "error":
+                    raise BadAnnotationError(f"{self.source}: {err} (set data.{name}=skip to drop it)") from None
+                logging.getLogger("visiontrain").warning("skipping %s", err)
+        raise BadAnnotationError(f"{self.source}: no image of this split can be loaded")
 
 
 def check_box(policy: BadDataPolicy, box: np.ndarray, width: int, height: int, where: str) -> bool:
@@ -188,19 +216,7 @@ class DetectionDataset(Dataset):
         return tv_tensors.Image(image), training_target(r)
 
     def __getitem__(self, index: int) -> tuple[Any, dict[str, Any]]:
-        # Readers open every file when indexing (a truncated one is found there); what still fails
-        # when decoded in full is raised under `error`, and under `skip` replaced by the next image
-        # (deterministic, so exact resume holds) with a warning naming the file.
-        for offset in range(len(self.records)):
-            try:
-                image, target = self.load((index + offset) % len(self.records))
-                break
-            except BadAnnotationError as err:
-                if self.policy.image_policy == "error":
-                    raise BadAnnotationError(f"{self.source}: {err} (set data.on_bad_image=skip to drop it)") from None
-                logging.getLogger("visiontrain").warning("skipping %s", err)
-        else:
-            raise BadAnnotationError(f"{self.source}: no image of this split can be decoded")
+        image, target = self.policy.load_or_next(self.load, index, len(self.records))
         if self.transform is not None:
             image, target = self.transform(image, target)
         return image, target

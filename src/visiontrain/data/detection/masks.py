@@ -19,6 +19,8 @@ A mask with no pixel at all is bad data too: it cannot be trained on or matched.
 """
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,11 +37,18 @@ def encode(masks: np.ndarray) -> list[str]:
     return [rle["counts"].decode("ascii") for rle in coco_mask.encode(np.asfortranarray(masks.transpose(1, 2, 0)))]
 
 
+#: What pycocotools' ``mask.decode`` warns on every call under NumPy 2 (its Cython array has an
+#: ``__array__`` without the ``copy`` keyword): harmless, and 1,400 of them a test run buried the rest.
+NUMPY2_COPY_WARNING = "__array__ implementation doesn't accept a copy keyword"
+
+
 def decode(counts: Sequence[str], height: int, width: int) -> np.ndarray:
     """uint8 [N, height, width] masks from compressed RLE counts (``encode``'s)."""
     if not len(counts):
         return np.zeros((0, height, width), np.uint8)
-    stacked = coco_mask.decode([{"size": [height, width], "counts": c} for c in counts])  # [H, W, N]
+    with warnings.catch_warnings():  # that one warning, only here, where it is raised
+        warnings.filterwarnings("ignore", message=re.escape(NUMPY2_COPY_WARNING), category=DeprecationWarning)
+        stacked = coco_mask.decode([{"size": [height, width], "counts": c} for c in counts])  # [H, W, N]
     return np.ascontiguousarray(stacked.transpose(2, 0, 1))
 
 

@@ -6,18 +6,22 @@
 before transforms, so that every v2 transform moves the labels with the image (nearest neighbour:
 a resized label map holds no value that is no class).
 
-A label PNG holds one class index a pixel: a grey PNG its values, a palette PNG (as VOC writes them)
-its palette indices, never its colours. ``reduce_zero_label`` is MMSeg's: 0 becomes the ignore
-index and every other value v the class v - 1. Every label map is read and checked when its
-split is read (``check_pair``), so that a bad one follows ``data.on_bad_annotation`` before the first
-step: a size other than its image's, a value that is no class and not the ignore index, a file that
-is missing or is no PNG; the message names the file and the value.
+A label PNG holds one value a pixel: a grey PNG its values, a palette PNG (as VOC writes them)
+its palette indices, never its colours. ``LabelValues`` turns the values into classes, one way for
+every source: as they are; under ``reduce_zero_label`` (MMSeg's: 0 becomes the ignore index and every
+other value v the class v - 1); or through a source's table of its own ids (Cityscapes' labelIds ->
+its 19 train ids), applied when the PNG is read so that the rest sees classes only. Every label map
+is read and checked when its split is read (``check_pair``), so that a bad one follows
+``data.on_bad_annotation`` before the first step: a size other than its image's, a value that is no
+class (or no id of the source's) and not the ignore index, a file that is missing or is no PNG; the
+message names the file and the value the file holds.
 """
 from __future__ import annotations
 
 import abc
 import copy
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -34,6 +38,8 @@ from visiontrain.data.image_verdicts import Verdict
 BACKGROUND = "background"
 #: The one-channel modes whose values are class indices (``P``: the palette's indices).
 INDEX_MODES = ("P", "L", "1", "I", "I;16", "I;16B", "I;16L")
+#: What a source's id table gives a value that is no id of the source's: no class, so bad data.
+NOT_AN_ID = -1
 
 
 def read_label_png(path: str) -> np.ndarray:
@@ -54,41 +60,81 @@ def read_label_png(path: str) -> np.ndarray:
         raise BadAnnotationError(f"label map {path} cannot be read: {err}") from None
 
 
-def to_classes(raw: np.ndarray, ignore: int, reduce_zero_label: bool) -> np.ndarray:
-    """The label values as classes: unchanged, or under ``reduce_zero_label`` (MMSeg's) 0 -> ignore
-    and v -> v - 1, the ignore index staying itself."""
-    if not reduce_zero_label:
-        return raw
-    return np.where((raw == 0) | (raw == ignore), ignore, raw - 1)
+@dataclass(frozen=True, eq=False)
+class LabelValues:
+    """How a source's label values become classes (the module docstring): ``table[v]`` is value v's
+    class or the ignore index, ``NOT_AN_ID`` where v is no id of the source's (``ids`` says which
+    are, for the error line); without a table, the values are classes, shifted under
+    ``reduce_zero_label``."""
+
+    ignore: int
+    reduce_zero_label: bool = False
+    table: np.ndarray | None = None  # int64 [256]
+    ids: str = ""
+
+    @classmethod
+    def of_ids(cls, ignore: int, class_of: Mapping[int, int], unlabelled: Iterable[int], ids: str) -> LabelValues:
+        """A source that writes its own ids: ``class_of`` id -> class, every id of ``unlabelled`` (no
+        class of the training set) -> the ignore index, any other byte no id."""
+        table = np.full(256, NOT_AN_ID, np.int64)
+        table[list(unlabelled)] = ignore
+        table[list(class_of)] = list(class_of.values())
+        return cls(ignore, table=table, ids=ids)
+
+    def classes(self, raw: np.ndarray) -> np.ndarray:
+        """int64 classes (or the ignore index; ``NOT_AN_ID`` for a value no id) of a label PNG's values."""
+        if self.table is not None:
+            inside = (raw >= 0) & (raw < len(self.table))
+            return np.where(inside, self.table[np.where(inside, raw, 0)], NOT_AN_ID)
+        if not self.reduce_zero_label:
+            return raw
+        return np.where((raw == 0) | (raw == self.ignore), self.ignore, raw - 1)
+
+    def expected(self, num_classes: int) -> str:
+        """What a label value should be, for the line that names one that is not."""
+        if self.table is not None:
+            return self.ids
+        if self.reduce_zero_label:
+            return (f"class (1..{num_classes} under data.reduce_zero_label) and not 0 or the ignore index "
+                    f"{self.ignore}")
+        return f"class (0..{num_classes - 1}) and not the ignore index {self.ignore}"
 
 
-def check_pair(policy: BadDataPolicy, image: str, label: str, verdict: Verdict, num_classes: int, ignore: int,
-               reduce_zero_label: bool) -> bool:
+def check_pair(policy: BadDataPolicy, image: str, label: str, verdict: Verdict, num_classes: int,
+               values: LabelValues) -> bool:
     """Whether an image and its label map can be trained on; what is wrong goes to ``policy`` (an
-    error or a count under ``data.on_bad_annotation``) in one line naming the file and the value.
-    ``verdict``: the image's check (``image_check.inspect_images``: its problem, or its size)."""
+    error or a count under ``data.on_bad_annotation``) in one line naming the file and the value it
+    holds. ``verdict``: the image's check (``image_check.inspect_images``: its problem, or its size)."""
     problem, size = verdict
     if problem is not None or size is None:
         reason = "missing image" if problem == MISSING else "unreadable image"
         policy.bad(reason, f"image file {image} {problem}")
         return False
     try:
-        classes = to_classes(read_label_png(label), ignore, reduce_zero_label)
+        raw = read_label_png(label)
     except BadAnnotationError as err:
         policy.bad("missing annotation" if "does not exist" in str(err) else "unreadable annotation", str(err))
         return False
-    if (classes.shape[1], classes.shape[0]) != size:
-        policy.bad("image size mismatch", f"label map {label} is {classes.shape[1]}x{classes.shape[0]} (WxH) but its "
+    if (raw.shape[1], raw.shape[0]) != size:
+        policy.bad("image size mismatch", f"label map {label} is {raw.shape[1]}x{raw.shape[0]} (WxH) but its "
                                           f"image {image} is {size[0]}x{size[1]}")
         return False
-    values = np.unique(classes)
-    bad = values[((values < 0) | (values >= num_classes)) & (values != ignore)]
+    present = present_values(raw)
+    classes = values.classes(present)
+    bad = present[((classes < 0) | (classes >= num_classes)) & (classes != values.ignore)]
     if len(bad):
-        policy.bad("bad label value", f"label map {label}: value {int(bad[0])} is no class (0..{num_classes - 1}) and "
-                                      f"not the ignore index {ignore}" + (f" ({len(bad)} such values)" if len(bad) > 1
-                                                                          else ""))
+        policy.bad("bad label value", f"label map {label}: value {int(bad[0])} is no {values.expected(num_classes)}"
+                                      + (f" ({len(bad)} such values)" if len(bad) > 1 else ""))
         return False
     return True
+
+
+def present_values(raw: np.ndarray) -> np.ndarray:
+    """The values a label map holds, ascending: counted (one pass) where they are 8 or 16 bits, as
+    every label PNG of a dataset is, so that checking a split of 2048 x 1024 maps sorts nothing."""
+    if raw.size and 0 <= raw.min() and raw.max() < 1 << 16:
+        return np.flatnonzero(np.bincount(raw.ravel()))
+    return np.unique(raw)
 
 
 class SemanticDataset(Dataset, abc.ABC):
@@ -118,10 +164,10 @@ class SemanticDataset(Dataset, abc.ABC):
 class LabelMapDataset(SemanticDataset):
     """Image files with label PNGs (``pairs``: (image, label map) paths, checked by the reader)."""
 
-    def __init__(self, pairs: Sequence[tuple[str, str]], class_names: Sequence[str], *, ignore: int,
-                 reduce_zero_label: bool, source: str, policy: BadDataPolicy) -> None:
+    def __init__(self, pairs: Sequence[tuple[str, str]], class_names: Sequence[str], *, values: LabelValues,
+                 source: str, policy: BadDataPolicy) -> None:
         self.pairs, self.class_names = list(pairs), list(class_names)
-        self.ignore, self.reduce_zero_label, self.source, self.policy = ignore, reduce_zero_label, source, policy
+        self.values, self.source, self.policy = values, source, policy
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -131,7 +177,7 @@ class LabelMapDataset(SemanticDataset):
         from torchvision import tv_tensors
 
         image, label = self.pairs[index]
-        classes = to_classes(read_label_png(label), self.ignore, self.reduce_zero_label)
+        classes = self.values.classes(read_label_png(label))
         return tv_tensors.Image(read_rgb(image)), tv_tensors.Mask(torch.from_numpy(classes.astype(np.uint8)))
 
 

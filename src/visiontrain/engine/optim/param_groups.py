@@ -71,9 +71,12 @@ class NormGroups:
     """Norm-layer parameters kept in groups of their own (seamseg's detectors), named ``norm...``
     beside the ``other...`` groups. A task that freezes batch norm statistics stops their affine
     parameters too (``frozen``: lr multiplier 0, whatever ``lr_mult`` says), and norm parameters
-    get weight decay only with ``weight_decay`` (the no-decay rule still applies on top)."""
+    get weight decay only with ``weight_decay`` (the no-decay rule still applies on top).
+    ``trained``: the modules (name prefixes) whose norm layers train even when ``frozen``: a head
+    added on a frozen backbone, whose norms start untrained (Panoptic FPN's semantic head)."""
     frozen: bool = False
     weight_decay: bool = False
+    trained: tuple[str, ...] = ()
 
 
 def norm_param_names(model: nn.Module) -> set[str]:
@@ -99,7 +102,8 @@ def build_param_groups(model: nn.Module, weight_decay: float, *, no_decay_bias_n
         if not param.requires_grad:
             continue
         is_norm = name in norm_names
-        mult = 0.0 if is_norm and frozen_norms else next((m for r, m in rules if r.search(name)), 1.0)
+        frozen = is_norm and frozen_norms and not name.startswith(norms.trained)
+        mult = 0.0 if frozen else next((m for r, m in rules if r.search(name)), 1.0)
         decay = weight_decay > 0 and name not in skip and not (is_norm and spared_norms)
         kind = "" if norms is None else "norm" if is_norm else "other"
         key = (kind, decay, mult)

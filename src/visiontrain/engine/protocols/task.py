@@ -138,6 +138,7 @@ class Prediction(enum.Enum):
     CLASS_SCORES = "classification"     # {"probabilities": [C]}
     BOXES = "detection"                 # {"boxes" [N, 4] XYXY, "scores" [N], "labels" [N]}; predict_threshold
     LABEL_MAP = "segmentation"          # {"labels": int64 [H, W]}: each pixel's class, at the input's size
+    PANOPTIC = "panoptic"               # {"ids": int32 [H, W] segment ids (0 VOID), "segments": segments_info}
 
 
 class Task(abc.ABC):
