@@ -32,7 +32,8 @@ from pathlib import Path
 # The fit's final evaluation (after the window) on a few images, to keep the benchmark short; ssl-dino's
 # k-NN bank is the training set
 SMALL_EVAL = {"ssl-dino": ["data.limit_val=8", "task.knn_bank=256"]}
-SMALL = ("classify-fashion", "ssl-dino", "detect-yolov3", "detect-detr", "detect-faster-rcnn", "segment-mask-rcnn")
+SMALL = ("classify-fashion", "ssl-dino", "detect-yolov3", "detect-detr", "detect-faster-rcnn", "segment-mask-rcnn",
+         "segment-panoptic", "segment-semantic")
 
 
 def visiontrain(*args: str) -> str:

@@ -363,8 +363,8 @@ def stage_profile(args: argparse.Namespace, out: Results) -> None:
                                     warmup=1 if args.dry_run else 5))
 
 
-SMALL_RECIPES = ["detect-faster-rcnn", "segment-mask-rcnn", "detect-detr", "detect-yolov3", "ssl-dino",
-                 "classify-fashion"]
+SMALL_RECIPES = ["detect-faster-rcnn", "segment-mask-rcnn", "segment-panoptic", "segment-semantic", "detect-detr",
+                 "detect-yolov3", "ssl-dino", "classify-fashion"]
 # --dry-run only: the run's size (tests/support/shipped.py's keys)
 DRY_SIZES = {
     "classify-fashion": ["data.batch_size=8"],
@@ -374,6 +374,8 @@ DRY_SIZES = {
                     "task.crop_resize=[96]", "task.crop_min=64", "task.crop_max=96"],
     "detect-faster-rcnn": ["data.batch_size=2", "task.train_scales=[96]", "task.max_size=128", "task.val_size=96"],
     "segment-mask-rcnn": ["data.batch_size=2", "task.train_scales=[96]", "task.max_size=128", "task.val_size=96"],
+    "segment-panoptic": ["data.batch_size=2", "task.train_scales=[96]", "task.max_size=128", "task.val_size=96"],
+    "segment-semantic": ["data.batch_size=2", "task.crop=64", "task.train_sizes=[64,96]"],
 }
 # --dry-run: every recipe's first batch replayed (--synthetic) loads that batch through the recipe's
 # loader as shipped, then replays it: what `visiontrain benchmark` adds to a recipe's run. Its real-data

@@ -49,7 +49,7 @@ def test_the_dry_run_passes_every_stage_and_writes_its_figures(tmp_path):
 
     recipes = {r["recipe"]: r for r in stages["recipes"]["records"]}
     assert set(recipes) == {"classify-fashion", "ssl-dino", "detect-yolov3", "detect-detr", "detect-faster-rcnn",
-                            "segment-mask-rcnn"}
+                            "segment-mask-rcnn", "segment-panoptic", "segment-semantic"}
     for r in recipes.values():  # each recipe's first batch through its loader as shipped, replayed
         assert r["synthetic"]["synthetic"] is True and r["synthetic"]["samples_per_s"] > 0, r
     real = recipes["classify-fashion"]  # and one recipe's real-data run, paired with its replay
