@@ -292,8 +292,8 @@ def fuse(found: Found, semantic: np.ndarray, thing_ids: Sequence[int], stuff_ids
     the image's size) best score first while at least ``instance_score_thresh``, each skipped if more
     than ``overlap_thresh`` of its mask is taken, else its free pixels a new segment; then each stuff
     class k >= 1 of ``semantic`` (the argmax, 0 the things) on the free pixels, if at least
-    ``stuff_area`` of them. Equal scores keep the outputs' order (the graph's NMS gives them best first);
-    ``fuse_panoptic``'s torch.argsort promises no order for a tie."""
+    ``stuff_area`` of them. Equal scores keep the outputs' order (the graph's NMS gives them best first),
+    as ``fuse_panoptic``'s stable sort keeps them."""
     ids = np.zeros(semantic.shape, dtype=np.int32)
     segments: list[dict[str, Any]] = []
     scores = found.scores.tolist()  # Python floats: compared and rounded as fuse_panoptic's .tolist() gives them
