@@ -9,6 +9,7 @@
 # nothing changed. torch is installed first and pinned through constraints.txt so that no package
 # can pull in a CUDA build of torch on a CPU-only machine. `test` also installs the mlflow and tune
 # extras, so the suite tests the MLflow tracker and `visiontrain tune` for real; `fit` needs neither.
+# (The test extra holds PostgreSQL's driver; as root, `test` installs Debian's postgresql server too.)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -62,6 +63,19 @@ if [ "${1:-}" = test ] && ! command -v chromium >/dev/null 2>&1 && command -v ap
     apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
   else
     echo "[setup] not root: skipping chromium (the report rendering test will be skipped)"
+  fi
+fi
+
+# A PostgreSQL server for the tests of `tune --storage postgresql://` (tests/tune/test_tune.py starts a
+# throwaway one with initdb and pg_ctl, which Debian keeps in /usr/lib/postgresql/*/bin).
+if [ "${1:-}" = test ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] no apt-get: install PostgreSQL's server yourself (the tune test on a PostgreSQL study will be skipped)"
+  elif [ "$(id -u)" != 0 ]; then
+    echo "[setup] not root: skipping postgresql (the tune test on a PostgreSQL study will be skipped)"
+  else
+    echo "[setup] installing Debian package postgresql (the tune tests run a study on a real server)"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
   fi
 fi
 

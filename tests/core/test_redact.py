@@ -38,3 +38,12 @@ def test_a_message_that_quotes_the_url_or_its_password_is_scrubbed():
     scrubbed = scrub(message, url)
     assert "p@ss-w0rd" not in scrubbed and "t0ken-x" not in scrubbed
     assert "'postgresql://u:***@db/study?token=***'" in scrubbed
+
+
+def test_a_message_that_quotes_a_piece_of_a_password_holding_an_at_is_scrubbed():
+    """psycopg splits ``me:se@cret-x@host`` at the first ``@``: it reports a host ``cret-x@host``."""
+    url = "postgresql://me:pa55@cret-x@127.0.0.1:1/none"
+    message = "failed to resolve host 'cret-x@127.0.0.1': [Errno -2] Name or service not known (pa55)"
+    scrubbed = scrub(message, url)
+    assert "cret" not in scrubbed and "pa55" not in scrubbed, scrubbed
+    assert "host '***@127.0.0.1'" in scrubbed

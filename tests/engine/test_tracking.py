@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mlflow_histories import histories
 from toy_task import ToyTask, toy_config
 from visiontrain.app import cli
 from visiontrain.core import config as C
 from visiontrain.engine.loop.trainer import Trainer
 from visiontrain.engine.protocols.hooks import Hook
-from visiontrain.rundir.metrics_file import ROW_KEYS, is_number, read_metrics
 from visiontrain.core.stop_signals import Preempted
 
 from visiontrain.engine.records.mlflow_tracker import MAX_PARAM, LoggingConfig, MlflowTracker, name, params_of
@@ -45,18 +45,6 @@ def recipe(tmp_path: Path, **overrides) -> str:
 
 def run_id(run_dir: Path) -> str:
     return json.loads((run_dir / "mlflow.json").read_text())["run_id"]
-
-
-def histories(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """metrics.jsonl as MLflow should hold it: every number of every row, under kind/key (a missing
-    value, null in the file, is not sent)."""
-    out: dict[str, list[tuple[int, float]]] = {}
-    for kind, rows in zip(("train", "eval"), read_metrics(run_dir)):
-        for row in rows:
-            for key, value in row.items():
-                if key not in ROW_KEYS and is_number(value) and math.isfinite(value):
-                    out.setdefault(f"{kind}/{key}", []).append((row["step"], float(value)))
-    return out
 
 
 @pytest.fixture(scope="module")

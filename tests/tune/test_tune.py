@@ -9,12 +9,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from procs import alive, descendants, finish, popen, run_cli, wait_for
+import postgres_server
+from mlflow_histories import histories
+from procs import alive, descendants, finish, kill_everything, popen, run_cli, wait_for
 from visiontrain.app import cli
 
 # digits: the offline dataset on which a trial takes seconds. Batches of 16 make a trial long enough
@@ -160,6 +163,32 @@ def test_each_trial_is_a_run_of_the_study_in_mlflow(pruned_study):
     assert tags == [("trial-0000", "complete"), ("trial-0001", "complete"), ("trial-0002", "pruned")]
 
 
+@pytest.mark.skipif(not HAS_MLFLOW, reason="needs the MLflow extra: pip install 'visiontrain[mlflow]'")
+def test_four_trials_at_once_lose_nothing_in_the_study_mlflow_store(tmp_path):
+    """``--jobs 4``: four fits create and write the study's one SQLite store at once. Every trial is a
+    finished run holding every number of every row of its metrics.jsonl, at its step. (Before the
+    store was opened under a lock, three of four fits lost their run to each other's migrations.)"""
+    from mlflow import MlflowClient
+
+    study = tmp_path / "study"
+    # batches of 64, one epoch: no trial here needs stopping part-way
+    proc = run_cli(*tune_args(study, space_file(tmp_path, SPACE), 4, "--jobs", "4", "--pruner", "none",
+                              "data.batch_size=64", "trainer.epochs=1", "logging.mlflow=true"), timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{study / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("study").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == [f"trial-{n:04d}" for n in range(4)]
+    for run in runs:
+        run_dir = study / "trials" / run.info.run_name
+        assert "MLflow" not in (run_dir / "fit.log").read_text()  # no warning: the tracker never gave up
+        assert run.info.status == "FINISHED" and run.data.tags["visiontrain.tune.state"] == "complete"
+        expected = histories(run_dir)
+        assert "eval/top1" in expected and set(run.data.metrics) == set(expected)
+        for key, points in expected.items():
+            logged = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+            assert logged == points, (run.info.run_name, key)
+
+
 def test_a_sigkilled_tuner_is_continued_by_the_same_command(tmp_path):
     space = space_file(tmp_path, SPACE)
     study = tmp_path / "study"
@@ -215,18 +244,125 @@ def test_two_tuners_share_one_study(tmp_path):
     assert sum((tmp_path / d / r / "trial.json").is_file() for d in "ab" for r in runs.values()) == 4
 
 
+@pytest.fixture
+def postgres_url() -> str:
+    """A new database on a PostgreSQL server of the test's own (tests/support/postgres_server.py),
+    stopped and removed after it. Without PostgreSQL or its driver the test is skipped, unless
+    VISIONTRAIN_REQUIRE_POSTGRES=1 (CI, where scripts/setup.sh installs both) makes that a failure."""
+    why = postgres_server.missing()
+    if why is None and importlib.util.find_spec("psycopg") is None:  # SQLAlchemy 2.1's for postgresql://
+        why = "PostgreSQL's driver is not installed (pip install 'psycopg[binary]', in the test extra)"
+    if why is not None:
+        if os.environ.get("VISIONTRAIN_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"VISIONTRAIN_REQUIRE_POSTGRES=1 but {why}")
+        pytest.skip(why)
+    with postgres_server.postgres_server() as url:
+        yield url
+
+
+def test_two_tuners_on_postgresql_one_sigkilled_mid_trial(tmp_path, postgres_url):
+    """Two tuners as on two machines (each its own study dir) share one study on a real PostgreSQL
+    server; one is SIGKILLed in the middle of a trial. The other finds that trial's tuner gone, marks
+    the attempt failed and runs the trial again under its number: the study ends with its trials,
+    none lost or counted twice."""
+    import optuna
+
+    space = space_file(tmp_path, SPACE)
+    shared = ["--storage", postgres_url, "--study-name", "shared", "--pruner", "none"]
+    a_args, b_args = (tune_args(tmp_path / d, space, 3, *shared) for d in "ab")
+    tuners = [start_tuner(a_args), start_tuner(b_args)]
+    try:
+        killed = tuners[1]
+
+        def b_trial_evaluated() -> bool:
+            return any(s > 0 for run in (tmp_path / "b" / "trials").glob("trial-*") for s in eval_steps(run))
+
+        wait_for(b_trial_evaluated, "the first evaluation of tuner b's trial", killed)
+        trial_procs = descendants(killed.pid)
+        os.kill(killed.pid, signal.SIGKILL)
+        finish(killed, 30)
+        out, err = finish(tuners[0], 400)
+        assert tuners[0].returncode == 0, err[-3000:]
+        end = time.monotonic() + 60
+        while alive(trial_procs) and time.monotonic() < end:  # b's trial gets SIGTERM as its tuner dies
+            time.sleep(0.2)
+        assert not alive(trial_procs)
+    finally:
+        for tuner in tuners:
+            if tuner.poll() is None:
+                kill_everything(tuner)
+    trials = optuna.load_study(study_name="shared", storage=postgres_url).trials
+    failed = [t for t in trials if t.state.name == "FAIL"]
+    done = [t for t in trials if t.state.name == "COMPLETE"]
+    assert len(failed) == 1 and len(done) == 3 and len(trials) == 4, [(t.number, t.state.name) for t in trials]
+    lost, again = failed[0], next(t for t in done if t.user_attrs.get("resumes") == failed[0].number)
+    assert lost.user_attrs["tuner"]["pid"] == killed.pid and again.user_attrs["tuner"]["pid"] == tuners[0].pid
+    assert again.params == lost.params and again.user_attrs["trial"] == lost.user_attrs["trial"]
+    # each trial once, under its own number; the one run again under the number of its lost attempt
+    n = lost.user_attrs["trial"]
+    assert sorted(t.user_attrs["trial"] for t in done) == sorted({t.number for t in done if t is not again} | {n})
+    assert f"trial {n}: its tuner (pid {killed.pid}) is gone" in err, err[-3000:]
+    assert f"trial {n} resumed in {tmp_path / 'a' / 'trials' / f'trial-{n:04d}'}" in err, err[-3000:]
+    assert (tmp_path / "b" / "trials" / f"trial-{n:04d}" / "checkpoints" / "last.pt").is_file()
+    assert study_json(tmp_path / "a")["counts"] == {"complete": 3}
+    assert study_json(tmp_path / "a")["storage"] == postgres_url
+
+
+def test_a_trial_whose_heartbeat_stopped_on_another_machine_is_taken_once(tmp_path, postgres_url, monkeypatch):
+    """The other way a dead tuner is found, the only one across machines: its trial's heartbeat in the
+    PostgreSQL study stops. Two tuners (two study dirs) look at once; the trial is failed and enqueued
+    once, with its parameters, number and run dir, and the next trial asked for is its resume."""
+    from optuna.trial import TrialState
+
+    from visiontrain.tune import study as tune_study
+
+    monkeypatch.setattr(tune_study, "GRACE_S", 1)  # the storage's grace period: stale after 1 s, not 2 min
+    space = space_file(tmp_path, SPACE)
+    searches = [tune_study.prepare(tune_study.TuneSettings("classify-fashion", str(space), 2, tmp_path / d, list(TRIAL),
+                                                           storage=postgres_url, study_name="shared")) for d in "ab"]
+    orphan = tune_study.next_trial(searches[0])
+    params = {p.key: p.suggest(orphan) for p in searches[0].space}
+    orphan.set_user_attr("run_dir", "trials/trial-0000")
+    orphan.set_user_attr("tuner", {"host": "another-machine", "pid": 1, "started": None})
+    time.sleep(2.5)  # no heartbeat since the trial was asked for
+    lookers = [threading.Thread(target=tune_study.claim_orphans, args=(s,)) for s in searches]
+    for t in lookers:
+        t.start()
+    for t in lookers:
+        t.join(60)
+    trials = searches[1].study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
+    resume = tune_study.next_trial(searches[1])
+    assert resume.number == 1 and resume.user_attrs["resumes"] == 0 and resume.user_attrs["trial"] == 0
+    assert resume.user_attrs["run_dir"] == "trials/trial-0000"
+    assert {p.key: p.suggest(resume) for p in searches[1].space} == params
+
+
 @pytest.mark.parametrize("url, shown", [
     ("postgresql://me:secret@127.0.0.1:1/none", "postgresql://me:***@127.0.0.1:1/none"),
     ("postgresql://me:se@cret@127.0.0.1:1/none", "postgresql://me:***@127.0.0.1:1/none"),  # an @ as typed
     ("postgresql://me@127.0.0.1:1/none?password=secret&sslmode=off",
      "postgresql://me@127.0.0.1:1/none?password=***&sslmode=off"),
 ])
-def test_a_storage_that_cannot_be_opened_is_one_line_without_its_password(tmp_path, capsys, url, shown):
+def test_a_storage_that_cannot_be_opened_is_one_line_without_its_password(tmp_path, capsys, monkeypatch, url, shown):
+    from visiontrain.tune import study as tune_study
+
+    # with PostgreSQL's driver installed the refused connection is tried again, 6 s in all: once says the same
+    monkeypatch.setattr(tune_study, "CONNECT_TRIES", 1)
     space = space_file(tmp_path, SPACE)
     code = cli.main(tune_args(tmp_path / "s", space, 2, "--storage", url))
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert f"--storage {shown}: cannot open" in err and "secret" not in err and "cret" not in err, err
+
+
+def test_a_missing_postgresql_driver_is_one_line_naming_its_package(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as on a machine without the driver
+    url = "postgresql://me@127.0.0.1:1/none"
+    code = cli.main(tune_args(tmp_path / "s", space_file(tmp_path, SPACE), 2, "--storage", url))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"--storage {url}: cannot open" in err and "pip install 'psycopg[binary]'" in err, err
 
 
 def test_evaluations_are_reported_by_their_number_not_their_step(tmp_path):

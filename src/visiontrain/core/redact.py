@@ -30,10 +30,20 @@ def scrub(text: str, url: str) -> str:
     the URL whole, or its password alone."""
     redacted, secrets = _redacted(url)
     text = text.replace(url, redacted)
-    for secret in sorted(secrets, key=len, reverse=True):
+    pieces = {piece for secret in secrets for piece in _pieces(secret)}
+    for secret in sorted(pieces, key=len, reverse=True):
         if len(secret) >= 3:  # shorter is no secret, and would mask letters of every word
             text = text.replace(secret, MASK)
     return text
+
+
+def _pieces(secret: str) -> list[str]:
+    """A secret, and what of it a driver quotes when it splits the URL at an ``@`` inside the password
+    (psycopg reads ``u:se@cret@host`` as password ``se``, host ``cret@host``): the text before and
+    after each of its ``@``."""
+    parts = secret.split("@")
+    return [secret, *("@".join(parts[:i]) for i in range(1, len(parts))),
+            *("@".join(parts[i:]) for i in range(1, len(parts)))]
 
 
 def _redacted(url: str) -> tuple[str, list[str]]:

@@ -173,9 +173,20 @@ def connect(optuna: Any, url: str, engine_kwargs: dict[str, Any] | None) -> Any:
             if attempt == CONNECT_TRIES - 1 or isinstance(err, ImportError):  # a missing driver stays missing
                 first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 first = scrub(first, url)  # a driver may quote the URL it could not parse
+                first += missing_driver(err, url)
                 raise C.ConfigError(f"--storage {redact_url(url)}: cannot open the study's database: {first}") from None
             time.sleep(1.0 + attempt)
     raise AssertionError("unreachable")
+
+
+def missing_driver(err: Exception, url: str) -> str:
+    """Which module a storage URL's driver lacks, and for PostgreSQL the package that has it: Optuna's
+    own message names neither."""
+    cause = err.__cause__
+    if not isinstance(err, ImportError) or not isinstance(cause, ImportError):
+        return ""
+    hint = "; pip install 'psycopg[binary]'" if url.startswith("postgresql") and cause.name == "psycopg" else ""
+    return f" ({cause}{hint})"
 
 
 def same_search(study: Any, s: TuneSettings, definition: dict[str, Any]) -> None:

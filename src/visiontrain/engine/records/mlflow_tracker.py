@@ -18,6 +18,13 @@ The store is ``sqlite:///RUN_DIR/mlflow.db`` unless ``logging.mlflow_uri`` names
 MLflow refuses its file store (in maintenance mode) unless told otherwise. A new SQLite store costs
 its table migrations (1.5 s on two idle cores, 7 s on busy ones), which is why every MLflow call runs
 on one worker thread, in order: training goes on meanwhile, and a slow server never holds up a step.
+Several processes may write one SQLite store at once (``tune --jobs K`` gives its trials the study's):
+SQLite takes their writes one at a time, and nothing is lost (tests/tune/test_tune.py runs four). What
+it does not survive is a new store created by several at once: each finds no tables and runs the
+migrations, and all but one fail on the others' (three runs of four lost, measured). So a process
+opens a local SQLite store under a lock of its directory (``store_lock``): the first creates it, the
+others find it made. No ``mlflow server`` is needed for that, nor stores merged afterwards: the
+server would sit on the same SQLite file, and merging would give the UI nothing until the study ends.
 The run's id is kept in ``RUN_DIR/mlflow.json``, where ``--resume`` finds it and continues the same
 MLflow run.
 
@@ -26,6 +33,8 @@ error is one warning, and the run goes on logging to its run dir only.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import math
@@ -35,7 +44,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from visiontrain.core.config import ConfigError, flatten, register_section
 from visiontrain.core.redact import redact_url, scrub
@@ -101,6 +110,25 @@ def tracking_uri(settings: LoggingConfig, run_dir: Path) -> str:
         raise ConfigError(f"logging.mlflow_uri={uri!r}: MLflow's file store is in maintenance mode and refused "
                           f"by default; use sqlite:///PATH/mlflow.db (or set MLFLOW_ALLOW_FILE_STORE=true)")
     return uri
+
+
+@contextlib.contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Held while a process opens the store at ``uri``: for a local SQLite file, an exclusive lock
+    (``flock``) of the directory that holds it, so that one process at a time creates (migrates) it;
+    nothing for any other store, whose server or database is made once, elsewhere. The directory, not
+    a lock file: a run dir holds only the files run_files names, and nothing is left behind."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    folder = Path(uri.removeprefix("sqlite:///").split("?")[0]).absolute().parent
+    folder.mkdir(parents=True, exist_ok=True)  # as MLflow would make it
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # and the lock with it
 
 
 def name(key: str) -> str:
@@ -223,7 +251,9 @@ class MlflowTracker:
 
         for noisy in ("mlflow.store.db.utils", "alembic"):  # a new store's migrations, line by line
             logging.getLogger(noisy).setLevel(logging.WARNING)
-        self.client = client = MlflowClient(tracking_uri=self.uri)
+        with store_lock(self.uri):
+            self.client = client = MlflowClient(tracking_uri=self.uri)
+            client.search_experiments(max_results=1)  # opens the store: a new one is created here, alone
         run = self._continued()
         if run is None:
             run = client.create_run(self._experiment_id(), start_time=started, run_name=self.run_dir.resolve().name)
