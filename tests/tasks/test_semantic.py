@@ -33,6 +33,15 @@ def test_the_network_gives_logits_at_the_input_size_from_features_at_the_stride(
         assert list(stages.values())[0].shape[-2:] == (16, 24)
 
 
+def test_the_fpn_head_is_as_wide_as_task_fpn_channels_and_task_head_width_say():
+    model = build_segmenter(SegmenterSpec("resnet18", head="fpn", output_stride=32, fpn_channels=32, head_width=16), 5)
+    head = model.classifier
+    assert {conv.out_channels for conv in head.fpn.layer_blocks.modules() if isinstance(conv, torch.nn.Conv2d)} == {32}
+    assert head.fusion.classifier.in_channels == 16
+    assert head.fusion.levels[0][0][0].in_channels == 32
+    assert model(torch.randn(1, 3, 64, 64))["out"].shape == (1, 5, 64, 64)
+
+
 def test_the_loss_leaves_out_the_ignore_index_and_weighs_classes_as_torch_does():
     task = SemanticTask(C.load_config("segment-semantic", ["task.class_weights=[1,2,0.5]"]))
     torch.manual_seed(0)

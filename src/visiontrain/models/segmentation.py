@@ -44,6 +44,8 @@ class SegmenterSpec:
     output_stride: int = 8
     atrous_rates: Sequence[int] = (12, 24, 36)
     aux_head: bool = False
+    fpn_channels: int = 256
+    head_width: int = 128
 
 
 def dilate(trunk: nn.Module, output_stride: int) -> None:
@@ -151,7 +153,8 @@ def build_segmenter(spec: SegmenterSpec, num_classes: int) -> nn.Module:
         return DeepLabV3(Stages(trunk, {"layer1": "low", "layer4": "high"}, spec.aux_head), head, aux)
     if spec.head == "fpn":
         stages = {f"layer{k}": str(k) for k in range(1, 5)}
-        head = FpnHead([channels // 8, channels // 4, channels // 2, channels], num_classes)
+        head = FpnHead([channels // 8, channels // 4, channels // 2, channels], num_classes, spec.fpn_channels,
+                       spec.head_width)
         return DeepLabV3(Stages(trunk, stages, spec.aux_head), head, aux)
     layers = {"layer4": "out", **({"layer3": "aux"} if spec.aux_head else {})}
     body = IntermediateLayerGetter(trunk, return_layers=layers)

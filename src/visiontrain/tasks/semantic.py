@@ -61,6 +61,8 @@ class SemanticConfig(TaskConfig):
     atrous_rates: list[int] = doc("deeplabv3: the ASPP's dilation rates (torchvision's 12, 24, 36 suit stride 8 on "
                                   "500 px images; smaller feature maps want smaller rates)",
                                   factory=lambda: [12, 24, 36])
+    fpn_channels: int = doc("fpn: the pyramid's channels (MMSeg's and Detectron2's 256)", 256, minimum=8)
+    head_width: int = doc("fpn: the fusion's channels, each level's 3 x 3 convolutions (MMSeg's 128)", 128, minimum=8)
     aux_head: bool = doc("torchvision's auxiliary FCN head on the third stage: loss term aux "
                          "(task.loss_weights.aux, default 0.4); training only", False)
     class_weights: list[float] = doc("cross-entropy weight of each class, in the classes' order; empty: all 1",
