@@ -7,7 +7,8 @@ on PATH (``visiontrain`` through the warm Python of ``tests/support/procs.py``: 
 forked with torch already imported). Options (docs/README.md lists them for writers):
 
     setup=NAME[,NAME]     build fixtures first: coco, voc, yolo, image-folder, segmentation-folder,
-                          voc-segmentation, cityscapes, ade20k, coco-panoptic (tiny datasets)
+                          voc-segmentation, cityscapes, ade20k, coco-panoptic, cityscapes-panoptic
+                          (tiny datasets)
     continue              run in the previous marked block's directory, after it
     fit-args="k=v ..."    append these overrides to every `fit` command of the block (after its own)
     exit=N                expected exit status; each "# visiontrain: error: ..." comment line of the
@@ -50,7 +51,7 @@ from pathlib import Path
 import pytest
 
 from dataset_trees import build_coco, build_image_folder, build_voc, build_yolo
-from panoptic_trees import write_coco_panoptic
+from panoptic_trees import write_cityscapes_panoptic, write_coco_panoptic
 from segmentation_dataset_trees import write_ade20k, write_cityscapes
 from segmentation_trees import write_segmentation_folder, write_voc_segmentation
 from doc_pages import BLOCKS, DOCS, FENCE, PAGES, ROOT, Block, page_files, stray_markers
@@ -102,7 +103,8 @@ SETUPS = {"coco": ("coco", build_coco), "voc": ("VOC2007", build_voc), "yolo": (
           "segmentation-folder": ("segfolder", write_segmentation_folder),
           "voc-segmentation": ("VOC2012", write_voc_segmentation), "cityscapes": ("cityscapes", write_cityscapes),
           "ade20k": ("ADEChallengeData2016", write_ade20k),
-          "coco-panoptic": ("coco", lambda root: write_coco_panoptic(root, {"train2017": 6, "val2017": 3}))}
+          "coco-panoptic": ("coco", lambda root: write_coco_panoptic(root, {"train2017": 6, "val2017": 3})),
+          "cityscapes-panoptic": ("cityscapes", write_cityscapes_panoptic)}
 
 
 # ----------------------------------------------------------------------------- running blocks

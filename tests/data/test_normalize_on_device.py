@@ -91,9 +91,9 @@ def test_in_memory_datasets_refuse_it():
     """An in-memory dataset has no uint8 pipeline to hand over: the key is not one of its source's. The
     sources that read it are named in sorted order, whatever order their modules were imported in."""
     with pytest.raises(C.ConfigError, match=r"unknown config key 'data.normalize_on_device' \(data.name 'digits' "
-                                            r"does not read it; ade20k, cityscapes, coco, coco-panoptic, fashion-mosaic, "
-                                            r"image-folder, neon-trees, segmentation-folder, shards, voc, voc-segmentation, "
-                                            r"yolo do\)"):
+                                            r"does not read it; ade20k, cityscapes, cityscapes-panoptic, coco, "
+                                            r"coco-panoptic, fashion-mosaic, image-folder, neon-trees, segmentation-folder, "
+                                            r"shards, voc, voc-segmentation, yolo do\)"):
         C.load_config("classify-fashion", ["data.name=digits", "data.normalize_on_device=true"])
 
 

@@ -479,15 +479,19 @@ def test_a_bucket_that_does_not_exist_is_named_as_such(bucket, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_aspect_grouping_left_out_from_shards_is_said_plainly(digits_shards, caplog):
-    """The line said "batches mix images of any aspect ratio (task.group_aspect groups images spread over
-    every shard, which shards are not read for)"; it says what is not applied and why, in order."""
+def test_aspect_grouping_from_shards_says_once_what_an_epoch_leaves_out(digits_shards, caplog):
+    """The line was "task.group_aspect is not applied ..."; groups are formed within each worker's
+    stream now (tests/data/test_shard_labels.py), and what that leaves out of an epoch is said once,
+    by the first rank; ungrouped, nothing is said."""
     from visiontrain.core import config as C
 
     cfg = C.load_config("classify-fashion", ["data.name=shards", f"data.shards={digits_shards}"])
     n = json.loads((digits_shards / "index.json").read_text())["splits"]["train"]["samples"]
     with caplog.at_level(logging.INFO, logger="visiontrain"):
-        cfg.data.batch_sampler(n, [0] * n, seed=0, rank=0, world_size=1)
-    assert caplog.messages == ["data.name=shards: task.group_aspect is not applied, so a batch mixes wide and tall "
-                               "images (grouping needs images from every shard at once, and shards are read one "
-                               "after another)"]
+        cfg.data.batch_sampler(n, None, seed=0, rank=0, world_size=1)
+        assert caplog.messages == []
+        grouped = cfg.data.batch_sampler(n, [i % 2 for i in range(n)], seed=0, rank=0, world_size=1)
+        cfg.data.batch_sampler(n, [i % 2 for i in range(n)], seed=0, rank=1, world_size=2)
+    left = n - grouped.batches_per_epoch * cfg.data.batch_size
+    assert caplog.messages == [grouped.left_out_message()]
+    assert f"leaves {left:,} out of each epoch" in caplog.messages[0]

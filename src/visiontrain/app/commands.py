@@ -181,13 +181,26 @@ def shard_progress(total: int, label: str = "shard") -> Iterator[Callable[[int],
         yield lambda n: bar.advance(task, n)
 
 
+def labels_for(task_name: str) -> tuple[str | None, bool]:
+    """What a shard written from a recipe carries for its task: the labels of the task's family
+    (``semantic``, ``panoptic``; None: the source's own), by what the task predicts (``Task.predicts``),
+    and whether each object's mask (``reads_masks``: Mask R-CNN, Panoptic FPN). fashion-mosaic has
+    boxes, masks, label maps and panoptic PNGs: the recipe says which a run from the shards reads."""
+    from visiontrain.engine.protocols.task import Prediction, registered_task
+
+    task_class = registered_task(task_name).task_class
+    family = {Prediction.LABEL_MAP: "semantic", Prediction.PANOPTIC: "panoptic"}.get(task_class.predicts)
+    return family, bool(getattr(task_class, "reads_masks", False))
+
+
 def cmd_shard(args: argparse.Namespace) -> int:
     from visiontrain.data.shards.raw import raw_data
     from visiontrain.data.shards.writer import write_shards_to
 
     shard_size = parse_size(args.shard_size)  # a bad size fails before the data is read
     cfg = C.load_config(args.recipe, args.overrides)
-    raw, lines = raw_data(cfg.data, args.splits.split(",") if args.splits else None)
+    family, masks = labels_for(cfg.task.name)
+    raw, lines = raw_data(cfg.data, args.splits.split(",") if args.splits else None, masks=masks, labels=family)
     for line in lines:
         print(f"visiontrain: {line}", file=sys.stderr)
     out = args.out
@@ -206,7 +219,6 @@ def cmd_tile(args: argparse.Namespace) -> int:
     from visiontrain.data.detection.sources import DETECTION_SOURCES, DetectionDataConfig
     from visiontrain.data.detection.tiled_coco import TileOptions, write_tiles
     from visiontrain.data.shards.raw import raw_data
-    from visiontrain.engine.protocols.task import registered_task
 
     options = TileOptions(args.size, args.overlap, args.min_visibility, args.keep_empty)
     options.check()  # a bad option fails before the data is read
@@ -214,7 +226,7 @@ def cmd_tile(args: argparse.Namespace) -> int:
     if not isinstance(cfg.data, DetectionDataConfig):
         raise C.ConfigError(f"data.name={cfg.data.name}: visiontrain tile cuts the boxes and masks of a detection "
                             f"source ({', '.join(DETECTION_SOURCES)}) with its images; this one it cannot read")
-    masks = bool(getattr(registered_task(cfg.task.name).task_class, "reads_masks", False))
+    masks = labels_for(cfg.task.name)[1]
     raw, lines = raw_data(cfg.data, args.splits.split(",") if args.splits else None, masks=masks)
     for line in lines:
         print(f"visiontrain: {line}", file=sys.stderr)

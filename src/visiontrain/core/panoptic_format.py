@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import IO, Any, Iterable, Mapping
 
 import numpy as np
 from PIL import Image
@@ -72,16 +72,19 @@ def parse_segments(segments_info: SegmentsInfo, where: str = "segments_info") ->
     return out
 
 
-def read_panoptic(png_path: str | Path, segments_info: SegmentsInfo) -> tuple[np.ndarray, list[Segment]]:
+def read_panoptic(png_path: str | Path | IO[bytes], segments_info: SegmentsInfo,
+                  where: str | None = None) -> tuple[np.ndarray, list[Segment]]:
     """The id map [H, W] of a COCO panoptic PNG and its ``Segment``s, checked against each other: every
-    id of the PNG listed, every listed id in the PNG, no id twice (errors name the file)."""
+    id of the PNG listed, every listed id in the PNG, no id twice (errors name the file, or ``where``:
+    what a PNG's bytes in a file object are, a shard's member)."""
+    where = where or str(png_path)
     with Image.open(png_path) as image:
         if image.mode not in _COLOUR_MODES:
-            raise ValueError(f"{png_path}: a panoptic PNG holds colours (RGB), this one is mode {image.mode}: "
+            raise ValueError(f"{where}: a panoptic PNG holds colours (RGB), this one is mode {image.mode}: "
                              f"a semantic label map rather than segment ids?")
         ids = rgb2id(np.asarray(image.convert("RGB")))
-    segments = parse_segments(segments_info, where=str(png_path))
-    pixel_counts(ids, segments, where=str(png_path))
+    segments = parse_segments(segments_info, where=where)
+    pixel_counts(ids, segments, where=where)
     return ids, segments
 
 

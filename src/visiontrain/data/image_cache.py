@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import glob
 import logging
 import os
 import tempfile
@@ -42,6 +41,7 @@ import numpy as np
 import torch
 
 from visiontrain.core.config import ConfigError
+from visiontrain.data.shared_arrays import remove_stale_files
 
 log = logging.getLogger("visiontrain")
 
@@ -161,35 +161,10 @@ def _remove(path: str, fd: int, pid: int) -> None:
     os.close(fd)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def remove_stale(directory: str) -> list[str]:
     """Remove the cache files in ``directory`` whose creator has gone (a run killed with -9): its
     process no longer exists and nobody holds the file's lock. Another user's files are left."""
-    removed = []
-    for path in glob.glob(os.path.join(glob.escape(directory), f"{PREFIX}*{SUFFIX}")):
-        pid = Path(path).name[len(PREFIX):].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
-            continue
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        # OSError: locked (a process of its run still holds it) or not ours to remove: left as it is
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.unlink(path)
-            removed.append(path)
-        os.close(fd)
-    return removed
+    return remove_stale_files(directory, PREFIX, SUFFIX)
 
 
 def free_bytes(directory: str) -> int:

@@ -7,7 +7,10 @@ touches an object, when reference counting writes to the page and the kernel cop
 grows through the epoch towards a full copy (pytorch#13246). Kept as a few numpy buffers instead, the
 index pickles as its raw bytes and reading an item touches no shared Python object: a worker's copy
 is the size of the data, and a forked worker's stays shared (detectron2 serialises its dataset dicts
-for the same reason). ``benchmarks/scale/worker_memory.py`` measures both start methods.
+for the same reason). Past ``shared_arrays.MIN_BYTES`` the buffers go further: into one file every
+worker maps (``visiontrain.data.shared_arrays``), so a forkserver or spawned worker is sent the
+file's path and keeps no copy of its own either. ``benchmarks/scale/worker_memory.py`` measures
+both start methods.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
+
+from visiontrain.data.shared_arrays import SharedArrays, share_arrays
 
 __all__ = ["PackedSamples", "PackedStrings", "position"]
 
@@ -64,6 +69,14 @@ class PackedStrings(Sequence[str]):
     def nbytes(self) -> int:
         return len(self.prefix) + self.data.nbytes + self.offsets.nbytes
 
+    def buffers(self, name: str) -> dict[str, np.ndarray]:
+        """Its arrays, named under ``name``, for the owner's ``share_arrays`` (one file an index)."""
+        return {f"{name}.offsets": self.offsets, f"{name}.data": self.data}
+
+    def adopt(self, shared: SharedArrays, name: str) -> None:
+        """Read from ``shared``'s copies of ``buffers(name)`` (mapped: the bytes every worker shares)."""
+        self.offsets, self.data = shared[f"{name}.offsets"], shared[f"{name}.data"]
+
 
 class PackedSamples(Sequence[tuple[str, int]]):
     """An image folder's ``(path, label)`` samples as packed paths and an int64 label array; reads
@@ -73,6 +86,9 @@ class PackedSamples(Sequence[tuple[str, int]]):
         pairs = list(samples)
         self.paths = PackedStrings(p for p, _ in pairs)
         self.labels = np.array([t for _, t in pairs], dtype=np.int64)
+        shared = share_arrays({**self.paths.buffers("paths"), "labels": self.labels})  # ImageNet's: 40 MiB
+        self.paths.adopt(shared, "paths")
+        self.labels = shared["labels"]
 
     def __len__(self) -> int:
         return len(self.labels)

@@ -85,5 +85,24 @@ class ImageFileKeys:
         "wrongly than dirty (COCO boxes written as x1,y1,x2,y2); 1 accepts any share", 0.1, minimum=0)
 
 
+@dataclass
+class DecodedCacheKeys:
+    """What a source whose images are decoded per sample adds: ``data.cache=ram`` and its limits
+    (``data/image_cache.py``)."""
+
+    cache: Literal["none", "ram"] = doc(
+        "ram keeps each image's decoded pixels after its first decode, in one file per split that every "
+        "DataLoader worker reads, so later epochs and evaluations decode nothing (3 x H x W bytes an image, "
+        "checked against data.cache_gb before training); none decodes every image each time it is loaded", "none")
+    cache_gb: float | None = doc(
+        "data.cache=ram: the most the decoded images may take, in GiB (2^30 bytes), per training process; "
+        "null: half of the memory available at the start, shared by torchrun's processes on a machine", None,
+        minimum=0)
+    cache_dir: str | None = doc(
+        "data.cache=ram: the directory of the cache files; null: /dev/shm (memory) where it exists and has room "
+        "for the images, else the temporary directory. On a disk the kernel's page cache keeps the files in "
+        "memory while it can", None)
+
+
 register_section("data", DataConfig, "data section, typed by data.name", typed_by_name="fashion-mnist",
                  noun="dataset")

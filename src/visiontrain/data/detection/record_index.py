@@ -5,7 +5,9 @@ them into a ``RecordIndex``: a handful of numpy buffers (per-image ids and sizes
 split in one array with each image's offsets, the paths in one byte buffer). It reads as the list of
 records it was made from, but a DataLoader worker's copy of it is the size of its numbers, not of
 a million Python objects, and a forked worker never writes to its pages (``visiontrain.data.packed``).
-At COCO's size (118,287 images, about 860,000 boxes) a worker's copy is 32 MiB, against 340 MiB of records.
+At COCO's size (118,287 images, about 860,000 boxes) the buffers are 32 MiB, against 340 MiB of
+records, and they lie in one file every worker maps (``visiontrain.data.shared_arrays``): a
+forkserver or spawned worker is sent its path, a few hundred bytes, not the 32 MiB.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from visiontrain.data.packed import PackedStrings, offsets_of, position
+from visiontrain.data.shared_arrays import share_arrays
 
 __all__ = ["ImageRecord", "RecordIndex"]
 
@@ -49,6 +52,9 @@ def _flags(flags: list[np.ndarray | None], counts: list[int]) -> np.ndarray | No
                                                 for f, n in zip(flags, counts))]).astype(bool, copy=False)
 
 
+NUMBERS = ("image_ids", "heights", "widths", "box_starts", "boxes", "labels", "ann_ids", "difficult", "crowd")
+
+
 class RecordIndex(Sequence[ImageRecord]):
     """The records of a split packed into numpy buffers (this module's docstring). ``index[i]`` is
     the i-th record, its arrays copies (a transform cannot write into the index); the buffers are
@@ -74,6 +80,19 @@ class RecordIndex(Sequence[ImageRecord]):
         # one compressed RLE a box where the reader read masks (every record, or none)
         self.masks = None if any(r.masks is None for r in records) or not len(records) else PackedStrings(
             m for r in records for m in r.masks)
+        self._share()
+
+    def _share(self) -> None:
+        """Every buffer, the paths' and masks' too, into one ``share_arrays`` (a mapped file past its
+        threshold), read from there on: what a worker is then sent is the file's path, not the bytes."""
+        names = [k for k in NUMBERS if getattr(self, k) is not None]
+        strings = {"paths": self.paths, **({} if self.masks is None else {"masks": self.masks})}
+        shared = share_arrays({**{k: getattr(self, k) for k in names},
+                               **{key: a for name, s in strings.items() for key, a in s.buffers(name).items()}})
+        for k in names:
+            setattr(self, k, shared[k])
+        for name, packed in strings.items():
+            packed.adopt(shared, name)
 
     def __len__(self) -> int:
         return len(self.image_ids)
@@ -106,7 +125,6 @@ class RecordIndex(Sequence[ImageRecord]):
     @property
     def nbytes(self) -> int:
         """What the index holds, in bytes (a worker's copy of it)."""
-        arrays = (self.image_ids, self.heights, self.widths, self.box_starts, self.boxes, self.labels, self.ann_ids,
-                  self.difficult, self.crowd)
+        arrays = [getattr(self, k) for k in NUMBERS]
         return (self.paths.nbytes + sum(a.nbytes for a in arrays if a is not None)
                 + (0 if self.masks is None else self.masks.nbytes))

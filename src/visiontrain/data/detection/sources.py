@@ -9,13 +9,13 @@ from typing import Literal
 
 from visiontrain.core.config import register_kind
 from visiontrain.core.typed_config import did_you_mean, doc
-from visiontrain.data.section import DataConfig, ImageFileKeys, SplitKeys
+from visiontrain.data.section import DataConfig, DecodedCacheKeys, ImageFileKeys, SplitKeys
 
 DETECTION_SOURCES = ("coco", "voc", "yolo", "fashion-mosaic", "neon-trees")
 
 
 @dataclass
-class DetectionDataConfig(ImageFileKeys, SplitKeys, DataConfig):
+class DetectionDataConfig(DecodedCacheKeys, ImageFileKeys, SplitKeys, DataConfig):
     """A detection source: which one is data.name."""
 
     name: str = doc("dataset: coco | voc | yolo (read from data.root) | fashion-mosaic | neon-trees (built in)",
@@ -26,18 +26,6 @@ class DetectionDataConfig(ImageFileKeys, SplitKeys, DataConfig):
     on_bad_annotation: Literal["error", "skip"] = doc(
         "detection: a bad box or category (or image file, unless data.on_bad_image says otherwise) is an error "
         "naming it, or is skipped and counted", "error")
-    cache: Literal["none", "ram"] = doc(
-        "detection: ram keeps each image's decoded pixels after its first decode, in one file per split that "
-        "every DataLoader worker reads, so later epochs and evaluations decode nothing (3 x H x W bytes an image, "
-        "checked against data.cache_gb before training); none decodes every image each time it is loaded", "none")
-    cache_gb: float | None = doc(
-        "data.cache=ram: the most the decoded images may take, in GiB (2^30 bytes), per training process; "
-        "null: half of the memory available at the start, shared by torchrun's processes on a machine", None,
-        minimum=0)
-    cache_dir: str | None = doc(
-        "data.cache=ram: the directory of the cache files; null: /dev/shm (memory) where it exists and has room "
-        "for the images, else the temporary directory. On a disk the kernel's page cache keeps the files in "
-        "memory while it can", None)
 
     def image_policy(self) -> str:
         """What an image file that cannot be read does: ``on_bad_image``, or where it is unset

@@ -62,7 +62,7 @@ def build_detection_splits(data: DetectionDataConfig, *, masks: bool = False) ->
     that have them."""
     name, root, train_split, val_split = data.name, data.root, data.train_split, data.val_split
     limit_train, limit_val = data.limit_train, data.limit_val
-    if masks and name not in MASK_FORMATS:
+    if masks and name not in (*MASK_FORMATS, "shards"):  # shards: those written with masks (read_shards_detection)
         raise ValueError(f"data.name={name}: this source has no instance masks; a task that trains on masks reads "
                          f"{', '.join(MASK_FORMATS)}")
     policy = dict(on_bad_annotation=data.on_bad_annotation, on_bad_image=data.on_bad_image)
@@ -83,7 +83,7 @@ def build_detection_splits(data: DetectionDataConfig, *, masks: bool = False) ->
         val = read_coco(str(ann(val_split)), str(base / val_split), limit=limit_val, masks=masks,
                         check_images=check, **policy)
     elif name == "shards":
-        train, val = (read_shards_detection(data.shard_spec(), split, limit=limit, **policy)
+        train, val = (read_shards_detection(data.shard_spec(), split, limit=limit, masks=masks, **policy)
                       for split, limit in ((train_split, limit_train), (val_split, limit_val)))
     elif name == "voc":
         base = _need_root(name, root, "ROOT/ImageSets/Main/<split>.txt, ROOT/Annotations, ROOT/JPEGImages")

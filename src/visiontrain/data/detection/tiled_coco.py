@@ -118,8 +118,9 @@ def write_split(split: RawSplit, out: Path, categories: list[dict[str, Any]], op
     coco: dict[str, Any] = {"images": [], "annotations": [], "categories": categories}
     category_ids, left_out = [c["id"] for c in categories], 0
     for i, stem in enumerate(source_stems([split.source(i) for i in range(split.count)])):
-        _, data, labels = split.load(i)
-        left_out += tile_image(decoded(data, labels), labels, stem, folder, coco, category_ids, options, keep_empty)
+        sample = split.load(i)
+        left_out += tile_image(decoded(sample.image, sample.labels), sample.labels, stem, folder, coco, category_ids,
+                               options, keep_empty)
         advance(1)
     ann = out / "annotations" / f"instances_{split.name}.json"
     ann.parent.mkdir(parents=True, exist_ok=True)

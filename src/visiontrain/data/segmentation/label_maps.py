@@ -21,7 +21,7 @@ from __future__ import annotations
 import abc
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import IO, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from visiontrain.core._tv_compat import ensure_torchvision
-from visiontrain.data.detection.base import BadDataPolicy, DetectionDataset
+from visiontrain.data.detection.base import BadDataPolicy, DetectionDataset, training_target
 from visiontrain.data.detection.images import BadAnnotationError, read_rgb
 from visiontrain.data.image_check import MISSING
 from visiontrain.data.image_verdicts import Verdict
@@ -42,22 +42,35 @@ INDEX_MODES = ("P", "L", "1", "I", "I;16", "I;16B", "I;16L")
 NOT_AN_ID = -1
 
 
-def read_label_png(path: str) -> np.ndarray:
-    """int64 [H, W] class indices of a label PNG: a grey PNG's values, a palette PNG's indices. A
-    colour image is refused: its colours would have to be mapped to classes, which VOC's own PNGs
-    (palette) never need."""
+class BadLabelMap(BadAnnotationError):
+    """A label map that cannot be used: bad annotation (``data.on_bad_annotation``), where an image
+    that cannot be decoded is a bad image (``data.on_bad_image``; ``policy_key``)."""
+
+
+def policy_key(err: BadAnnotationError) -> str:
+    """The data key whose policy a sample found bad when loaded follows: a label map is an annotation."""
+    return "on_bad_annotation" if isinstance(err, BadLabelMap) else "on_bad_image"
+
+
+def read_label_png(path: str | IO[bytes], where: str | None = None) -> np.ndarray:
+    """int64 [H, W] class indices of a label PNG (a file, or its bytes in a file object that
+    ``where`` names): a grey PNG's values, a palette PNG's indices. A colour image is refused: its
+    colours would have to be mapped to classes, which VOC's own PNGs (palette) never need."""
+    where = where or str(path)
     try:
         with Image.open(path) as im:
             if im.mode not in INDEX_MODES:
-                raise BadAnnotationError(f"label map {path} is a {im.mode} image; expected one channel of class "
-                                         f"indices (a grey or palette PNG)")
+                raise BadLabelMap(f"label map {where} is a {im.mode} image; expected one channel of class "
+                                  f"indices (a grey or palette PNG)")
             return np.asarray(im).astype(np.int64)
     except FileNotFoundError:
-        raise BadAnnotationError(f"label map {path} does not exist") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise BadLabelMap(f"label map {where} does not exist") from None
+    except UnidentifiedImageError:  # PIL names the file object it was given, which says nothing here
+        raise BadLabelMap(f"label map {where} cannot be read: not an image file") from None
+    except (OSError, SyntaxError, ValueError) as err:
         if isinstance(err, BadAnnotationError):
             raise
-        raise BadAnnotationError(f"label map {path} cannot be read: {err}") from None
+        raise BadLabelMap(f"label map {where} cannot be read: {err}") from None
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,6 +160,16 @@ class SemanticDataset(Dataset, abc.ABC):
     def load(self, index: int) -> tuple[Any, Any]:
         """The untransformed sample: tv_tensors.Image uint8 [3, H, W], tv_tensors.Mask uint8 [H, W]."""
 
+    @abc.abstractmethod
+    def image_file(self, index: int) -> str:
+        """Where sample ``index``'s image is: its file (``visiontrain shard`` copies its bytes), or its
+        shard and key."""
+
+    @abc.abstractmethod
+    def label_map(self, index: int) -> np.ndarray:
+        """uint8 [H, W]: sample ``index``'s labels exactly as ``load`` gives them, without decoding its
+        image (what ``visiontrain shard`` writes beside the image file)."""
+
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
@@ -176,9 +199,14 @@ class LabelMapDataset(SemanticDataset):
         ensure_torchvision()
         from torchvision import tv_tensors
 
-        image, label = self.pairs[index]
-        classes = self.values.classes(read_label_png(label))
-        return tv_tensors.Image(read_rgb(image)), tv_tensors.Mask(torch.from_numpy(classes.astype(np.uint8)))
+        labels = self.label_map(index)
+        return tv_tensors.Image(read_rgb(self.image_file(index))), tv_tensors.Mask(torch.from_numpy(labels))
+
+    def image_file(self, index: int) -> str:
+        return self.pairs[index][0]
+
+    def label_map(self, index: int) -> np.ndarray:
+        return self.values.classes(read_label_png(self.pairs[index][1])).astype(np.uint8)
 
 
 class PaintedLabelMaps(SemanticDataset):
@@ -195,10 +223,27 @@ class PaintedLabelMaps(SemanticDataset):
         return len(self.objects)
 
     def load(self, index: int) -> tuple[Any, Any]:
+        ensure_torchvision()
         from torchvision import tv_tensors
 
         image, target = self.objects.load(index)
-        labels = torch.zeros(image.shape[-2:], dtype=torch.uint8)
-        for mask, label in zip(target["masks"], target["labels"].tolist()):
-            labels[mask.as_subclass(torch.Tensor).bool()] = label + 1
-        return image, tv_tensors.Mask(labels)
+        return image, tv_tensors.Mask(painted(image.shape[-2:], target))
+
+    def image_file(self, index: int) -> str:
+        return self.objects.records.paths[index]
+
+    def label_map(self, index: int) -> np.ndarray:
+        """The map ``load`` paints, from the record's masks alone (its training target's: crowd
+        regions left out), without decoding the image."""
+        ensure_torchvision()
+        r = self.objects.records[index]
+        return painted((r.height, r.width), training_target(r)).numpy()
+
+
+def painted(size: Sequence[int], target: Mapping[str, Any]) -> torch.Tensor:
+    """uint8 [H, W] label map of a detection target's masks: 0 where no object is, each object's
+    pixels its label + 1, later objects over earlier ones."""
+    labels = torch.zeros(tuple(size), dtype=torch.uint8)
+    for mask, label in zip(target["masks"], target["labels"].tolist()):
+        labels[mask.as_subclass(torch.Tensor).bool()] = label + 1
+    return labels

@@ -1,6 +1,7 @@
 """``data.name`` -> (train, val) semantic datasets: a segmentation folder, Pascal VOC's
 ``SegmentationClass``, Cityscapes' ``gtFine``, ADE20K's ``ADEChallengeData2016``, or fashion-mosaic's
-label maps painted from its instance masks. Each file source is its pairs of (image, label map)
+label maps painted from its instance masks, or the shards ``visiontrain shard`` wrote of any of them
+(``data/shards/segmentation.py``). Each file source is its pairs of (image, label map)
 paths, its classes and how its label values become classes (``label_maps.LabelValues``); reading,
 checking and the bad-data policy are the same for all (``read_label_maps``)."""
 from __future__ import annotations
@@ -16,9 +17,10 @@ from visiontrain.data.segmentation.class_tables import (ADE20K_CLASSES, CITYSCAP
                                                         CITYSCAPES_LAST_ID, VOC_CLASSES)
 from visiontrain.data.segmentation.label_maps import (LabelMapDataset, LabelValues, PaintedLabelMaps,
                                                       SemanticDataset, check_pair)
-from visiontrain.data.segmentation.sources import (ADE20K, CITYSCAPES, FOLDER, VOC, CityscapesDataConfig,
+from visiontrain.data.segmentation.sources import (ADE20K, CITYSCAPES, FOLDER, SHARDS, VOC, CityscapesDataConfig,
                                                    LabelMapDataConfig, semantic_source)
 from visiontrain.data.section import DataConfig
+from visiontrain.data.shards.segmentation import read_shards_semantic
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 LAYOUTS = {
@@ -137,6 +139,10 @@ def file_source(data: LabelMapDataConfig, root: Path
 def build_semantic_splits(data: DataConfig) -> tuple[SemanticDataset, SemanticDataset]:
     """(train, val) of the source ``data`` names (``sources.SEMANTIC_SOURCES``)."""
     data = semantic_source(data)
+    if data.name == SHARDS:  # written by `visiontrain shard` for a semantic task
+        policy = {"on_bad_annotation": data.on_bad_annotation, "on_bad_image": data.on_bad_image}
+        return tuple(read_shards_semantic(data.shard_spec(), split, limit=limit, **policy)
+                     for split, limit in ((data.train_split, data.limit_train), (data.val_split, data.limit_val)))
     if not isinstance(data, LabelMapDataConfig):  # fashion-mosaic: its instance masks painted
         train, val = build_detection_splits(data, masks=True)
         return PaintedLabelMaps(train), PaintedLabelMaps(val)

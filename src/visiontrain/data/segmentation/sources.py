@@ -2,8 +2,9 @@
 (images and label PNGs of matching names), ``voc-segmentation`` (Pascal VOC's ``SegmentationClass``),
 ``cityscapes`` (``leftImg8bit`` and ``gtFine``) and ``ade20k`` (MMSeg's ``ADEChallengeData2016``).
 fashion-mosaic, built in, keeps its detection keys (``data/detection/sources.py``): the semantic task
-paints its label maps from its instance masks. And the panoptic one: ``coco-panoptic`` (COCO's panoptic
-format; fashion-mosaic has it built in too), read by ``data/segmentation/panoptic.py``."""
+paints its label maps from its instance masks. And the panoptic ones: ``coco-panoptic`` (COCO's panoptic
+format; fashion-mosaic has it built in too) and ``cityscapes-panoptic`` (the same format in Cityscapes'
+folders), read by ``data/segmentation/panoptic.py``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from typing import Literal
 
 from visiontrain.core.config import register_kind
 from visiontrain.core.typed_config import did_you_mean, doc
-from visiontrain.data.section import DataConfig, ImageFileKeys, SplitKeys
+from visiontrain.data.section import DataConfig, DecodedCacheKeys, ImageFileKeys, SplitKeys
 
 #: The label value that is no class (MMSeg's): its pixels count in no loss and no metric.
 IGNORE_INDEX = 255
@@ -83,9 +84,14 @@ register_kind("data", CITYSCAPES, CityscapesDataConfig)
 register_kind("data", ADE20K, Ade20kDataConfig)
 
 
+#: ``data.name`` of tar shards (``data/shards/source.py``): a semantic or panoptic task reads shards
+#: written for its family (``visiontrain shard``), whose index says which they are.
+SHARDS = "shards"
+
+
 def semantic_source(data: DataConfig) -> DataConfig:
     """A semantic task's data section, refused in one line when the source has no label maps."""
-    if data.name not in SEMANTIC_SOURCES:
+    if data.name not in (*SEMANTIC_SOURCES, SHARDS):
         raise ValueError(f"data.name: {data.name!r} has no label maps{did_you_mean(data.name, SEMANTIC_SOURCES)}; "
                          f"a semantic segmentation task reads {', '.join(SEMANTIC_SOURCES)}")
     return data
@@ -98,14 +104,16 @@ def ignore_index(data: DataConfig) -> int:
 
 
 # ------------------------------------------------------------------------------------- panoptic
-COCO_PANOPTIC = "coco-panoptic"
+COCO_PANOPTIC, CITYSCAPES_PANOPTIC = "coco-panoptic", "cityscapes-panoptic"
 #: Every source a panoptic task reads.
-PANOPTIC_SOURCES = (COCO_PANOPTIC, "fashion-mosaic")
+PANOPTIC_SOURCES = (COCO_PANOPTIC, CITYSCAPES_PANOPTIC, "fashion-mosaic")
 LAYOUT = "ROOT/annotations/panoptic_<split>.json, ROOT/annotations/panoptic_<split>/*.png, ROOT/<split>/<images>"
+CITYSCAPES_PANOPTIC_LAYOUT = ("ROOT/gtFine/cityscapes_panoptic_<split>.json, ROOT/gtFine/cityscapes_panoptic_<split>/"
+                              "*_gtFine_panoptic.png, ROOT/leftImg8bit/<split>/<city>/<image_id>_leftImg8bit.png")
 
 
 @dataclass
-class PanopticDataConfig(ImageFileKeys, SplitKeys, DataConfig):
+class PanopticDataConfig(DecodedCacheKeys, ImageFileKeys, SplitKeys, DataConfig):
     """COCO panoptic read from data.root."""
 
     name: str = doc("dataset: coco-panoptic (read from data.root)", COCO_PANOPTIC)
@@ -119,12 +127,28 @@ class PanopticDataConfig(ImageFileKeys, SplitKeys, DataConfig):
         "segments_info: an error naming the file, or its image is skipped and counted", "error")
 
 
+@dataclass
+class CityscapesPanopticDataConfig(PanopticDataConfig):
+    """Cityscapes panoptic read from data.root: COCO's panoptic format as cityscapesscripts'
+    createPanopticImgs writes it (string image ids, Cityscapes' label ids as category ids), in
+    Cityscapes' folders, where Detectron2's ``cityscapes_panoptic.py`` reads it."""
+
+    name: str = doc("dataset: cityscapes-panoptic (read from data.root)", CITYSCAPES_PANOPTIC)
+    root: str | None = doc(f"dataset directory (Cityscapes, after `python -m cityscapesscripts.preparation."
+                           f"createPanopticImgs`): {CITYSCAPES_PANOPTIC_LAYOUT}", None)
+    train_split: str = doc("split name of the training set", "train")
+    val_split: str = doc("split name of the validation set", "val")
+    test_split: str = doc("split name of the test set, evaluated only by `visiontrain validate --split test` "
+                          "(Cityscapes' test annotations are not public)", "test")
+
+
 register_kind("data", COCO_PANOPTIC, PanopticDataConfig)
+register_kind("data", CITYSCAPES_PANOPTIC, CityscapesPanopticDataConfig)
 
 
 def panoptic_source(data: DataConfig) -> DataConfig:
     """A panoptic task's data section, refused in one line when the source has no panoptic annotation."""
-    if data.name not in PANOPTIC_SOURCES:
+    if data.name not in (*PANOPTIC_SOURCES, SHARDS):
         raise ValueError(f"data.name: {data.name!r} has no panoptic annotation"
                          f"{did_you_mean(data.name, PANOPTIC_SOURCES)}; a panoptic task reads "
                          f"{', '.join(PANOPTIC_SOURCES)}")

@@ -3,8 +3,10 @@
 ``index.json``::
 
     {"format": "visiontrain-shards", "version": 2,
-     "kind": "classification" | "detection", "class_names": [...], "category_ids": [...] (detection),
-     "pixel_max": 255 (the in-memory sets' white: digits' is 16),
+     "kind": "classification" | "detection" | "semantic" | "panoptic", "class_names": [...],
+     "category_ids": [...] (detection), "pixel_max": 255 (the in-memory sets' white: digits' is 16),
+     "ignore_index": 255 (semantic: the label maps' value of no class),
+     "categories": [{"id", "name", "isthing"}, ...] (panoptic: as its JSON lists them),
      "order": {"shuffled": true, "seed": 0} (the samples' order in the shards: ``writer.written_order``),
      "source": {"data": {the data section it was written from}, "fingerprint": {split: sha256 of its samples}},
      "splits": {"train": {"samples": N, "complete": true,
@@ -15,6 +17,10 @@ It is rewritten (atomically) after every finished shard, so a killed ``shard`` k
 whole: a split is done when ``complete`` is true, and the samples of its listed shards are the first
 ones of the split, in order. A complete split also has its samples file (``samples``): where each
 sample lies in its shard and its labels, so a run reads any sample without reading the shards before it.
+
+A sample's members are ``KEY.EXT`` (its image, EXT without a dot), ``KEY.json`` (its labels),
+``KEY.cls`` (classification) and the label files a kind adds, named ``KEY.ROLE.png``
+(``LABEL_MAP_MEMBER``, ``PANOPTIC_MEMBER``): a member whose extension has a dot is never the image.
 """
 from __future__ import annotations
 
@@ -29,6 +35,9 @@ INDEX_FILE = "index.json"
 PARTIAL = ".partial"  # a shard being written; never listed in the index
 KEY_DIGITS = 9  # sample keys: the sample's position in its split, zero-padded
 TAR_BLOCK = 512  # a tar header, and the unit every member's data is padded to
+#: The label files a sample of a kind carries beside its image and JSON, by extension: semantic
+#: shards' label map (grey PNG, one class a pixel) and panoptic shards' id PNG (COCO's colours).
+LABEL_MAP_MEMBER, PANOPTIC_MEMBER = "seg.png", "pan.png"
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 
 

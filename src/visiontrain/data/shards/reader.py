@@ -98,8 +98,11 @@ class ShardSplit:
         keep = np.array(picked(spec, split))[samples.shard]
         if not keep.all():
             samples, positions = samples.take(keep), positions[keep]
-        self.samples: SplitSamples = samples.first(limit)
-        self.positions = positions[:len(self.samples)]
+        samples = samples.first(limit)
+        # one file every DataLoader worker maps, not a copy each (``SplitSamples.shared``)
+        self.samples: SplitSamples
+        self.samples, kept = samples.shared(positions=positions[:len(samples)])
+        self.positions = kept["positions"]
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -115,7 +118,13 @@ class ShardSplit:
 
     def image_bytes(self, i: int) -> bytes:
         """Sample ``i``'s encoded image, as it was written."""
-        for ext, data in self.members(i).items():
-            if ext not in ("json", "cls"):
-                return data
-        raise ValueError(f"{self.where(i)}: no image member")
+        return image_member(self.members(i), self.where(i))
+
+
+def image_member(members: dict[str, bytes], where: str) -> bytes:
+    """A sample's image among its ``members``: the one whose extension is neither its labels
+    (``json``, ``cls``) nor a label file (``KEY.ROLE.png``: a dot in the extension, ``layout``)."""
+    for ext, data in members.items():
+        if ext not in ("json", "cls") and "." not in ext:
+            return data
+    raise ValueError(f"{where}: no image member")

@@ -22,9 +22,26 @@ from typing import Any
 import numpy as np
 
 from visiontrain.data.shards.layout import padded, write_atomically
+from visiontrain.data.shared_arrays import share_arrays
 
-PER_BOX = ("boxes", "labels", "ann_ids", "difficult")  # detection arrays of one row a box
-DETECTION_ARRAYS = ("image_id", "height", "width", "box_start", "boxes", "labels", "ann_ids")
+PER_BOX = ("boxes", "labels", "ann_ids", "difficult", "crowd", "mask_length")  # detection: one row a box
+MASK_BYTES = "mask_bytes"  # every box's compressed RLE (ASCII) end to end, ``mask_length`` bytes each
+PER_IMAGE = {"detection": ("image_id", "height", "width"), "semantic": ("height", "width"),
+             "panoptic": ("image_id", "height", "width")}  # int64 [N] from each sample's JSON
+DETECTION_ARRAYS = (*PER_IMAGE["detection"], "box_start", "boxes", "labels", "ann_ids")
+#: The arrays a samples file of each kind has besides the byte ranges (a detection file may add
+#: ``difficult``, ``crowd``, ``mask_length`` and ``mask_bytes``).
+KIND_ARRAYS = {"classification": ("label",), "detection": DETECTION_ARRAYS, "semantic": PER_IMAGE["semantic"],
+               "panoptic": PER_IMAGE["panoptic"]}
+
+
+def ragged_rows(starts: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """The rows of ``items``' runs, in their order: item i owns rows ``starts[i]:starts[i + 1]`` (a
+    sample its boxes, a box its mask's bytes). One vectorised pass: a million boxes are no Python loop."""
+    items = np.asarray(items, dtype=np.int64)
+    first, lengths = starts[items], starts[items + 1] - starts[items]
+    before = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(first - before, lengths)
 
 
 @dataclass
@@ -32,8 +49,11 @@ class SplitSamples:
     """A split's samples: ``shard`` (int32 [N], the shard's number in the split), ``start`` and ``end``
     (int64 [N], the byte range in it) and ``labels``: ``{"label": int64 [N]}`` for classification;
     for detection ``image_id``, ``height``, ``width`` [N], ``box_start`` [N + 1], ``boxes`` float32
-    [M, 4] (XYXY pixels), ``labels`` and ``ann_ids`` int64 [M], and ``difficult`` bool [M] where the
-    source flags boxes (Pascal VOC)."""
+    [M, 4] (XYXY pixels), ``labels`` and ``ann_ids`` int64 [M], ``difficult`` bool [M] where the
+    source flags boxes (Pascal VOC), and where masks were written ``crowd`` bool [M] (COCO's iscrowd),
+    ``mask_length`` int64 [M] and ``mask_bytes`` uint8 (each box's compressed RLE, end to end); for
+    semantic ``height``, ``width`` [N]; for panoptic ``image_id``, ``height``, ``width`` [N] (its
+    segments_info is in each sample's JSON member, read with its id PNG)."""
 
     shard: np.ndarray
     start: np.ndarray
@@ -43,32 +63,41 @@ class SplitSamples:
     def __len__(self) -> int:
         return len(self.shard)
 
+    def shared(self, **extra: np.ndarray) -> tuple["SplitSamples", dict[str, np.ndarray]]:
+        """These samples, and ``extra`` arrays of their reader's, in one ``share_arrays``: at ImageNet's
+        size (1.28 M samples, 36 MB) a file every DataLoader worker maps, where each had its own copy."""
+        shared = share_arrays({"shard": self.shard, "start": self.start, "end": self.end,
+                               **{f"labels.{k}": v for k, v in self.labels.items()},
+                               **{f"extra.{k}": v for k, v in extra.items()}})
+        labels = {k: shared[f"labels.{k}"] for k in self.labels}
+        return (SplitSamples(shared["shard"], shared["start"], shared["end"], labels),
+                {k: shared[f"extra.{k}"] for k in extra})
+
     def first(self, n: int | None) -> "SplitSamples":
         """The first ``n`` samples (``data.limit_*``); all of them where ``n`` is None or larger."""
         if n is None or n >= len(self):
             return self
-        boxes = int(self.labels["box_start"][n]) if "box_start" in self.labels else 0
-
-        def cut(key: str, values: np.ndarray) -> np.ndarray:
-            if key == "box_start":
-                return values[:n + 1]
-            return values[:boxes] if key in PER_BOX else values[:n]
-        labels = {key: cut(key, values) for key, values in self.labels.items()}
-        return SplitSamples(self.shard[:n], self.start[:n], self.end[:n], labels)
+        return self._rows(np.arange(n, dtype=np.int64))
 
     def take(self, keep: np.ndarray) -> "SplitSamples":
         """The samples where ``keep`` (bool [N]) is true, in their order."""
+        return self._rows(np.flatnonzero(keep))
+
+    def _rows(self, items: np.ndarray) -> "SplitSamples":
+        """The samples ``items`` (indices, in order), each with its boxes and their masks' bytes."""
         labels = dict(self.labels)
         if "box_start" in labels:
-            starts = labels["box_start"]
-            rows = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in np.flatnonzero(keep)] or
-                                  [np.zeros(0, np.int64)])
-            counts = np.diff(starts)[keep]
-            labels = {k: v[rows] if k in PER_BOX else v[keep] for k, v in labels.items() if k != "box_start"}
+            starts = labels.pop("box_start")
+            boxes = ragged_rows(starts, items)
+            if MASK_BYTES in labels:
+                mask_starts = np.concatenate([[0], np.cumsum(labels["mask_length"])]).astype(np.int64)
+                labels[MASK_BYTES] = labels[MASK_BYTES][ragged_rows(mask_starts, boxes)]
+            labels = {k: v[boxes] if k in PER_BOX else v if k == MASK_BYTES else v[items] for k, v in labels.items()}
+            counts = starts[items + 1] - starts[items]
             labels["box_start"] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         else:
-            labels = {k: v[keep] for k, v in labels.items()}
-        return SplitSamples(self.shard[keep], self.start[keep], self.end[keep], labels)
+            labels = {k: v[items] for k, v in labels.items()}
+        return SplitSamples(self.shard[items], self.start[items], self.end[items], labels)
 
 
 def scan_shard(path: Path, number: int) -> tuple[list[int], list[int], list[dict[str, Any]]]:
@@ -98,18 +127,22 @@ def scan_shard(path: Path, number: int) -> tuple[list[int], list[int], list[dict
 def _label_arrays(kind: str, labels: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     if kind == "classification":
         return {"label": np.array([s["label"] for s in labels], dtype=np.int64)}
+    per_image = {key: np.array([s[key] for s in labels], dtype=np.int64) for key in PER_IMAGE[kind]}
+    if kind != "detection":
+        return per_image
     counts = [len(s["labels"]) for s in labels]
-    arrays = {"image_id": np.array([s["image_id"] for s in labels], dtype=np.int64),
-              "height": np.array([s["height"] for s in labels], dtype=np.int64),
-              "width": np.array([s["width"] for s in labels], dtype=np.int64),
-              "box_start": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+    arrays = {**per_image, "box_start": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
               "boxes": np.array([b for s in labels for b in s["boxes"]], dtype=np.float32).reshape(-1, 4),
               "labels": np.array([v for s in labels for v in s["labels"]], dtype=np.int64),
               "ann_ids": np.array([v for s, n in zip(labels, counts) for v in s.get("ann_ids", [-1] * n)],
                                   dtype=np.int64)}
-    if any("difficult" in s for s in labels):
-        arrays["difficult"] = np.array([v for s, n in zip(labels, counts) for v in s.get("difficult", [False] * n)],
-                                       dtype=bool)
+    for key in ("difficult", "crowd"):  # flags a source gives (VOC's difficult; COCO's crowd, with masks)
+        if any(key in s for s in labels):
+            arrays[key] = np.array([v for s, n in zip(labels, counts) for v in s.get(key, [False] * n)], dtype=bool)
+    if any("masks" in s for s in labels):  # every box's RLE, as bytes end to end (a samples file holds no str)
+        rles = [m.encode("ascii") for s, n in zip(labels, counts) for m in s.get("masks", [""] * n)]
+        arrays["mask_length"] = np.array([len(m) for m in rles], dtype=np.int64)
+        arrays[MASK_BYTES] = np.frombuffer(b"".join(rles), dtype=np.uint8).copy()
     return arrays
 
 
@@ -154,7 +187,9 @@ def read_samples(data: bytes, where: str, kind: str) -> SplitSamples:
             arrays = {k: npz[k] for k in npz.files}
     except (OSError, ValueError) as err:
         raise ValueError(f"{where}: not a readable samples file ({err})") from None
-    needed = ("shard", "start", "end", *(("label",) if kind == "classification" else DETECTION_ARRAYS))
+    if kind not in KIND_ARRAYS:
+        raise ValueError(f"{where}: samples of kind {kind!r}; this visiontrain reads {', '.join(KIND_ARRAYS)}")
+    needed = ("shard", "start", "end", *KIND_ARRAYS[kind])
     missing = [k for k in needed if k not in arrays]
     if missing:
         raise ValueError(f"{where}: a {kind} samples file without {', '.join(missing)}")
@@ -184,6 +219,28 @@ def check_samples(samples: SplitSamples, entry: dict[str, Any], classes: int, wh
                                   or box_start[-1] != len(samples.labels["boxes"])):
         raise ValueError(f"{where}: box_start does not split its {len(samples.labels['boxes']):,} boxes into "
                          f"{n:,} samples (expected {n + 1:,} rising offsets from 0)")
+    _check_rows(samples, where)
+
+
+def _check_rows(samples: SplitSamples, where: str) -> None:
+    """Each label array one row a sample (or a box), each mask's bytes within ``mask_bytes``, each
+    image at least a pixel: what indexing, a cache's sizes and a mask's decoding rely on."""
+    a, n = samples.labels, len(samples)
+    boxes = len(a["boxes"]) if "boxes" in a else 0
+    for key, values in a.items():
+        if key in ("box_start", MASK_BYTES):
+            continue
+        expected, unit = (boxes, "box") if key in PER_BOX else (n, "sample")
+        if len(values) != expected:
+            raise ValueError(f"{where}: {key} has {len(values):,} rows; expected {expected:,} (one a {unit})")
+    if MASK_BYTES in a or "mask_length" in a:
+        lengths, data = a.get("mask_length"), a.get(MASK_BYTES)
+        if lengths is None or data is None or (lengths < 0).any() or int(lengths.sum()) != len(data):
+            raise ValueError(f"{where}: mask_length and mask_bytes do not split {0 if data is None else len(data):,} "
+                             f"bytes into the masks of {boxes:,} boxes")
+    for key in ("height", "width"):
+        if key in a:
+            _first_bad(where, key, a[key], a[key] < 1, "an image side of at least 1 pixel")
 
 
 def _first_bad(where: str, key: str, values: np.ndarray, bad: np.ndarray, expected: str) -> None:

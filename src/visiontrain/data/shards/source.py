@@ -1,6 +1,7 @@
 """``data.name: shards``: training from the tar shards ``visiontrain shard`` writes, in a directory or
 at an fsspec URL (``data.shards``). The section has the keys of the sources shards are written
-from, as a classification task reads an image folder's and a detector a detection source's, and
+from, as a classification task reads an image folder's and a detector a detection source's (a
+semantic or panoptic task reads the same: the bad-data policies, the limits, the splits), and
 reads its samples in its own order (``ShardBatchSampler``)."""
 from __future__ import annotations
 
@@ -42,16 +43,18 @@ class ShardsDataConfig(DetectionDataConfig, ImageFolderDataConfig):
     def batch_sampler(self, num_samples: int, group_ids: list[int] | None, *, seed: int, rank: int,
                       world_size: int) -> ResumableBatchSampler:
         """Whole shards in a shuffled order, each worker's share read front to back (``ShardBatchSampler``);
-        a detector's aspect-ratio groups are not formed (a group's images are spread over every shard)."""
+        a detector's aspect-ratio groups (``task.group_aspect``) formed within each worker's share,
+        a fixed number of batches an epoch (what that leaves out said once)."""
         sizes = split_shard_sizes(self.shard_spec(), self.train_split, self.limit_train)
         if sum(sizes) != num_samples:  # a task that read another split than data.train_split
             raise ValueError(f"data.shards={self.location()}: the training set has {num_samples:,} samples, but "
                              f"split {self.train_split!r} gives {sum(sizes):,}")
-        if group_ids is not None and rank == 0:
-            log.info("data.name=shards: task.group_aspect is not applied, so a batch mixes wide and tall images "
-                     "(grouping needs images from every shard at once, and shards are read one after another)")
-        return ShardBatchSampler(sizes, self.batch_size, seed=seed, buffer=self.shuffle_buffer,
-                                 streams=max(1, self.num_workers), rank=rank, world_size=world_size)
+        sampler = ShardBatchSampler(sizes, self.batch_size, seed=seed, buffer=self.shuffle_buffer,
+                                    streams=max(1, self.num_workers), rank=rank, world_size=world_size,
+                                    group_ids=group_ids)
+        if rank == 0 and (left_out := sampler.left_out_message()):
+            log.info("%s", left_out)
+        return sampler
 
 
 register_kind("data", "shards", ShardsDataConfig)

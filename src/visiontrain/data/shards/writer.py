@@ -30,7 +30,7 @@ import numpy as np
 
 from visiontrain.data.shards.layout import (FORMAT, INDEX_FILE, PARTIAL, TAR_BLOCK, VERSION, padded, parse_index,
                                             read_index, sample_key, samples_file, shard_name, write_index)
-from visiontrain.data.shards.raw import RawData, RawSplit
+from visiontrain.data.shards.raw import RawData, RawSample, RawSplit
 from visiontrain.data.shards.samples import shard_sidecar, write_samples_file, write_shard_scan
 from visiontrain.data.shards.storage import ShardStore, is_url
 
@@ -57,11 +57,13 @@ def _archive_bytes(used: int) -> int:
     return -(-used // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
 
 
-def _members(kind: str, key: str, ext: str, image: bytes, labels: dict[str, Any]) -> list[tuple[str, bytes]]:
-    members = [(f"{key}.{ext}", image), (f"{key}.json", json.dumps(labels).encode())]
+def _members(kind: str, key: str, sample: RawSample) -> list[tuple[str, bytes]]:
+    """A sample's tar members: its image, its labels, a classification sample's class as text, and
+    the label files its kind adds (``RawSample.extra``), each named by the sample's key."""
+    members = [(f"{key}.{sample.ext}", sample.image), (f"{key}.json", json.dumps(sample.labels).encode())]
     if kind == "classification":
-        members.append((f"{key}.cls", str(labels["label"]).encode()))
-    return members
+        members.append((f"{key}.cls", str(sample.labels["label"]).encode()))
+    return members + [(f"{key}.{ext}", data) for ext, data in sample.extra]
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -86,8 +88,7 @@ def write_shard(split: RawSplit, kind: str, order: np.ndarray, start: int, path:
     with open(path, "wb") as f:
         with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tar:
             for position in range(start, split.count):
-                ext, image, labels = split.load(int(order[position]))
-                members = _members(kind, sample_key(position), ext, image, labels)
+                members = _members(kind, sample_key(position), split.load(int(order[position])))
                 cost = sum(_member_bytes(len(data)) for _, data in members)
                 if written and _archive_bytes(used + cost) > shard_size:
                     break
@@ -170,7 +171,7 @@ def start_index(raw: RawData, out: Path, data_section: dict[str, Any]) -> dict[s
         index["category_ids"] = raw.category_ids
     if raw.kind == "classification":
         index["pixel_max"] = raw.pixel_max
-    return index
+    return {**index, **raw.index_keys}
 
 
 def staging_for(url: str) -> Path:
