@@ -100,10 +100,16 @@ class ShardImages:
         self.split = split
 
     def __call__(self, i: int) -> torch.Tensor:
-        try:
-            return image_tensor(decode_rgb(self.split.image_bytes(i), self.split.where(i)), 3)
-        except UnreadableImageError as err:
-            raise BadAnnotationError(str(err)) from None
+        return decoded_image(self.split.image_bytes(i), self.split.where(i))
+
+
+def decoded_image(data: bytes, where: str) -> torch.Tensor:
+    """A shard sample's encoded image as uint8 [3, H, W]; one that cannot be decoded is a bad image
+    (a ``BadAnnotationError``, which ``data.on_bad_image`` decides on)."""
+    try:
+        return image_tensor(decode_rgb(data, where), 3)
+    except UnreadableImageError as err:
+        raise BadAnnotationError(str(err)) from None
 
 
 def _mask_strings(split: ShardSplit) -> list[str]:

@@ -26,21 +26,12 @@ import torch
 from visiontrain.core._tv_compat import ensure_torchvision
 from visiontrain.data.detection.base import BadDataPolicy
 from visiontrain.data.detection.images import BadAnnotationError
-from visiontrain.data.images import UnreadableImageError, decode_rgb, image_tensor
 from visiontrain.data.segmentation.label_maps import (BadLabelMap, SemanticDataset, policy_key, present_values,
                                                       read_label_png)
 from visiontrain.data.segmentation.sources import IGNORE_INDEX
-from visiontrain.data.shards.datasets import index_of_kind
+from visiontrain.data.shards.datasets import ShardImages, decoded_image, index_of_kind
 from visiontrain.data.shards.layout import LABEL_MAP_MEMBER, PANOPTIC_MEMBER
 from visiontrain.data.shards.reader import ShardSpec, ShardSplit, image_member
-
-
-def _image(members: dict[str, bytes], where: str) -> torch.Tensor:
-    """A sample's image, uint8 [3, H, W]; one that cannot be decoded is a bad image (``on_bad_image``)."""
-    try:
-        return image_tensor(decode_rgb(image_member(members, where), where), 3)
-    except UnreadableImageError as err:
-        raise BadAnnotationError(str(err)) from None
 
 
 def _member(members: dict[str, bytes], ext: str, where: str, error: type[BadAnnotationError]) -> bytes:
@@ -84,11 +75,11 @@ class ShardLabelMaps(SemanticDataset):
         ensure_torchvision()
         from torchvision import tv_tensors
 
-        members = self.split.members(index)  # one read of the sample's bytes: image and label map
+        members, where = self.split.members(index), self.split.where(index)  # one read: image and label map
         labels = self._label_map(members, index)
-        image = _image(members, self.split.where(index))
+        image = decoded_image(image_member(members, where), where)
         if tuple(image.shape[-2:]) != labels.shape:
-            raise BadLabelMap(f"label map {self.split.where(index)} {LABEL_MAP_MEMBER} is {labels.shape[1]}x"
+            raise BadLabelMap(f"label map {where} {LABEL_MAP_MEMBER} is {labels.shape[1]}x"
                               f"{labels.shape[0]} (WxH) but its image decodes as {image.shape[-1]}x{image.shape[-2]}")
         return tv_tensors.Image(image), tv_tensors.Mask(torch.from_numpy(labels))
 
@@ -117,7 +108,7 @@ class ShardPanopticFiles:
         return self.split.where(i)
 
     def image(self, i: int) -> torch.Tensor:
-        return _image(self.split.members(i), self.split.where(i))
+        return ShardImages(self.split)(i)
 
     def id_png(self, i: int) -> tuple[io.BytesIO, list[Any]]:
         """(the id PNG, its segments_info); a member missing or a JSON without its list is a ValueError,
