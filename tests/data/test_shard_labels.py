@@ -273,6 +273,7 @@ def test_grouped_shards_keep_each_workers_stream_and_say_what_an_epoch_leaves_ou
     out = tmp_path / "shards"
     shard(capsys, "detect-faster-rcnn", out, "data.name=coco", f"data.root={root}", "data.train_split=train",
           "data.val_split=val")
+    # two workers: two streams, each grouping its own run (the recipe's one worker would give one stream)
     cfg = from_shards("detect-faster-rcnn", out, "data.batch_size=2", "data.num_workers=2")
     train, _ = build_detection_splits(cfg.data)
     groups = [int(r >= 1.0) for r in train.aspect_ratios()]  # the detector's task.group_aspect
