@@ -89,3 +89,21 @@ def test_preview_twice_opens_the_images_once(opened, tmp_path):
             assert len(opened) == 12  # 8 training and 4 validation images
             opened.clear()
     assert opened == []
+
+
+def test_a_check_left_part_way_closes_on_any_thread_without_waiting_for_its_threads(opened, tmp_path):
+    """A reader with a ``limit`` leaves the check's generator part-way; the garbage collector may close
+    it on any thread, once on one of the next check's threads as it started, inside threading's own
+    lock (``_shutdown_locks_lock``, taken again by a join): a suite hung there. Closing the check now
+    asks its threads to end and does not join them. (The lock is CPython's private one, 3.11-3.13.)"""
+    check = image_check.inspect_images(jpegs(tmp_path / "img", 6), chunk=2, workers=2)
+    assert next(check)[0] is None  # one verdict taken: the generator holds its thread pool
+
+    def close_inside_threadings_lock():
+        with threading._shutdown_locks_lock:
+            check.close()
+
+    closer = threading.Thread(target=close_inside_threadings_lock, daemon=True)
+    closer.start()
+    closer.join(timeout=20)
+    assert not closer.is_alive(), "closing the check joined its threads inside threading's lock"

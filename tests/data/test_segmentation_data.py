@@ -10,13 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torchvision.transforms.v2 as T
 from PIL import Image
+from torchvision import tv_tensors
 
 from segmentation_trees import (FOLDER_CLASSES, GREY, interior, rgb_of, scene, write_segmentation_folder,
                                write_voc_segmentation)
 from visiontrain.core import config as C
 from visiontrain.data.detection.images import BadAnnotationError
 from visiontrain.data.segmentation.readers import VOC_CLASSES, build_semantic_splits
+from visiontrain.data.segmentation.transforms import CategoryBalancedCrop
 from visiontrain.tasks.semantic import SemanticTask
 
 
@@ -123,3 +126,51 @@ def test_label_maps_stay_on_their_pixels_through_the_recipes_transforms(folder):
             grey = torch.tensor(GREY)[labels.clamp_max(2)]
             assert (image - grey).abs()[labelled & interior(labels)].max() <= 2
             assert (image[~labelled] == 0).all() and labelled.float().mean() > 0.3
+
+
+def corner_scene(size: int = 100, square: int = 50) -> tuple[tv_tensors.Image, tv_tensors.Mask]:
+    """An image whose labels are background (0) but for a ``square`` of class 1 in its top-left corner
+    and an ignored (255) bottom row; its pixels number themselves (channel 0: row * size + column)."""
+    labels = torch.zeros(size, size, dtype=torch.uint8)
+    labels[:square, :square] = 1
+    labels[-1] = 255
+    return tv_tensors.Image(torch.arange(3 * size * size).reshape(3, size, size)), tv_tensors.Mask(labels)
+
+
+def mixed(labels: torch.Tensor, ratio: float = 0.75) -> bool:
+    """MMSeg's test: two classes or more among the labelled pixels, none ``ratio`` of them or more."""
+    counts = torch.bincount(labels[labels != 255].long())
+    counts = counts[counts > 0]
+    return len(counts) > 1 and bool(counts.max() < ratio * counts.sum())
+
+
+def test_task_cat_max_ratio_draws_a_crop_again_while_one_class_fills_it_as_mmseg_does():
+    """MMSeg's cat_max_ratio: a crop where one class covers 0.75 or more of the labelled pixels (the
+    ignore index not counted) is drawn again, up to 10 times. On this scene 26.5 % of a 40 px crop's
+    positions are mixed (counted over all 61 x 61): one draw is mixed about a quarter of the time,
+    the best of 11 draws 96.6 % of the time; and each crop is still the image's pixels under its own
+    labels."""
+    image, labels = corner_scene()
+    plain, balanced = CategoryBalancedCrop(40, 255), CategoryBalancedCrop(40, 255, cat_max_ratio=0.75)
+    torch.manual_seed(0)
+    plain_mixed = sum(mixed(plain(image, labels)[1]) for _ in range(200))
+    torch.manual_seed(0)
+    crops = [balanced(image, labels) for _ in range(200)]
+    assert 30 < plain_mixed < 80 and sum(mixed(crop_labels) for _, crop_labels in crops) > 180
+    for crop_image, crop_labels in crops:  # the same crop of both: the pixel index says where it came from
+        top, left = divmod(int(crop_image[0, 0, 0]), 100)
+        assert torch.equal(crop_labels, labels[top:top + 40, left:left + 40])
+
+
+def test_task_cat_max_ratio_1_is_torchvisions_random_crop_draw_for_draw_and_padding_counts_for_no_class():
+    image, labels = corner_scene(size=30, square=20)  # 400 of the 870 labelled pixels are class 1
+    torch.manual_seed(3)
+    ours = [CategoryBalancedCrop(24, 255)(image, labels) for _ in range(20)]
+    torch.manual_seed(3)
+    fill = {tv_tensors.Image: 0, tv_tensors.Mask: 255}
+    theirs = [T.RandomCrop(24, pad_if_needed=True, fill=fill)(image, labels) for _ in range(20)]
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(ours, theirs))
+    crop = CategoryBalancedCrop(40, 255, cat_max_ratio=0.75)  # larger than the image: padded with 255
+    params = crop.make_params([image, labels])
+    assert params["needs_pad"] and crop._varied(labels, params)  # the padding (255) is not counted
+    assert not crop._varied(torch.zeros(30, 30, dtype=torch.uint8), params)  # one class alone

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 import procs
 from resume_checks import assert_bit_identical, fit_and_crash_resume, state_of
 from visiontrain.core import config as C
-from visiontrain.models.segmentation import SegmenterSpec, build_segmenter
+from visiontrain.models.segmentation import FlipAveraged, SegmenterSpec, build_segmenter
 from visiontrain.tasks.semantic import SemanticTask
 
 
@@ -40,6 +40,33 @@ def test_the_fpn_head_is_as_wide_as_task_fpn_channels_and_task_head_width_say():
     assert head.fusion.classifier.in_channels == 16
     assert head.fusion.levels[0][0][0].in_channels == 32
     assert model(torch.randn(1, 3, 64, 64))["out"].shape == (1, 5, 64, 64)
+
+
+class LeftRight(torch.nn.Module):
+    """Logits that tell left from right: each pixel's class-1 logit is its column, so a mirrored
+    image gives other logits unless they are mirrored back and averaged."""
+
+    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        columns = torch.arange(images.shape[-1], dtype=images.dtype).expand(*images.shape[-2:])
+        return {"out": torch.stack([images[:, 0], images[:, 0] * 0 + columns], 1)}
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_task_val_flip_averages_the_mirrored_images_logits_in_evaluation_predict_and_the_export(flip):
+    """Under task.val_flip (segment-semantic's) the logits evaluation and predict read, and the
+    exported network's, are the mean of the image's and its mirror's mirrored back; without it, the
+    network's own."""
+    task = SemanticTask(C.load_config("segment-semantic", [f"task.val_flip={str(flip).lower()}"]))
+    model = LeftRight()
+    images = torch.randn(2, 3, 4, 6)
+    mirrored = torch.stack([images[:, 0].flip(-1).flip(-1), torch.arange(6.).flip(-1).expand(2, 4, 6)], 1)
+    want = (model(images)["out"] + mirrored) / 2 if flip else model(images)["out"]
+    assert torch.equal(FlipAveraged(model)(images)["out"], (model(images)["out"] + mirrored) / 2)
+    assert torch.equal(task.logits(model, images), want)
+    exported = task.export_spec(model, {"num_classes": 2, "class_names": ["a", "b"]})
+    assert torch.equal(exported.module(images)[0], want)
+    assert ("task.val_flip" in exported.metadata["output"]) == flip
+    assert torch.equal(task.logits(model, images)[..., 1, :, :].mean(-1), torch.full((2, 4), 2.5))
 
 
 def test_the_loss_leaves_out_the_ignore_index_and_weighs_classes_as_torch_does():

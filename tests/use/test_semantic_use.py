@@ -45,17 +45,20 @@ def test_the_recipe_trains_and_draws_its_figures_and_the_report_shows_them(seman
 
 def test_the_predictor_gives_the_label_map_evaluation_gives(predictor):
     """A ``Segmentation`` [H, W] at each input's own size, equal to the classes evaluation reads from
-    the validation set's prepared item (alone in its batch, as the predictor takes it: a batch pads
-    its images to one size, which the network's border pixels see); ``to_dict`` counts each
-    present class's pixels."""
+    the validation set's prepared item, alone in its batch, as the predictor takes it (a batch pads
+    its images to one size, which the network's border pixels see), from the logits averaged with
+    those of the mirrored image (the recipe's task.val_flip); ``to_dict`` counts each present
+    class's pixels."""
     data = predictor.task.build_data()
     images = [data.val.load(i)[0].as_subclass(torch.Tensor) for i in range(3)]
     results = predictor(images)
     want = []
+    assert predictor.task.cfg.task.val_flip  # segment-semantic's: the logits averaged with the mirror's
     for i in range(3):
         batch = data.eval_collate([data.val[i]])
         with torch.no_grad():
-            want += predictor.task.label_maps(predictor.model(batch[0])["out"], batch[2])
+            mirrored = predictor.model(batch[0].flip(-1))["out"].flip(-1)
+            want += predictor.task.label_maps((predictor.model(batch[0])["out"] + mirrored) / 2, batch[2])
     for image, result, expected in zip(images, results, want):
         assert isinstance(result, Segmentation) and result.image_size == tuple(image.shape[-2:])
         assert result.labels.dtype == torch.int64 and torch.equal(result.labels, expected)

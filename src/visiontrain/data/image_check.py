@@ -109,13 +109,20 @@ def inspect_images(paths: Sequence[str], *, size: bool = False, check: str = "ch
     if check not in CHECKS:
         raise ValueError(f"data.check_images: expected one of {', '.join(CHECKS)}, got {check!r}")
     store = VerdictStore.default() if check != "off" else VerdictStore(None)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
         for start in range(0, len(paths), chunk):
             # the store's lock around one chunk, never across a yield: ranks checking the same split
             # take its chunks in turns, each chunk opened by one of them and found recorded by the rest
             with store.held() as verdicts:
                 found = _inspect_chunk(paths[start:start + chunk], size, check, verdicts, pool)
             yield from found
+    finally:
+        # Not ``with``, whose exit joins the threads: a reader that stops early (``limit``) leaves this
+        # generator to the garbage collector, which may close it on any thread, one of the next pool's
+        # threads as it starts included, inside threading's own lock, which a join there takes again (a
+        # hang). The idle threads end by themselves once told to.
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _inspect_chunk(paths: Sequence[str], size: bool, check: str, verdicts: VerdictStore,

@@ -15,7 +15,7 @@ both start methods.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -76,6 +76,23 @@ class PackedStrings(Sequence[str]):
     def adopt(self, shared: SharedArrays, name: str) -> None:
         """Read from ``shared``'s copies of ``buffers(name)`` (mapped: the bytes every worker shares)."""
         self.offsets, self.data = shared[f"{name}.offsets"], shared[f"{name}.data"]
+
+    def saved(self, name: str) -> dict[str, np.ndarray]:
+        """``buffers(name)`` and the shared prefix, as uint8 [k] ``name.prefix``: all ``restored``
+        needs to make the same strings again (a copy kept on disk between runs)."""
+        return {**self.buffers(name), f"{name}.prefix": np.frombuffer(self.prefix, dtype=np.uint8)}
+
+    @classmethod
+    def restored(cls, arrays: Mapping[str, np.ndarray], name: str) -> PackedStrings:
+        """The strings ``saved(name)`` was taken from; ValueError where the arrays do not fit
+        together (a damaged copy: offsets that do not run from 0 to the data's end)."""
+        prefix, offsets, data = (arrays[f"{name}.{part}"] for part in ("prefix", "offsets", "data"))
+        if (prefix.dtype != np.uint8 or data.dtype != np.uint8 or offsets.dtype != np.int64 or offsets.ndim != 1
+                or not len(offsets) or offsets[0] != 0 or offsets[-1] != len(data) or (np.diff(offsets) < 0).any()):
+            raise ValueError(f"{name}: packed strings whose offsets do not fit their data")
+        strings = cls.__new__(cls)
+        strings.prefix, strings.offsets, strings.data = prefix.tobytes(), offsets, data
+        return strings
 
 
 class PackedSamples(Sequence[tuple[str, int]]):

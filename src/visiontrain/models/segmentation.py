@@ -134,6 +134,22 @@ class Stages(nn.Module):
         return {"out": {name: f[name] for name in self.names}, **({"aux": f[self.aux]} if self.aux else {})}
 
 
+class FlipAveraged(nn.Module):
+    """A segmenter's ``{"out": logits}`` averaged with its logits for the horizontally mirrored input,
+    mirrored back (MMSeg's flip test-time augmentation, there on the softmax). Averaging the logits
+    keeps the output logits, so the export's consumers read it as the plain network's. An image
+    padded on its right is mirrored with its padding; the logits of its own pixels come back to
+    their place."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        mirrored = self.model(images.flip(-1))["out"].flip(-1)
+        return {"out": (self.model(images)["out"] + mirrored) / 2}
+
+
 def build_segmenter(spec: SegmenterSpec, num_classes: int) -> nn.Module:
     """torchvision's ``DeepLabV3`` (with ``spec.head``'s head) or ``FCN`` on ``spec.backbone``: ``model(images)`` gives
     ``{"out": logits [B, classes, H, W]}`` at the input's size, and ``"aux"`` (the FCN head on the

@@ -71,6 +71,11 @@ class SemanticConfig(TaskConfig):
                                  factory=lambda: [256, 512])
     crop: int = doc("training: the square crop's side in px (padded with the ignore index where the image is smaller)",
                     256, minimum=32)
+    cat_max_ratio: float = doc("training: MMSeg's cat_max_ratio: a crop in which one class covers this share or "
+                               "more of the labelled pixels is drawn again, up to 10 times (1 or more: any crop)",
+                               1.0, minimum=0)
+    val_flip: bool = doc("evaluation, predict and export: the logits averaged with those of the mirrored image "
+                         "(MMSeg's flip test-time augmentation; twice the evaluation's compute)", False)
     val_size: int = doc("evaluation and predict: the image's shorter side (0: as it is); metrics are counted at the "
                         "label map's own size", 0, minimum=0)
 
@@ -112,7 +117,7 @@ class SemanticTask(Task):
             raise ValueError(f"{d.name}: the classes of split {d.val_split!r} differ from those of {d.train_split!r}")
         self.info = {"num_classes": train.num_classes, "class_names": list(train.class_names)}
         collate = functools.partial(collate_label_maps, ignore=self.ignore)
-        train_tf = train_transform(t.train_sizes, t.crop, self.ignore, d.normalize_on_device)
+        train_tf = train_transform(t.train_sizes, t.crop, self.ignore, d.normalize_on_device, t.cat_max_ratio)
         return TaskData(train.with_transform(train_tf), val.with_transform(PrepareImage(t.val_size)), self.info,
                         random_transforms=True, train_collate=collate, eval_collate=collate)
 
@@ -151,6 +156,13 @@ class SemanticTask(Task):
             losses["aux"] = self.pixel_loss(out["aux"], labels)
         return losses
 
+    def logits(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+        """The network's logits [B, classes, H, W] in float32, as evaluation, predict and the export
+        read them (``FlipAveraged`` under ``task.val_flip``)."""
+        from visiontrain.models.segmentation import FlipAveraged
+
+        return (FlipAveraged(model) if self.cfg.task.val_flip else model)(images)["out"].float()
+
     @staticmethod
     def label_maps(logits: torch.Tensor, sizes: list[tuple[int, int, int, int]]) -> list[torch.Tensor]:
         """Each image's classes [H, W] at its label map's size: its logits cut to its prepared size
@@ -165,7 +177,7 @@ class SemanticTask(Task):
         shown = []
         for (images, labels, sizes), real in data:
             sizes = sizes[real]
-            predicted = self.label_maps(model(images)["out"].float(), sizes)
+            predicted = self.label_maps(self.logits(model, images), sizes)
             for i, (h, w, oh, ow) in enumerate(sizes):
                 accumulate_pixels(counts, labels[i, :oh, :ow], predicted[i], self.ignore)
                 if len(shown) < SHOWN_IMAGES:
@@ -219,7 +231,7 @@ class SemanticTask(Task):
         prepare = PrepareImage(self.cfg.task.val_size)
         samples = [prepare(tv_tensors.Image(img), torch.zeros(img.shape[-2:], dtype=torch.uint8)) for img in images]
         batch, _, sizes = collate_label_maps(samples, self.ignore)
-        predicted = self.label_maps(model.eval()(batch.to(device))["out"].float(), sizes)
+        predicted = self.label_maps(self.logits(model.eval(), batch.to(device)), sizes)
         return [{"labels": p.cpu()} for p in predicted]  # host sync (prediction output)
 
     def export_spec(self, model: nn.Module, info: dict[str, Any]) -> ExportSpec:
@@ -227,6 +239,8 @@ class SemanticTask(Task):
         to a multiple of 32 as ``predict`` pads them) of any height and width, giving the logits at
         the input's size; checked on a second aspect ratio. The metadata says how the label map
         follows, as ``predict`` makes it: the logits cut to the image, resized to the original, argmax."""
+        from visiontrain.models.segmentation import FlipAveraged
+
         side = -(-(self.cfg.task.val_size or self.cfg.task.crop) // 32) * 32  # padded, as predict pads
         seed = torch.Generator().manual_seed(0)
         example = torch.randn(1, 3, side, side, generator=seed)
@@ -243,7 +257,10 @@ class SemanticTask(Task):
                               "align_corners=false) to the original image's size; the argmax over classes is then "
                               "each pixel's class id, an index into class_names"}
         axes = {"image": {2: "height", 3: "width"}, "logits": {2: "height", 3: "width"}}
-        return ExportSpec(DictOutputs(model, ["out"]).eval(), (example,), ["image"], ["logits"], dynamic_axes=axes,
+        if self.cfg.task.val_flip:
+            metadata["output"] += "; the logits are already averaged with the mirrored image's (task.val_flip)"
+        network = FlipAveraged(model) if self.cfg.task.val_flip else model
+        return ExportSpec(DictOutputs(network, ["out"]).eval(), (example,), ["image"], ["logits"], dynamic_axes=axes,
                           check_inputs=[(wide,)], metadata=metadata)
 
 

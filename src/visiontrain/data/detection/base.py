@@ -86,6 +86,22 @@ class BadDataPolicy:
         if count > 0:
             self.causes[unit, cause] += count
 
+    def counts(self) -> dict[str, Any]:
+        """What this policy has counted, as JSON: kept with a split's records between runs
+        (``detection.record_cache``), so that a re-run skips and reports as the first run did."""
+        return {"skipped": dict(self.skipped), "causes": [[unit, cause, n] for (unit, cause), n in self.causes.items()],
+                "unreadable": list(self.unreadable)}
+
+    def add_counts(self, counts: dict[str, Any]) -> None:
+        """Count what ``counts()`` gave as if the split had been read here; all of it or, where
+        ``counts`` is not of that shape (TypeError, ValueError, KeyError, AttributeError), nothing."""
+        skipped = {str(reason): int(n) for reason, n in counts["skipped"].items()}
+        causes = {(str(unit), str(cause)): int(n) for unit, cause, n in counts["causes"]}
+        unreadable = [str(message) for message in counts["unreadable"]]
+        self.skipped.update(skipped)
+        self.causes.update(causes)
+        self.unreadable.extend(unreadable)
+
     def raise_unreadable(self) -> None:
         """Under ``error``: every image file of the split that cannot be read, in one error (a reader
         calls it once the split is read, so the count is the split's)."""

@@ -8,7 +8,10 @@ regions). Every image file is opened once here (``visiontrain.data.image_check``
 and that it is whole), so a missing, unreadable or truncated file is found when the dataset is built
 rather than hours into training; the checks run on a small thread pool because on network file
 systems they are latency-bound (118k files for COCO train). Category names are taken without the
-spaces around them; names equal but for case or spacing are a warning (``data.bad_data``).
+spaces around them; names equal but for case or spacing are a warning (``data.bad_data``). A large
+split read once is kept, packed, in the data cache directory (``detection.record_cache``): a re-run
+whose files are all unchanged loads it instead of parsing the JSON and stat's each image instead of
+opening it.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import numpy as np
 
 from visiontrain.data import image_check
 from visiontrain.data.bad_data import leaves_its_directory, warn_spelled_alike
+from visiontrain.data.detection import record_cache
 from visiontrain.data.detection.base import (OUTSIDE, BadAnnotationError, BadDataPolicy, DetectionDataset,
                                              ImageRecord, check_box)
 from visiontrain.data.detection.images import size_text
@@ -113,7 +117,7 @@ def _require(entry: Any, keys: Sequence[str], ann_file: str, where: str) -> None
 
 
 def _categories(data: dict[str, Any], ann_file: str) -> tuple[list[int], list[str]]:
-    """Sorted original ids and their names."""
+    """Sorted original ids and their names as written (``_class_names`` makes the classes' names of them)."""
     names: dict[int, str] = {}
     for i, cat in enumerate(data["categories"]):
         _require(cat, ("id",), ann_file, f"categories[{i}]")
@@ -124,8 +128,14 @@ def _categories(data: dict[str, Any], ann_file: str) -> tuple[list[int], list[st
     if not names:
         raise BadAnnotationError(f"{ann_file}: 'categories' is empty")
     ids = sorted(names)
-    warn_spelled_alike(ann_file, [(names[c], f"category id {c}") for c in ids])
-    return ids, [names[c].strip() for c in ids]
+    return ids, [names[c] for c in ids]
+
+
+def _class_names(ann_file: str, category_ids: list[int], written: list[str]) -> list[str]:
+    """The categories' names without the spaces around them, a warning for names equal but for case
+    or spacing; from the file or from the split's kept records alike, so a re-run warns as the first run."""
+    warn_spelled_alike(ann_file, [(name, f"category id {c}") for c, name in zip(category_ids, written)])
+    return [name.strip() for name in written]
 
 
 def _images(data: dict[str, Any], ann_file: str) -> dict[int, dict[str, Any]]:
@@ -229,16 +239,74 @@ def read_coco(ann_file: str, image_dir: str, *, on_bad_annotation: str = "error"
     """Read a COCO detection file. Images are taken in id order (as torchvision's CocoDetection);
     ``limit`` keeps the first N images that survive the checks. Boxes: [x, y, w, h] -> XYXY.
     ``masks``: read each annotation's ``segmentation`` too (``masks_of``), and keep crowd regions
-    (flagged ``crowd``: the evaluation ignores detections on them; training never sees them)."""
+    (flagged ``crowd``: the evaluation ignores detections on them; training never sees them).
+    A split read before, whose files are all unchanged, is loaded from its kept records instead
+    (``split_cache``)."""
     policy = BadDataPolicy(on_bad_annotation, ann_file, on_bad_image)  # an invalid policy name fails first
+    cache = split_cache(ann_file, image_dir, policy, masks=masks, limit=limit, check_images=check_images)
+    kept = cache.load() if cache is not None else None
+    dataset = _kept_dataset(kept, ann_file, policy) if kept is not None else None
+    if dataset is not None:
+        return dataset
+    ann_stamp = record_cache.file_stamps([os.path.abspath(ann_file)]) if cache is not None else None
     data = _load(ann_file)
-    category_ids, class_names = _categories(data, ann_file)
-    label_of = {cid: label for label, cid in enumerate(category_ids)}
+    category_ids, written = _categories(data, ann_file)
+    class_names = _class_names(ann_file, category_ids, written)
     images = _images(data, ann_file)
     by_image = _group(data, ann_file, images, policy, crowd=masks)
-
     order = [i for i in sorted(images) if _inside(images[i], image_dir, policy)]
     paths = [os.path.join(image_dir, str(images[i]["file_name"])) for i in order]
+    stamps = record_cache.file_stamps(paths) if cache is not None else None  # before any is checked
+    records = _records(order, paths, images, by_image, category_ids, policy, limit=limit, masks=masks,
+                       check_images=check_images)
+    policy.raise_unreadable()
+    dataset = DetectionDataset(records, class_names, category_ids, source=ann_file, policy=policy)
+    if cache is not None:
+        cache.save(dataset.records, [os.path.abspath(ann_file), *paths], np.concatenate([ann_stamp, stamps]),
+                   {"category_ids": category_ids, "category_names": written, "policy": policy.counts()})
+    return dataset
+
+
+def _kept_dataset(kept: record_cache.KeptSplit, ann_file: str, policy: BadDataPolicy) -> DetectionDataset | None:
+    """The dataset of a split kept by an earlier ``read_coco``, its skips counted again in ``policy``;
+    None where what was kept beside the records is not what ``read_coco`` keeps (then it reads the file)."""
+    try:
+        category_ids = [int(c) for c in kept.extra["category_ids"]]
+        written = [str(name) for name in kept.extra["category_names"]]
+        labels = kept.records.labels
+        if not written or len(written) != len(category_ids) or (len(labels) and labels.max() >= len(written)):
+            raise ValueError("classes that do not fit the kept records")
+        policy.add_counts(kept.extra["policy"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return DetectionDataset(kept.records, _class_names(ann_file, category_ids, written), category_ids,
+                            source=ann_file, policy=policy)
+
+
+def split_cache(ann_file: str, image_dir: str, policy: BadDataPolicy, *, masks: bool, limit: int | None,
+                check_images: str) -> record_cache.RecordCache | None:
+    """Where this split's records are kept between runs (``detection.record_cache``), or None where
+    they are not: under ``data.check_images=changed`` only (``full`` opens every file at each run,
+    ``off`` promises no check), without ``limit`` (a part of a split), and for an annotation file
+    of ``record_cache.MIN_BYTES`` or more (a small one parses in tens of milliseconds)."""
+    try:
+        big = os.path.getsize(ann_file) >= record_cache.MIN_BYTES
+    except OSError:
+        return None  # missing: _load says so
+    if check_images != "changed" or limit is not None or not big:
+        return None
+    return record_cache.RecordCache.for_split({
+        "reader": "coco", "annotations": os.path.abspath(ann_file), "image_dir": image_dir,
+        "image_dir_abs": os.path.abspath(image_dir), "masks": masks, "on_bad_annotation": policy.policy,
+        "on_bad_image": policy.image_policy})
+
+
+def _records(order: list[int], paths: list[str], images: dict[int, dict[str, Any]],
+             by_image: dict[int, list[dict[str, Any]]], category_ids: list[int], policy: BadDataPolicy, *,
+             limit: int | None, masks: bool, check_images: str) -> list[ImageRecord]:
+    """The record of each image of ``order`` (at ``paths``) that survives the checks, its file probed
+    (``probe_images``) and its annotations converted and checked; the first ``limit`` only."""
+    label_of = {cid: label for label, cid in enumerate(category_ids)}
     records: list[ImageRecord] = []
     for image_id, path, (size, reason, message) in zip(order, paths, probe_images(paths, check=check_images)):
         if limit is not None and len(records) >= limit:
@@ -265,5 +333,4 @@ def read_coco(ann_file: str, image_dir: str, *, on_bad_annotation: str = "error"
         records.append(ImageRecord(path=path, image_id=image_id, height=height, width=width, boxes=boxes[keep],
                                    labels=labels[keep], ann_ids=annotation_ids([a.get("id") for a in kept]),
                                    masks=rles, crowd=crowd))
-    policy.raise_unreadable()
-    return DetectionDataset(records, class_names, category_ids, source=ann_file, policy=policy)
+    return records

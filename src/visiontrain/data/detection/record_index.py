@@ -11,7 +11,7 @@ forkserver or spawned worker is sent its path, a few hundred bytes, not the 32 M
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -81,6 +81,45 @@ class RecordIndex(Sequence[ImageRecord]):
         self.masks = None if any(r.masks is None for r in records) or not len(records) else PackedStrings(
             m for r in records for m in r.masks)
         self._share()
+
+    def saved(self) -> dict[str, np.ndarray]:
+        """Every buffer by name (the paths' and masks' prefixes too): what ``restored`` makes this
+        index again from, so that it can be kept on disk between runs (``detection.record_cache``)."""
+        strings = {"paths": self.paths, **({} if self.masks is None else {"masks": self.masks})}
+        return {**{k: getattr(self, k) for k in NUMBERS if getattr(self, k) is not None},
+                **{key: a for name, s in strings.items() for key, a in s.saved(name).items()}}
+
+    @classmethod
+    def restored(cls, arrays: Mapping[str, np.ndarray]) -> RecordIndex:
+        """The index ``saved()`` was taken from, shared as a new one is (``_share``). ValueError (or
+        KeyError, for a buffer that is not there) where the buffers do not fit together: a copy on
+        disk is checked, not trusted."""
+        index = cls.__new__(cls)
+        for k in NUMBERS:
+            setattr(index, k, arrays.get(k))
+        index.paths = PackedStrings.restored(arrays, "paths")
+        index.masks = PackedStrings.restored(arrays, "masks") if "masks.data" in arrays else None
+        index._check()
+        index._share()
+        return index
+
+    def _check(self) -> None:
+        """ValueError unless every buffer has the dtype and length its role gives it (N images, M boxes)."""
+        n, m = len(self.image_ids), len(self.labels)
+        expected = {"image_ids": ("<i8", (n,)), "heights": ("<i8", (n,)), "widths": ("<i8", (n,)),
+                    "box_starts": ("<i8", (n + 1,)), "boxes": ("<f4", (m, 4)), "labels": ("<i8", (m,)),
+                    "ann_ids": ("<i8", (m,)), "difficult": ("|b1", (m,)), "crowd": ("|b1", (m,))}
+        for k, (dtype, shape) in expected.items():
+            a = getattr(self, k)
+            if a is None and k in ("difficult", "crowd"):
+                continue  # no box flagged
+            if a is None or a.dtype.str != dtype or a.shape != shape:
+                raise ValueError(f"record index: {k} is not {dtype} {shape}")
+        starts = self.box_starts
+        if starts[0] != 0 or starts[-1] != m or (np.diff(starts) < 0).any():
+            raise ValueError("record index: box_starts do not run from 0 to the number of boxes")
+        if len(self.paths) != n or (self.masks is not None and len(self.masks) != m):
+            raise ValueError("record index: a path an image and a mask a box expected")
 
     def _share(self) -> None:
         """Every buffer, the paths' and masks' too, into one ``share_arrays`` (a mapped file past its
