@@ -13,6 +13,7 @@ from PIL import Image
 
 from dataset_trees import build_coco, truncated_jpeg
 from procs import cli_here
+from spies import calls_of
 from visiontrain.data import image_check
 
 
@@ -20,15 +21,7 @@ from visiontrain.data import image_check
 def opened(monkeypatch, tmp_path) -> list[str]:
     """The files the check opens, in a verdict store of this test's own."""
     monkeypatch.setenv("VISIONTRAIN_DATA_CACHE", str(tmp_path / "cache"))
-    seen: list[str] = []
-    real = image_check.inspect_image
-
-    def counted(path: str, *args, **kwargs):
-        seen.append(path)
-        return real(path, *args, **kwargs)
-
-    monkeypatch.setattr(image_check, "inspect_image", counted)
-    return seen
+    return calls_of(monkeypatch, image_check, "inspect_image")
 
 
 def jpegs(folder: Path, n: int) -> list[str]:

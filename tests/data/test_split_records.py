@@ -16,6 +16,7 @@ import torch
 
 from dataset_trees import build_coco, truncated_jpeg
 from procs import cli_here
+from spies import calls_of
 from visiontrain.data.detection import coco, record_cache
 from visiontrain.data.detection.base import BadAnnotationError, DetectionDataset
 
@@ -24,15 +25,7 @@ from visiontrain.data.detection.base import BadAnnotationError, DetectionDataset
 def parsed(monkeypatch, tmp_path) -> list[str]:
     """The annotation files parsed, with a data cache directory of this test's own."""
     monkeypatch.setenv("VISIONTRAIN_DATA_CACHE", str(tmp_path / "cache"))
-    seen: list[str] = []
-    real = coco._load
-
-    def counted(ann_file: str) -> dict[str, Any]:
-        seen.append(ann_file)
-        return real(ann_file)
-
-    monkeypatch.setattr(coco, "_load", counted)
-    return seen
+    return calls_of(monkeypatch, coco, "_load")
 
 
 @pytest.fixture

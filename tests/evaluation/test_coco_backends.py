@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 from detection_helpers import coco_detections, coco_truth
+from spies import calls_of
 
 from visiontrain.evaluation.coco import COCO_BACKENDS, CocoEvaluation, coco_api, coco_evaluation
 
@@ -164,15 +165,7 @@ def backends_used(monkeypatch) -> list[str]:
     """The backend of every COCO evaluation this process runs from here on."""
     from visiontrain.evaluation import coco
 
-    used: list[str] = []
-    real = coco.coco_api
-
-    def spy(backend: str) -> tuple[type, type]:
-        used.append(backend)
-        return real(backend)
-
-    monkeypatch.setattr(coco, "coco_api", spy)
-    return used
+    return calls_of(monkeypatch, coco, "coco_api")
 
 
 def test_the_key_reaches_fit_and_validate(tmp_path, mosaic_coco, rcnn_checkpoint, backends_used, capsys):
