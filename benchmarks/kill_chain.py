@@ -10,10 +10,18 @@ the timings).
 
     python benchmarks/kill_chain.py --strategy ddp --kills 6 --seed 0
     python benchmarks/kill_chain.py --strategy fsdp --kills 6 --seed 1
+    python benchmarks/kill_chain.py --world-sizes 1,2,3,1 --kills 6 --seed 2
 
 The run: classify-fashion on the embedded digits, 2 ranks x 2 workers each (forkserver), EMA,
 gradient accumulation over 2 micro-batches, mixup, a checkpoint every 10 steps and an evaluation
 after each epoch. Prints one JSON line per kill and a summary line.
+
+``--world-sizes``: launch k of the chain runs on the k-th number of processes of the list, in turn
+(DDP; the straight run on the first), and the run is the ledger task of the tests
+(tests/support/ledger_task.py): a global batch of 12, 240 samples each with one random draw, written
+down by the process that trains it. Checked at the end instead of bit-identity (the reductions
+change with the number of processes): every (epoch, sample) trained once with the straight run's
+draw, the largest difference of a final weight from the straight run's, and both final metrics.
 """
 from __future__ import annotations
 
@@ -27,11 +35,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+sys.path[:0] = [str(TESTS), str(TESTS / "support")]
 from procs import alive, descendants, group  # noqa: E402
 
 RUN = ["classify-fashion", "data.name=digits", "data.batch_size=16", "trainer.epochs=30", "data.num_workers=2",
@@ -41,10 +51,11 @@ RUN = ["classify-fashion", "data.name=digits", "data.batch_size=16", "trainer.ep
 TIMINGS = {"time", "samples_per_s", "data_s", "compute_s", "eta_s", "wall_s"}
 
 
-def launch(run_dir: Path, strategy: str, resume: bool) -> subprocess.Popen:
+def launch(run_dir: Path, fit: list[str], resume: bool, nproc: int = 2) -> subprocess.Popen:
+    """``visiontrain FIT... [--nproc N] --run-dir RUN_DIR [--resume auto]``, in its own session."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "visiontrain", "fit", *RUN, f"distributed.strategy={strategy}",
-           "--nproc", "2", "--run-dir", str(run_dir), *(["--resume", "auto"] if resume else [])]
+    cmd = [sys.executable, "-m", "visiontrain", *fit, *(["--nproc", str(nproc)] if nproc > 1 else []),
+           "--run-dir", str(run_dir), *(["--resume", "auto"] if resume else [])]
     with open(run_dir.parent / f"{run_dir.name}.stderr", "w") as err:  # a pipe nobody reads could fill up
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True)
 
@@ -105,11 +116,13 @@ def wait_then_kill(proc: subprocess.Popen, run_dir: Path, target: int | None, rn
             "all_gone_s": round(took, 3)}
 
 
-def chain(run_dir: Path, strategy: str, targets: list[int | None], rng: random.Random) -> list[dict]:
-    """Launch with --resume auto and kill at each target in turn; then let the run finish."""
+def chain(run_dir: Path, start: Callable[[int], subprocess.Popen], targets: list[int | None],
+          rng: random.Random) -> list[dict]:
+    """Launch k (``start(k)``, with --resume auto) and kill it at target k, for each target in turn;
+    then let the run finish."""
     done: list[dict] = []
-    for target in targets:
-        proc = launch(run_dir, strategy, resume=True)
+    for k, target in enumerate(targets):
+        proc = start(k)
         kill = wait_then_kill(proc, run_dir, target, rng)
         if kill is None:
             if proc.returncode != 0:
@@ -117,7 +130,7 @@ def chain(run_dir: Path, strategy: str, targets: list[int | None], rng: random.R
             return done  # it finished before this kill
         done.append({"kill": len(done) + 1, **kill})
         print(json.dumps(done[-1]), flush=True)
-    if launch(run_dir, strategy, resume=True).wait() != 0:
+    if start(len(targets)).wait() != 0:
         raise SystemExit(f"the last resume failed: {stderr_of(run_dir)}")
     return done
 
@@ -128,28 +141,79 @@ def kill_targets(total_steps: int, kills: int, rng: random.Random) -> list[int |
     return [None if rng.random() < 0.25 else next(steps) for _ in range(kills)]
 
 
+def same_run(tmp: Path, strategy: str, kills: int, rng: random.Random) -> dict:
+    """The classify-fashion chain on 2 processes: rows, weights and EMA bit-identical."""
+    killed, straight = tmp / "killed", tmp / "straight"
+    fit = ["fit", *RUN, f"distributed.strategy={strategy}"]
+    if launch(straight, fit, resume=False).wait() != 0:
+        raise SystemExit(f"the straight run failed: {stderr_of(straight)}")
+    done = chain(killed, lambda k: launch(killed, fit, resume=True), kill_targets(last_logged_step(straight), kills,
+                                                                                  rng), rng)
+    a, b = rows(killed), rows(straight)
+    summary = {"strategy": strategy, "kills": len(done), "rows": len(b), "rows_equal": a == b,
+               "weights_equal": same_weights(killed / "model.safetensors", straight / "model.safetensors"),
+               "ema_equal": same_weights(killed / "model_ema.safetensors", straight / "model_ema.safetensors"),
+               "max_all_gone_s": max((k["all_gone_s"] for k in done), default=None)}
+    if not summary["rows_equal"]:
+        diff = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y) if len(a) == len(b) else None
+        summary["first_row_differing"] = diff if diff is None else {"killed": a[diff], "straight": b[diff]}
+    summary["ok"] = summary["rows_equal"] and summary["weights_equal"] and summary["ema_equal"]
+    return summary
+
+
+def other_world_sizes(tmp: Path, sizes: list[int], kills: int, rng: random.Random) -> dict:
+    """The ledger task's chain, launch k on ``sizes[k % len(sizes)]`` processes."""
+    from ledger_task import read_ledger
+
+    def ledger_fit(name: str) -> list[str]:
+        recipe = {"seed": 0, "task": {"name": "ledger", "samples": 240, "ledger": str(tmp / f"{name}-ledger"),
+                                      "step_sleep": 0.02},
+                  "data": {"batch_size": 6}, "optim": {"name": "sgd", "lr": 0.01, "momentum": 0.9},
+                  "trainer": {"epochs": 6, "accum_steps": 2, "log_every": 5, "precision": "fp32",
+                              "progress": "plain", "plots": False},
+                  "eval": {"every": 2}, "checkpoint": {"every": 10, "unit": "steps"}}
+        (tmp / f"{name}.yaml").write_text(json.dumps(recipe))  # JSON is YAML
+        return ["--import", str(TESTS / "support" / "ledger_task.py"), "fit", str(tmp / f"{name}.yaml")]
+
+    killed, straight = tmp / "killed", tmp / "straight"
+    if launch(straight, ledger_fit("straight"), resume=False, nproc=sizes[0]).wait() != 0:
+        raise SystemExit(f"the straight run failed: {stderr_of(straight)}")
+    fit = ledger_fit("killed")
+    done = chain(killed, lambda k: launch(killed, fit, resume=k > 0, nproc=sizes[k % len(sizes)]),
+                 kill_targets(last_logged_step(straight), kills, rng), rng)
+
+    def trained(name: str) -> list[tuple[int, int, float]]:
+        return sorted((r["epoch"], i, d) for r in read_ledger(tmp / f"{name}-ledger") for i, d in r["samples"])
+
+    want, got = trained("straight"), trained("killed")
+    a, b = (load_file(d / "model.safetensors") for d in (killed, straight))
+    finals = [json.loads((d / "summary.json").read_text())["final"]["mse"] for d in (killed, straight)]
+    summary = {"world_sizes": sizes, "kills": len(done), "launches_per_size": [sizes[k % len(sizes)] for k in
+                                                                               range(len(done) + 1)],
+               "samples_trained": len(got), "samples_in_straight_run": len(want),
+               "each_once_with_straight_draws": got == want and len(set((e, i) for e, i, _ in got)) == len(got),
+               "max_weight_difference": max(float((a[k] - b[k]).abs().max()) for k in a),
+               "final_mse": finals[0], "straight_final_mse": finals[1],
+               "max_all_gone_s": max((k["all_gone_s"] for k in done), default=None)}
+    summary["ok"] = summary["each_once_with_straight_draws"] and summary["max_weight_difference"] < 1e-5
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp")
+    parser.add_argument("--world-sizes", help="comma-separated numbers of processes, one per launch in turn")
     parser.add_argument("--kills", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        killed, straight = Path(tmp) / "killed", Path(tmp) / "straight"
-        if launch(straight, args.strategy, resume=False).wait() != 0:
-            raise SystemExit(f"the straight run failed: {stderr_of(straight)}")
-        rng = random.Random(args.seed)
-        kills = chain(killed, args.strategy, kill_targets(last_logged_step(straight), args.kills, rng), rng)
-        a, b = rows(killed), rows(straight)
-        summary = {"strategy": args.strategy, "kills": len(kills), "rows": len(b), "rows_equal": a == b,
-                   "weights_equal": same_weights(killed / "model.safetensors", straight / "model.safetensors"),
-                   "ema_equal": same_weights(killed / "model_ema.safetensors", straight / "model_ema.safetensors"),
-                   "max_all_gone_s": max((k["all_gone_s"] for k in kills), default=None)}
-        if not summary["rows_equal"]:
-            diff = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y) if len(a) == len(b) else None
-            summary["first_row_differing"] = diff if diff is None else {"killed": a[diff], "straight": b[diff]}
+        if args.world_sizes:
+            summary = other_world_sizes(Path(tmp), [int(n) for n in args.world_sizes.split(",")], args.kills, rng)
+        else:
+            summary = same_run(Path(tmp), args.strategy, args.kills, rng)
         print(json.dumps(summary), flush=True)
-        if not (summary["rows_equal"] and summary["weights_equal"] and summary["ema_equal"]):
+        if not summary.pop("ok"):
             raise SystemExit(1)
 
 

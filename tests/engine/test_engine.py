@@ -68,7 +68,8 @@ def test_max_steps_stops_mid_epoch(run_dir):
     progress = dict(fmt.entry(state, fmt.PROGRESS))
     assert 0 < progress.pop("wall_s") < 600  # the training time so far, carried into a resumed run
     assert progress == {"step": 5, "epoch": 0, "step_in_epoch": 5}
-    assert fmt.entry(state, fmt.DATA) == {"seed": 0, "batch_size": 32, "world_size": 1}
+    assert fmt.entry(state, fmt.DATA) == {"seed": 0, "batch_size": 32, "world_size": 1, "accum_steps": 1,
+                                          "follows_world_size": "any", "seeding": "sample"}
     assert fmt.strategy_of(state) == fmt.REPLICATED
 
 

@@ -55,7 +55,7 @@ def test_the_drawn_batch_is_the_first_batch_the_model_receives(recipe, size):
     """The source's first_items loads in the main process what the recipe's own DataLoader workers (their start
     method, transforms, seeds) hand the first step."""
     cfg = C.load_config(recipe, size)
-    run = build_training(cfg, build_task(cfg), None, resume=False, init=None)
+    run = build_training(cfg, build_task(cfg), None, resume=None, init=None)
     try:
         drawn = run.source.collate(run.source.first_items())
         loaded = next(run.source.batches(0))

@@ -122,6 +122,31 @@ def test_a_run_says_and_records_what_auto_chose(tmp_path, monkeypatch, capsys, n
     assert launch["precision"] == record
 
 
+class OutputDtypes(ToyTask):
+    """The toy task that also notes the dtype of the model's outputs in each evaluation."""
+
+    def evaluate(self, model, data):
+        self.seen = {model(x).dtype for (x, _y, _), _real in data}
+        return super().evaluate(model, data)
+
+
+@pytest.mark.parametrize("setting, dtype", [("fp32", torch.float32), ("train", torch.bfloat16)])
+def test_eval_precision_train_evaluates_under_the_runs_autocast_and_fp32_by_default(tmp_path, capsys, setting, dtype):
+    """fit's evaluations and validate's (``build_evaluation`` from the run's config) compute alike."""
+    from visiontrain.engine.parts.evaluator import evaluate_models
+    from visiontrain.engine.setup.training import build_evaluation
+
+    cfg = toy_config(trainer__precision="bf16", trainer__max_steps=2, eval__precision=setting)
+    t = Trainer(cfg, task := OutputDtypes(cfg), tmp_path / "run")
+    t.fit()
+    assert task.seen == {dtype}
+    said = "evaluation in bf16, as eval.precision=train sets"
+    assert (said in capsys.readouterr().out) == (setting == "train")
+    task.seen = set()
+    evaluate_models(build_evaluation(cfg, task, t.run.raw_model, None, t.run.data_info))
+    assert task.seen == {dtype}
+
+
 def test_periodic_and_k_best_checkpoints(run_dir):
     cfg = toy_config(trainer__epochs=4, optim__lr=0.001, checkpoint__keep_every=8, checkpoint__keep_best=2,
                      checkpoint__every=4, checkpoint__unit="steps", eval__every=4, eval__unit="steps")

@@ -85,7 +85,7 @@ def test_multicrop_gives_two_global_then_local_crops():
 
 def test_batched_multicrop_makes_the_same_views_in_the_loader_and_in_the_step():
     """task.multicrop=batched: made in the loader's collate (auto on the CPU) or in the step's device
-    transform (auto on CUDA), a batch's seed gives the same crops, in the per-sample path's shapes
+    transform (auto on CUDA), the samples' seeds give the same crops, in the per-sample path's shapes
     and order."""
     keys = [(i, 7) for i in (5, 6, 7)]
     in_loader = build_task(cfg_of("task.local_crops=3", "task.multicrop=batched", "task.multicrop_in=loader"))

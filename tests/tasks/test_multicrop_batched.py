@@ -166,22 +166,26 @@ def test_grayscale_and_jitter_are_seen_in_the_crops_at_their_rates():
     assert abs(changed.double().mean().item() - 0.8) <= sigmas(0.8, len(changed))
 
 
-def test_a_batch_seed_fixes_the_crops():
-    """Through SeededDataset as the loader calls it: the same (indices, seed) gives the same crops
-    whatever ran before; another seed gives others."""
+def test_a_samples_seed_fixes_its_crops_whatever_batch_it_is_in():
+    """Through SeededDataset as the loader calls it: each (index, seed) key gives the same crops
+    whatever ran before and whatever else its batch holds (a run resumed on another number of
+    processes batches the samples differently); another seed gives others."""
     images = torch.randint(0, 256, (8, 1, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     src = type("Src", (), {"raw_item": lambda self, i: (images[i], 0), "__len__": lambda self: 8})()
     spec = MultiCropSpec(16, 8, 2)
     ds, crop = SeededDataset(M.RawMultiCropDataset(src, spec)), M.BatchedMultiCrop(spec)
 
-    def crops(seed: int) -> list[torch.Tensor]:
-        images, _, params = M.collate_raw(ds.__getitems__([(i, seed) for i in range(8)]))
+    def crops(keys: list[tuple[int, int]]) -> list[torch.Tensor]:
+        images, _, params = M.collate_raw(ds.__getitems__(keys))
         return crop(images, params)
 
-    first = crops(11)
+    keys = [(i, 100 + i) for i in range(8)]
+    first = crops(keys)
     torch.rand(100)  # the global stream moved on: nothing changes
-    assert all(torch.equal(a, b) for a, b in zip(first, crops(11)))
-    assert not any(torch.equal(a, b) for a, b in zip(first, crops(12)))
+    assert all(torch.equal(a, b) for a, b in zip(first, crops(keys)))
+    back, front = crops(keys[4:]), crops(keys[:4])  # the same samples in two batches, the back half first
+    assert all(torch.equal(a, torch.cat([f, b])) for a, f, b in zip(first, front, back))
+    assert not any(torch.equal(a, b) for a, b in zip(first, crops([(i, 200 + i) for i in range(8)])))
 
 
 def test_identity_parameters_leave_the_image_as_it_is():

@@ -2,9 +2,9 @@
 
 The work is split in two so that a batch can be cropped wherever it lies:
 1. the loader (``RawMultiCropDataset``) gives each sample's uint8 image, its label and every random
-   parameter of its views, drawn for the whole batch at once (``sample_views``) from torch's RNG,
-   which ``SeededDataset`` seeds with the batch's seed: batch k draws the same parameters in a
-   resumed run as in an uninterrupted one, with any number of workers;
+   parameter of its views, drawn from torch's RNG (``sample_views``), which ``SeededDataset`` seeds
+   with each sample's seed in turn: a sample draws the same parameters in a resumed run as in an
+   uninterrupted one, with any number of workers and processes, whatever batch it lands in;
 2. ``BatchedMultiCrop`` turns (images, parameters) into the crops with a fixed sequence of batched
    tensor ops (``batch_ops``): in the training step, on its device once the batch is moved (the loader
    collates with ``collate_raw``), or on the CPU in the loader's collate (``CropCollate``, in the
@@ -154,9 +154,9 @@ def _as_uint8(image: Any) -> Tensor:
 
 class RawMultiCropDataset(Dataset):
     """Items ``(uint8 image [C, H, W], label, view parameters [V, N_PARAMS])`` from a source with
-    ``raw_item(i)``; a batch's parameters are drawn together (``__getitems__``), from torch's RNG
-    as ``SeededDataset`` seeded it for the batch. ``collate_raw`` stacks them; ``BatchedMultiCrop``
-    makes the crops."""
+    ``raw_item(i)``; the parameters of the samples asked for together (``__getitems__``) are drawn
+    together from torch's RNG; ``SeededDataset`` asks for one sample at a time, seeded by its own
+    seed. ``collate_raw`` stacks them; ``BatchedMultiCrop`` makes the crops."""
 
     def __init__(self, source: Any, spec: MultiCropSpec) -> None:
         if not hasattr(source, "raw_item"):

@@ -1,14 +1,17 @@
 """The resumable batch sampler and the dataset wrapper that makes augmentation reproducible.
 
-Exact mid-epoch resume needs two things from the data side:
+Exact mid-epoch resume, also on another number of processes, needs two things from the data side:
 1. the order of batches is a pure function of (seed, epoch): a permutation from a generator seeded
    with both, split into this rank's shard, cut into batches; resuming at batch k just starts the
-   same list at k;
-2. the random augmentation of a batch does not depend on which worker process loads it or on what
-   that worker loaded before. Each batch carries a seed derived from (seed, epoch, batch position);
-   ``SeededDataset`` seeds torch's RNG with it while it loads the batch and restores the RNG after,
-   so batch k gets the same crops whether it is loaded in an uninterrupted run or after a resume,
-   with 0 or 8 workers.
+   same list at k. The shards are strided, so the batches of one step over every rank are one
+   contiguous piece of the epoch's permutation, the same piece on 1, 2 or 3 processes as long as the
+   global batch (batch size x processes x accumulation) is the same;
+2. the random augmentation of a sample depends on nothing but the sample and the epoch: not on the
+   worker process that loads it, what that worker loaded before, the batch it lands in or the rank
+   that trains it. Each sample carries a seed derived from (seed, epoch, sample index);
+   ``SeededDataset`` seeds torch's RNG with it while it loads that sample and restores the RNG
+   after, so sample i gets the same crop in epoch e in an uninterrupted run and after a resume, with
+   0 or 8 workers, on one process or three.
 """
 from __future__ import annotations
 
@@ -17,19 +20,39 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import Dataset, Sampler
 
-_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads nearby (seed, epoch, batch) apart
+_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads nearby (seed, epoch, index) apart
 
 
-def batch_seed(seed: int, epoch: int, batch: int) -> int:
-    return ((seed * _MIX + epoch) * _MIX + batch) % (2**63 - 1)
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of sample ``index``'s random transforms in ``epoch`` of a run seeded ``seed``."""
+    return ((seed * _MIX + epoch) * _MIX + index) % (2**63 - 1)
+
+
+#: The same mixing of (seed, epoch, batch position): how a batch was seeded before samples were,
+#: kept for the runs those versions wrote (``BatchSeeded``).
+batch_seed = sample_seed
+
+
+class BatchSeeded(list):
+    """A batch's keys as versions before per-sample seeds made them: every sample carries the
+    batch's seed, and ``SeededDataset`` seeds torch's RNG once for the whole batch. A run resumed
+    from a checkpoint of those versions goes on this way (``seeding`` in the source's state), so
+    that it stays the run it was."""
 
 
 class ResumableBatchSampler(Sampler[list]):
     """Shuffled (or ordered), sharded, drop-last batches that can start at any batch of an epoch.
 
-    Yields lists of ``(index, batch_seed)`` pairs that ``SeededDataset`` unpacks, or plain index
+    Yields lists of ``(index, sample_seed)`` pairs that ``SeededDataset`` unpacks, or plain index
     lists when ``seeded=False`` (a dataset without random transforms needs no seed).
+
+    ``follows_world_size`` says what a resume on another number of processes may change while the
+    samples of each optimizer step stay the same (``engine.setup.global_batch``): ``any`` (the
+    per-process batch and the accumulation), ``accumulation`` (only it) or ``none``.
     """
+
+    follows_world_size = "any"
+    seeding = "sample"  # "batch": a run a version before per-sample seeds wrote (BatchSeeded)
 
     def __init__(self, num_samples: int, batch_size: int, *, seed: int, shuffle: bool = True,
                  drop_last: bool = True, rank: int = 0, world_size: int = 1, seeded: bool = True) -> None:
@@ -70,11 +93,16 @@ class ResumableBatchSampler(Sampler[list]):
     def __iter__(self) -> Iterator[list]:
         order, size = self.indices(self.epoch), self.batch_size
         for b in range(self.start_batch, self.batches_per_epoch):
-            if self.seeded:
-                s = batch_seed(self.seed, self.epoch, b)
-                yield [(i, s) for i in order[b * size:(b + 1) * size]]
-            else:
-                yield order[b * size:(b + 1) * size]
+            yield self.keys(order[b * size:(b + 1) * size], b)
+
+    def keys(self, batch: list[int], position: int) -> list:
+        """What the loader is given for batch ``position`` of the epoch: each index with its sample's
+        seed, or the indices."""
+        if not self.seeded:
+            return batch
+        if self.seeding == "batch":
+            return BatchSeeded((i, batch_seed(self.seed, self.epoch, position)) for i in batch)
+        return [(i, sample_seed(self.seed, self.epoch, i)) for i in batch]
 
     def __len__(self) -> int:
         return self.batches_per_epoch - self.start_batch
@@ -86,8 +114,12 @@ class GroupedBatchSampler(ResumableBatchSampler):
     The epoch's permutation is walked in order, each index joining its group's open batch; a batch
     is emitted when full (seamseg / torchvision's references). Group sizes are fixed, so the number
     of batches per epoch is too (leftovers of each group are dropped; other samples each epoch).
-    Ranks take every world_size-th batch. Resume and seeding work as in the parent.
+    Ranks take every world_size-th batch. Resume and seeding work as in the parent. The batches are
+    cut at the per-process batch size, so a resume on another number of processes keeps it and
+    changes the accumulation instead.
     """
+
+    follows_world_size = "accumulation"
 
     def __init__(self, group_ids: list[int], batch_size: int, *, seed: int, shuffle: bool = True,
                  rank: int = 0, world_size: int = 1, seeded: bool = True) -> None:
@@ -157,17 +189,16 @@ class GroupedBatchSampler(ResumableBatchSampler):
 
     def __iter__(self) -> Iterator[list]:
         for b, batch in enumerate(self.batches(self.epoch)[self.start_batch:], start=self.start_batch):
-            if self.seeded:
-                s = batch_seed(self.seed, self.epoch, b)
-                yield [(i, s) for i in batch]
-            else:
-                yield batch
+            yield self.keys(batch, b)
 
 
 class SeededDataset(Dataset):
-    """Loads a batch of ``(index, seed)`` keys with torch's RNG seeded by the batch's seed.
+    """Loads a batch of ``(index, seed)`` keys, each sample with torch's RNG seeded by its own seed.
 
-    Only datasets with random transforms are wrapped (see ``ResumableBatchSampler.seeded``).
+    Only datasets with random transforms are wrapped (see ``ResumableBatchSampler.seeded``). A
+    dataset that draws for several samples at once, for speed, offers ``seeded_items(indices,
+    seeds)``: it must draw sample k's parameters from ``seeds[k]`` alone. Any other dataset is
+    loaded one sample at a time (``dataset[i]``) after seeding torch's RNG.
     """
 
     def __init__(self, dataset: Dataset) -> None:
@@ -183,10 +214,18 @@ class SeededDataset(Dataset):
         return [self.dataset[i] for i in indices]
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
-        indices = [k[0] for k in keys]
+        seeded_items = getattr(self.dataset, "seeded_items", None)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(keys[0][1])
-            return self._load(indices)
+            if isinstance(keys, BatchSeeded):
+                torch.random.default_generator.manual_seed(keys[0][1])
+                return self._load([k[0] for k in keys])
+            if seeded_items is not None:
+                return seeded_items([k[0] for k in keys], [k[1] for k in keys])
+            items = []
+            for index, seed in keys:
+                torch.random.default_generator.manual_seed(seed)
+                items.append(self.dataset[index])
+            return items
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         return self.__getitems__([key])[0]

@@ -188,6 +188,23 @@ class InMemoryClassification(Dataset):
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
         return list(zip(x.unbind(0), self.labels[idx].tolist()))
 
+    def seeded_items(self, indices: Sequence[int], seeds: Sequence[int]) -> list[tuple[Tensor, int]]:
+        """``__getitems__`` as ``SeededDataset`` loads a training batch: sample k's random draws come
+        from ``seeds[k]`` alone (the batch it lands in changes nothing), the deterministic part still
+        computed for the batch at once."""
+        if self._random_tf is not None:
+            items = []
+            for index, seed in zip(indices, seeds):
+                torch.random.default_generator.manual_seed(seed)
+                items.append(self._random_item(int(index)))
+            return items
+        idx = torch.as_tensor(indices, dtype=torch.int64)
+        x = self._batch(idx)
+        if self.train_spec is not None:  # "flip": each image mirrored with probability 1/2, drawn from its seed
+            flip = torch.cat([torch.rand(1, generator=torch.Generator().manual_seed(seed)) for seed in seeds]) < 0.5
+            x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+        return list(zip(x.unbind(0), self.labels[idx].tolist()))
+
     def subset(self, n: int | None) -> "InMemoryClassification":
         """The first ``n`` items as a dataset of the same kind (shares memory); ``None``: self."""
         if n is None or n >= len(self):

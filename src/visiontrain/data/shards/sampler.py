@@ -59,7 +59,10 @@ def buffer_shuffle(samples: list[int], buffer: int, generator: torch.Generator) 
 
 class ShardBatchSampler(ResumableBatchSampler):
     """Batches of a split of shards in the order of this module's docstring; ``group_ids`` (one a
-    sample, in the split's order): batches of one group each."""
+    sample, in the split's order): batches of one group each. The order depends on processes x
+    workers (the streams), so a resume on another number of processes is refused."""
+
+    follows_world_size = "none"
 
     def __init__(self, shard_sizes: list[int], batch_size: int, *, seed: int, buffer: int, streams: int,
                  rank: int = 0, world_size: int = 1, shuffle: bool = True, seeded: bool = True,

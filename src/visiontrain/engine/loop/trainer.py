@@ -59,7 +59,9 @@ class Trainer:
             self.resumed_from = resume = resume_source(run_dir, resume)  # a run in run_dir: refused, or continued
             self.prepared = assembly.prepare(cfg, run_dir, hooks=hooks, trackers=trackers, launch=launch)
             self.run = run = build_training(cfg, task, Path(run_dir) if run_dir is not None else None,
-                                            resume=resume is not None, init=init)
+                                            resume=resume, init=init)
+            self.cfg = cfg = run.cfg  # a resume on another number of processes keeps the global batch:
+            t = cfg.trainer           # the batch split that keeps it
             # what hooks read (detectron2's convention: a hook holds the trainer and reads what it needs)
             self.model, self.raw_model, self.ema, self.optimizer = run.model, run.raw_model, run.ema, run.optimizer
             self.dist, self.device, self.clock, self.scalars = run.dist, run.device, run.clock, run.scalars

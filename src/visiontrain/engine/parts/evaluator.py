@@ -40,6 +40,11 @@ class EvalConfig:
                         "metric (0 = never stop early)", 0, minimum=0)
     min_delta: float = doc("patience: an improvement must beat the best value by more than this, in the "
                            "metric's own units", 0.0, minimum=0)
+    precision: Literal["fp32", "train"] = doc(
+        "what evaluation and validate compute in: fp32 (the metric does not depend on the precision "
+        "trainer.precision=auto picked on the machine), or train: under the run's resolved trainer.precision (bf16 "
+        "autocast where the run trains in it; faster, for a metric that 16 bits do not move, such as a label map's "
+        "argmax)", "fp32")
     patience_after: float | Literal["warmup"] = doc(
         "patience: only evaluations from this point on count, and the best value is taken among them (Keras' "
         "start_from_epoch): a position in eval.unit, or warmup: the end of schedules.lr's warmup (a metric that "
@@ -57,8 +62,8 @@ def checkpoint_metric(settings: EvalConfig, task: Any) -> tuple[str, str]:
 
 def evaluate_models(run: EvalRun, which: str = "both") -> dict[str, Any]:
     """The task's metrics of the model and of its EMA (``ema/``-prefixed, its per-class table
-    ``ema/per_class`` too), as ``eval.models`` asks; each in eval mode under no_grad, put back in the
-    mode it was in. ``validate`` calls this too."""
+    ``ema/per_class`` too), as ``eval.models`` asks; each in eval mode under no_grad and the
+    evaluation's precision (``eval.precision``), put back in the mode it was in. ``validate`` calls this too."""
     data = EvalData(run.val_loader, run.device, run.dist, run.cfg.trainer.channels_last)
     models = {"": run.raw_model, EMA_PREFIX: run.ema_model}
     if run.ema_model is None or which == "model":
@@ -69,7 +74,7 @@ def evaluate_models(run: EvalRun, which: str = "both") -> dict[str, Any]:
     for prefix, model in models.items():
         was_training = model.training
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), run.eval_precision.autocast(run.device):
             metrics.update({prefix + k: v for k, v in run.task.evaluate(model, data).items()})
         model.train(was_training)
     return metrics

@@ -53,7 +53,7 @@ def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device) -
         check_sendable_to_workers(d.worker_start, {
             "training dataset": train.dataset, "training collate function": train.collate_fn,
             "worker init function": train.worker_init_fn})
-    return LoaderSource(sampler, train), val
+    return LoaderSource(sampler, train, cfg.trainer.accum_steps), val
 
 
 def train_sampler(data: Any, cfg: Config, dist_info: DistInfo) -> ResumableBatchSampler:

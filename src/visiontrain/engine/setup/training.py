@@ -29,7 +29,8 @@ from visiontrain.engine.state.sharded import ShardedCheckpoints
 from visiontrain.engine.state.weights import load_init_weights
 from visiontrain.engine.step.accumulation import make_clock, samples_per_step
 from visiontrain.engine.step.ema import ModelEma
-from visiontrain.engine.step.precision import PrecisionChoice, choose_precision
+from visiontrain.engine.setup.global_batch import keep_global_batch_on_resume
+from visiontrain.engine.step.precision import FP32, PrecisionChoice, choose_precision, evaluation_precision
 from visiontrain.engine.step.source import TrainSource
 from visiontrain.models.freezing import freeze_parameters
 from visiontrain.rundir.run_files import CHECKPOINTS_DIR
@@ -46,6 +47,7 @@ class EvalRun:
     raw_model: nn.Module                     # unwrapped: what checkpoints hold and evaluation calls
     ema_model: nn.Module | None              # the EMA's weights in a copy of the model, evaluated as ema/...
     val_loader: DataLoader
+    eval_precision: PrecisionChoice = FP32   # what evaluation computes in (eval.precision)
 
 
 @dataclass
@@ -98,11 +100,15 @@ def place_model(model: nn.Module, cfg: Config, dist: DistInfo, device: torch.dev
     return model
 
 
-def build_training(cfg: Config, task: Task, run_dir: Path | None, *, resume: bool, init: str | None) -> TrainingRun:
-    """A fresh run starts from the task's pretrained parts, then ``--init``; a resumed one will load
-    its checkpoint over whatever this builds, so it skips both."""
+def build_training(cfg: Config, task: Task, run_dir: Path | None, *, resume: str | None, init: str | None
+                   ) -> TrainingRun:
+    """A fresh run starts from the task's pretrained parts, then ``--init``; a resumed one (``resume``:
+    the checkpoint it continues) will load its checkpoint over whatever this builds, so it skips
+    both, and keeps the checkpoint's global batch on this run's number of processes: the run's
+    ``cfg`` is then the config with the batch split that keeps it (``engine.setup.global_batch``)."""
     check_needs(type(task), cfg)  # a task built without build_task (from Python) is checked here
     dist, device = start_process(cfg)
+    cfg, batch_note = keep_global_batch_on_resume(cfg, resume, dist.world_size)
     precision = choose_precision(cfg.trainer.precision, device, sharded=uses_fsdp(cfg, dist))
     writes = dist.is_main and run_dir is not None
     stale = prepare_run_dir(run_dir) if writes else []
@@ -132,15 +138,19 @@ def build_training(cfg: Config, task: Task, run_dir: Path | None, *, resume: boo
     bases = {"lr": base_lr, "weight_decay": o.weight_decay, "momentum": o.momentum, "ema_decay": cfg.ema.decay,
              "bn_momentum": 0.1}
     scalars = ScheduledScalars(cfg.schedules, bases, clock, optimizer, model, task, ema)
+    notes += [batch_note] if batch_note else []
     notes.append(precision.line())
+    eval_precision = evaluation_precision(cfg.eval.precision, lambda: precision)
+    if eval_precision is not FP32:
+        notes.append(f"evaluation in {eval_precision.precision}, as eval.precision=train sets")
     if stale:
         notes.append(f"removed {len(stale)} temporary files an interrupted write left: {', '.join(stale)}")
     if units is not None:
         notes.append(f"fsdp: {len(units)} units sharded over {dist.world_size} ranks, and the root")
     if frozen:
         notes.append(f"frozen {len(frozen)} parameter tensors")
-    return TrainingRun(cfg, task, dist, device, data.info, model, ema and ema.module, val_loader, run_dir=run_dir,
-                       ema=ema, model=wrapped,
+    return TrainingRun(cfg, task, dist, device, data.info, model, ema and ema.module, val_loader, eval_precision,
+                       run_dir=run_dir, ema=ema, model=wrapped,
                        source=source, optimizer=optimizer, precision=precision,
                        scaler=precision.scaler(device), sharded=sharded, base_lr=base_lr,
                        clock=clock, scalars=scalars, notes=notes)
@@ -154,4 +164,7 @@ def build_evaluation(cfg: Config, task: Task, model: nn.Module, ema_model: nn.Mo
     seed_everything(cfg.seed)
     val = val_loader(task.build_data(), cfg, dist, device)
     ema_model = place_model(ema_model, cfg, dist, device).eval() if ema_model is not None else None
-    return EvalRun(cfg, task, dist, device, data_info, place_model(model, cfg, dist, device), ema_model, val)
+    precision = evaluation_precision(
+        cfg.eval.precision, lambda: choose_precision(cfg.trainer.precision, device, sharded=uses_fsdp(cfg, dist)))
+    return EvalRun(cfg, task, dist, device, data_info, place_model(model, cfg, dist, device), ema_model, val,
+                   precision)

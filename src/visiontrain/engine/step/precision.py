@@ -10,10 +10,11 @@ only emulates is said once at start-up.
 
 This module owns what a precision means: :class:`PrecisionChoice` is the resolved choice, and its
 methods give the step its autocast context and fp16's scaler, and the out-of-memory advice whether
-a lower precision is left to try. Evaluation, ``validate``, ``predict`` and ``export`` compute in
-fp32 whatever the run trains in: a metric must not depend on which precision ``auto`` picked on the
-machine that measured it, and bf16 keeps 8 bits of a box coordinate (a 400-pixel coordinate to 2
-pixels).
+a lower precision is left to try. Evaluation and ``validate`` compute in fp32 whatever the run trains
+in, unless ``eval.precision: train`` asks for the run's own precision (:func:`evaluation_precision`):
+by default a metric must not depend on which precision ``auto`` picked on the machine that measured
+it, and bf16 keeps 8 bits of a box coordinate (a 400-pixel coordinate to 2 pixels). ``predict`` and
+``export`` always compute in fp32.
 
 Native means the instructions, not that a library has a path: oneDNN's own check
 (``torch.ops.mkldnn._is_mkldnn_bf16_supported``) is true on any AVX-512 CPU, where its bf16 path is
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, ContextManager, Mapping
+from typing import Any, Callable, ContextManager, Mapping
 
 import torch
 
@@ -119,3 +120,12 @@ def choose_precision(requested: str, device: torch.device, *, sharded: bool = Fa
     if device.type == "cuda":
         return PrecisionChoice("fp32", requested, f"{what}, and a sharded model cannot use fp16's gradient scaler")
     return PrecisionChoice("fp32", requested, what)
+
+
+def evaluation_precision(setting: str, trained: Callable[[], PrecisionChoice]) -> PrecisionChoice:
+    """What an evaluation computes in: fp32 (``eval.precision: fp32``, the default: the metric is the
+    same whatever ``auto`` picked on this machine), or ``trained()``, the run's resolved
+    ``trainer.precision`` (``eval.precision: train``: an evaluation as fast as the training step, for a
+    recipe whose metric does not move in 16 bits; a label map's argmax does not, a box's coordinates
+    may). ``trained`` is only called for ``train``."""
+    return trained() if setting == "train" else FP32

@@ -46,10 +46,12 @@ class TrainSource(Protocol):
 
 
 class LoaderSource:
-    """A map-style dataset through a ``ResumableBatchSampler`` and a DataLoader (``engine.setup``)."""
+    """A map-style dataset through a ``ResumableBatchSampler`` and a DataLoader (``engine.setup``).
+    ``accum_steps``: the micro-batches of an optimizer step, which with the batch size and the
+    number of processes make the global batch a resume must keep."""
 
-    def __init__(self, sampler: ResumableBatchSampler, loader: DataLoader) -> None:
-        self.sampler, self.loader = sampler, loader
+    def __init__(self, sampler: ResumableBatchSampler, loader: DataLoader, accum_steps: int = 1) -> None:
+        self.sampler, self.loader, self.accum_steps = sampler, loader, accum_steps
         self.batches_per_epoch = sampler.batches_per_epoch
 
     def batches(self, epoch: int, start_batch: int = 0) -> Iterator[Any]:
@@ -68,23 +70,45 @@ class LoaderSource:
 
     def state_dict(self) -> dict[str, Any]:
         s = self.sampler
-        return {"seed": s.seed, "batch_size": s.batch_size, "world_size": s.world_size, **s.order_state()}
+        return {"seed": s.seed, "batch_size": s.batch_size, "world_size": s.world_size,
+                "accum_steps": self.accum_steps, "follows_world_size": s.follows_world_size, "seeding": s.seeding,
+                **s.order_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The seed of the data order; refused (ValueError) when the batch size, the number of
-        processes or what else the sampler's order depends on (``order_state``) differs, as the
-        position inside an epoch is counted in this process's batches of that order."""
+        """The seed of the data order; refused (ValueError) when the global batch, or a split of it the
+        sampler cannot follow (``follows_world_size``), or what else its order depends on
+        (``order_state``) differs: the position inside an epoch is counted in optimizer steps, each one
+        piece of the epoch's order. ``engine.setup.global_batch`` has chosen the split before."""
         s = self.sampler
-        size, world = state.get("batch_size") or s.batch_size, state.get("world_size") or 1
-        if int(size) != s.batch_size or int(world) != s.world_size:
-            raise ValueError(f"it was written with data.batch_size={size} on {world} process(es); this run has "
-                             f"data.batch_size={s.batch_size} on {s.world_size}. An exact resume needs both "
-                             f"unchanged (the position inside the epoch is counted in batches)")
+        size, world = int(state.get("batch_size") or s.batch_size), int(state.get("world_size") or 1)
+        accum = int(state.get("accum_steps") or self.accum_steps)
+        if (size, world, accum) != (s.batch_size, s.world_size, self.accum_steps) and not self._follows(state):
+            raise ValueError(f"it was written with data.batch_size={size} on {world} process(es) x trainer.accum_steps="
+                             f"{accum}; this run has data.batch_size={s.batch_size} on {s.world_size} x "
+                             f"{self.accum_steps}. An exact resume needs {self._needs()}")
         for key, value in s.order_state().items():  # what else the sampler's order depends on
             if key in state and state[key] != value:
                 raise ValueError(f"it was written with its data read in an order of {key}={state[key]!r}; this "
                                  f"run's is {value!r}. An exact resume needs it unchanged")
         s.seed = int(state["seed"])
+        s.seeding = state.get("seeding", "batch")  # a run from before per-sample seeds goes on as it was
+
+    def _follows(self, state: dict[str, Any]) -> bool:
+        """Whether this sampler gives each optimizer step the samples it had under the written split."""
+        s = self.sampler
+        follows = s.follows_world_size
+        if state.get("follows_world_size") != follows or follows == "none" or state.get("seeding") != "sample":
+            return False  # shards, or a checkpoint from before the split could change
+        same_global = state["batch_size"] * state["world_size"] * state["accum_steps"] == \
+            s.batch_size * s.world_size * self.accum_steps
+        return same_global and (follows == "any" or state["batch_size"] == s.batch_size)
+
+    def _needs(self) -> str:
+        follows = self.sampler.follows_world_size
+        if follows == "none":
+            return "all three unchanged (the position inside the epoch is counted in batches)"
+        kept = "the global batch kept" + (" and data.batch_size unchanged" if follows == "accumulation" else "")
+        return f"{kept} (the position inside the epoch is counted in optimizer steps)"
 
     def close(self) -> None:
         stop_workers(self.loader)
