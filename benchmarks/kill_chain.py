@@ -98,32 +98,34 @@ def last_logged_step(run_dir: Path) -> int:
     return max((r["step"] for r in rows(run_dir)), default=0) if metrics.is_file() else 0
 
 
-def wait_then_kill(proc: subprocess.Popen, run_dir: Path, target: int | None, rng: random.Random) -> dict | None:
+def wait_then_kill(proc: subprocess.Popen, logged: Callable[[], int], target: int | None,
+                   rng: random.Random) -> dict | None:
     """Kill once the run has logged step ``target`` (None: during start-up, 1-10 s after the launch),
     plus up to 1.5 s, so that the moment falls anywhere in a step, an evaluation or a checkpoint
     write. None: the run finished first."""
     start = time.monotonic()
-    while target is not None and last_logged_step(run_dir) < target and proc.poll() is None:
+    while target is not None and logged() < target and proc.poll() is None:
         time.sleep(0.05)
     try:
         proc.wait(rng.uniform(1.0, 10.0) if target is None else rng.uniform(0.0, 1.5))
         return None
     except subprocess.TimeoutExpired:
         pass
-    step = last_logged_step(run_dir)
+    step = logged()
     took = kill_group_and_check(proc)
     return {"after_s": round(time.monotonic() - start, 1), "target_step": target, "logged_step": step,
             "all_gone_s": round(took, 3)}
 
 
 def chain(run_dir: Path, start: Callable[[int], subprocess.Popen], targets: list[int | None],
-          rng: random.Random) -> list[dict]:
+          rng: random.Random, logged: Callable[[], int] | None = None) -> list[dict]:
     """Launch k (``start(k)``, with --resume auto) and kill it at target k, for each target in turn;
-    then let the run finish."""
+    then let the run finish. ``logged``: the step the run has reached (default: its last logged
+    step)."""
     done: list[dict] = []
     for k, target in enumerate(targets):
         proc = start(k)
-        kill = wait_then_kill(proc, run_dir, target, rng)
+        kill = wait_then_kill(proc, logged or (lambda: last_logged_step(run_dir)), target, rng)
         if kill is None:
             if proc.returncode != 0:
                 raise SystemExit(f"a resumed run failed (exit {proc.returncode}): {stderr_of(run_dir)}")
@@ -167,7 +169,7 @@ def other_world_sizes(tmp: Path, sizes: list[int], kills: int, rng: random.Rando
 
     def ledger_fit(name: str) -> list[str]:
         recipe = {"seed": 0, "task": {"name": "ledger", "samples": 240, "ledger": str(tmp / f"{name}-ledger"),
-                                      "step_sleep": 0.02},
+                                      "step_sleep": 0.05},
                   "data": {"batch_size": 6}, "optim": {"name": "sgd", "lr": 0.01, "momentum": 0.9},
                   "trainer": {"epochs": 6, "accum_steps": 2, "log_every": 5, "precision": "fp32",
                               "progress": "plain", "plots": False},
@@ -178,9 +180,21 @@ def other_world_sizes(tmp: Path, sizes: list[int], kills: int, rng: random.Rando
     killed, straight = tmp / "killed", tmp / "straight"
     if launch(straight, ledger_fit("straight"), resume=False, nproc=sizes[0]).wait() != 0:
         raise SystemExit(f"the straight run failed: {stderr_of(straight)}")
-    fit = ledger_fit("killed")
-    done = chain(killed, lambda k: launch(killed, fit, resume=k > 0, nproc=sizes[k % len(sizes)]),
-                 kill_targets(last_logged_step(straight), kills, rng), rng)
+    fit, launched = ledger_fit("killed"), [0.0]
+
+    def start(k: int) -> subprocess.Popen:
+        launched[0] = time.time()
+        return launch(killed, fit, resume=k > 0, nproc=sizes[k % len(sizes)])
+
+    def steps_this_launch() -> int:  # a kill lands a number of steps after the launch's resume point
+        rows = [json.loads(line) for f in (tmp / "killed-ledger").glob("*.jsonl") for line in
+                f.read_text().splitlines() if line.endswith("}")] if (tmp / "killed-ledger").is_dir() else []
+        return len({r["step"] for r in rows if r["time"] >= launched[0]})
+
+    # the first launch is killed after its first checkpoint (step 10): a run killed before any starts
+    # afresh, on its new number of processes with the configured per-process batch
+    targets = [rng.randint(11, 25)] + [None if rng.random() < 0.25 else rng.randint(3, 25) for _ in range(kills - 1)]
+    done = chain(killed, start, targets, rng, logged=steps_this_launch)
 
     def trained(name: str) -> list[tuple[int, int, float]]:
         return sorted((r["epoch"], i, d) for r in read_ledger(tmp / f"{name}-ledger") for i, d in r["samples"])
@@ -188,8 +202,10 @@ def other_world_sizes(tmp: Path, sizes: list[int], kills: int, rng: random.Rando
     want, got = trained("straight"), trained("killed")
     a, b = (load_file(d / "model.safetensors") for d in (killed, straight))
     finals = [json.loads((d / "summary.json").read_text())["final"]["mse"] for d in (killed, straight)]
-    summary = {"world_sizes": sizes, "kills": len(done), "launches_per_size": [sizes[k % len(sizes)] for k in
-                                                                               range(len(done) + 1)],
+    kept = read_ledger(tmp / "killed-ledger")
+    summary = {"world_sizes": sizes, "kills": len(done), "launches_on": [sizes[k % len(sizes)] for k in
+                                                                         range(len(done) + 1)],
+               "steps_trained_on": {n: len({r["step"] for r in kept if r["world"] == n}) for n in sorted(set(sizes))},
                "samples_trained": len(got), "samples_in_straight_run": len(want),
                "each_once_with_straight_draws": got == want and len(set((e, i) for e, i, _ in got)) == len(got),
                "max_weight_difference": max(float((a[k] - b[k]).abs().max()) for k in a),
