@@ -75,13 +75,11 @@ def test_accumulation_from_an_epoch_on_keeps_it_and_changes_the_batch():
         == (4, 2)
 
 
-def test_a_sharded_checkpoint_resumes_on_its_own_number_of_processes():
-    sharded = {**written(8, 2), fmt.WEIGHTS: {fmt.SHARDED: {"dir": "step-4"}}}
-    with pytest.raises(ConfigError, match="resume on 3 processes: the checkpoint is sharded over the 2 processes of "
-                                          "an FSDP run, and resumes on as many; or start a new run from its weights"):
-        plan(sharded, 3, data__batch_size=8)
-    cfg = toy_config(data__batch_size=8)  # on one process nothing is sharded: the resume's weights check says so
-    assert keep_global_batch(cfg, sharded, 1) == (cfg, None)
+def test_a_sharded_checkpoint_is_planned_on_two_processes_or_more_and_left_to_the_weights_check_on_one():
+    sharded = {**written(4, 2, 2), fmt.WEIGHTS: {fmt.SHARDED: {"dir": "step-4"}}}
+    assert plan(sharded, 4, data__batch_size=4, trainer__accum_steps=2)[0] == (4, 1)
+    cfg = toy_config(data__batch_size=4, trainer__accum_steps=2)  # one process shards nothing: the resume's
+    assert keep_global_batch(cfg, sharded, 1) == (cfg, None)      # weights check refuses it, naming the strategy
 
 
 def test_shards_and_a_task_source_are_left_to_the_source():

@@ -6,7 +6,8 @@ each process trains on. A run on 1 process is killed with SIGKILL at a random st
 ``--resume auto`` and the recipe as written: the resume changes the per-process batch and the
 accumulation itself to keep the global batch of 12. The samples of the whole chain, the steps a
 resume trained again left out, are those of a straight run on one process: each (epoch, sample)
-exactly once, with the same draw.
+exactly once, with the same draw. The same for a sharded (FSDP) run on 2, 3 and 2 processes: a
+sharded model needs two processes at least, so it cannot go down to one.
 """
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ from ledger_task import read_ledger
 from procs import finish, kill_everything, popen
 
 LEDGER_TASK = Path(__file__).parents[1] / "support" / "ledger_task.py"
-EPOCHS, STEPS_PER_EPOCH = 6, 4  # 48 samples in global batches of 12
+EPOCHS = 6  # of 48 samples
 
 
-def write_recipe(path: Path, ledger: Path, step_sleep: float) -> Path:
-    """6 samples a process x 2 micro-batches a step on one process: a global batch of 12.
+def write_recipe(path: Path, ledger: Path, step_sleep: float, strategy: str) -> Path:
+    """6 samples a process x 2 micro-batches a step: a global batch of 12 on one process.
     ``step_sleep``: each micro-batch waits, so that a kill lands mid-run (the straight run: 0)."""
     recipe = {"seed": 3, "task": {"name": "ledger", "samples": 48, "ledger": str(ledger), "step_sleep": step_sleep},
               "data": {"batch_size": 6, "num_workers": 0},
@@ -39,6 +40,7 @@ def write_recipe(path: Path, ledger: Path, step_sleep: float) -> Path:
               # (2 s of CPU a run, not the subject)
               "trainer": {"epochs": EPOCHS, "accum_steps": 2, "log_every": 1, "precision": "fp32",
                           "progress": "plain", "plots": False},
+              "distributed": {"strategy": strategy},
               "eval": {"every": 2}, "checkpoint": {"every": 2, "unit": "steps"}}
     path.write_text(yaml.safe_dump(recipe))
     return path
@@ -70,38 +72,58 @@ def trained(ledger: Path) -> list[tuple[int, int, float]]:
     return sorted((row["epoch"], index, draw) for row in read_ledger(ledger) for index, draw in row["samples"])
 
 
-def test_killed_and_resumed_on_1_2_3_1_processes_trains_each_sample_once_as_the_straight_run(tmp_path):
+def killed_and_resumed(tmp_path: Path, sizes: tuple[int, ...], strategy: str) -> tuple[list[str], str]:
+    """The run straight through on ``sizes[0]`` processes, and killed with SIGKILL at a random step on
+    each of the others in turn but the last, which trains to the end, each resumed with
+    ``--resume auto``. Returns each resume's line about the global batch, and what to name in a
+    failure's message (the kill seed). Checks that every sample was trained once, with the straight
+    run's draw, and that the weights end within float rounding of the straight run's."""
     seed = int(os.environ.get("VISIONTRAIN_TEST_KILL_SEED", time.time_ns() % 10_000))
-    rng = random.Random(seed)  # where each run is killed; the seed is in every failure's message
+    rng, where = random.Random(seed), f"kill seed {seed}"  # the seed is in every failure's message
     straight_ledger, ledger = tmp_path / "straight-ledger", tmp_path / "ledger"
-    straight = fit(write_recipe(tmp_path / "straight.yaml", straight_ledger, 0.0), tmp_path / "straight", 1)
-    recipe, run_dir = write_recipe(tmp_path / "ledger.yaml", ledger, 0.15), tmp_path / "chain"
-    said = []  # each resume's line about the global batch
-    for k, nproc in enumerate((1, 2, 3, 1)):
+    straight = fit(write_recipe(tmp_path / "straight.yaml", straight_ledger, 0.0, strategy), tmp_path / "straight",
+                   sizes[0])
+    recipe, run_dir = write_recipe(tmp_path / "ledger.yaml", ledger, 0.1, strategy), tmp_path / "chain"
+    said = []
+    for k, nproc in enumerate(sizes):
         start = steps_written(ledger)
         proc = fit(recipe, run_dir, nproc, *(["--resume", "auto"] if start else []))
-        if k < 3:  # the last run trains to the end
+        if k < len(sizes) - 1:
             kill_at_step(proc, ledger, start + 3 + rng.randint(0, 2))
         out, err = finish(proc, 300)
-        said += [line.split(" ", 2)[-1] for line in (out + err).splitlines() if "global batch 12 kept" in line]
-    assert proc.returncode == 0, f"seed {seed}: {err[-3000:]}"
+        said += [line.split(" ", 2)[-1] for line in (out + err).splitlines() if "kept" in line]
+    assert proc.returncode == 0, f"{where}: {err[-3000:]}"
     _, straight_err = finish(straight, 300)
     assert straight.returncode == 0, straight_err[-3000:]
+
+    want, got = trained(straight_ledger), trained(ledger)
+    assert len(want) == EPOCHS * 48 and len({(e, i) for e, i, _ in want}) == EPOCHS * 48
+    assert got == want, f"{where}: {len(got)} samples trained, {len(want)} in the straight run"
+    steps = {(row["step"], row["world"]) for row in read_ledger(ledger)}
+    assert {world for _, world in steps} == set(sizes), f"{where}: {sorted(steps)}"
+
+    # Not bit-identical: the ranks' gradients are summed in another order than one process's
+    # accumulation (and 3 processes batch 4 samples where 1 batches 6). Measured with DDP: at most
+    # 1.8e-7 apart (three kill seeds, with torch's AVX-512 kernels and with ATEN_CPU_CAPABILITY=avx2).
+    a, b = (load_file(str(d / "model.safetensors")) for d in (tmp_path / "straight", run_dir))
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{where}: {name}: {m}")
+    return said, where
+
+
+def test_killed_and_resumed_on_1_2_3_1_processes_trains_each_sample_once_as_the_straight_run(tmp_path):
+    said, where = killed_and_resumed(tmp_path, (1, 2, 3, 1), "ddp")
     assert said == ["resumed on 2 processes (written on 1): trainer.accum_steps 2 -> 1: global batch 12 kept",
                     "resumed on 3 processes (written on 2): data.batch_size 6 -> 4, trainer.accum_steps 2 -> 1: "
                     "global batch 12 kept",
                     "resumed on 1 process (written on 3): global batch 12 kept (data.batch_size=6 on 1 "
-                    "process x trainer.accum_steps=2)"], f"seed {seed}: {said}"
+                    "process x trainer.accum_steps=2)"], f"{where}: {said}"
 
-    want, got = trained(straight_ledger), trained(ledger)
-    assert len(want) == EPOCHS * 48 and len({(e, i) for e, i, _ in want}) == EPOCHS * 48
-    assert got == want, f"seed {seed}: {len(got)} samples trained, {len(want)} in the straight run"
-    steps = {(row["step"], row["world"]) for row in read_ledger(ledger)}
-    assert {world for _, world in steps} == {1, 2, 3}, f"seed {seed}: {sorted(steps)}"
 
-    # Not bit-identical: DDP averages the ranks' gradients, a sum in another order than one process's
-    # accumulation (and 3 processes batch 4 samples where 1 batches 6). Measured: at most 1.8e-7 apart
-    # (three kill seeds, with torch's AVX-512 kernels and with ATEN_CPU_CAPABILITY=avx2).
-    a, b = (load_file(str(d / "model.safetensors")) for d in (tmp_path / "straight", run_dir))
-    for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"seed {seed}: {name}: {m}")
+def test_a_sharded_run_resumed_on_2_3_2_processes_reshards_and_trains_each_sample_once(tmp_path):
+    """FSDP: each resume reads the sharded checkpoint into another number of shards (torch's
+    distributed checkpoint reshards on load); the global batch here is 24 (6 x 2 processes x 2)."""
+    said, where = killed_and_resumed(tmp_path, (2, 3, 2), "fsdp")
+    assert said == ["resumed on 3 processes (written on 2): data.batch_size 6 -> 4: global batch 24 kept",
+                    "resumed on 2 processes (written on 3): global batch 24 kept (data.batch_size=6 on 2 "
+                    "processes x trainer.accum_steps=2)"], f"{where}: {said}"

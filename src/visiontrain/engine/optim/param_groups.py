@@ -20,8 +20,9 @@ from typing import Any, Callable, Literal
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
-from visiontrain.core.config import register_section
+from visiontrain.core.config import ConfigError, register_section
 from visiontrain.core.typed_config import doc
 
 
@@ -147,13 +148,18 @@ def check_coverage(model: nn.Module, groups: list[dict[str, Any]]) -> None:
         raise ParamGroupError("; ".join(parts))
 
 
-def _use_fused(impl: str, groups: list[dict[str, Any]]) -> bool:
-    if impl == "fused":
-        return True
-    if impl != "auto":
-        return False
+def _use_fused(impl: str, groups: list[dict[str, Any]], name: str) -> bool:
+    """Fused where asked, or under ``auto`` where every parameter allows it. Torch has no fused SGD
+    for sharded (FSDP's DTensor) parameters: its kernel has no sharding rule, and the first step
+    would fail."""
     params = [p for g in groups for p in g["params"]]
-    return all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    sharded_sgd = name == "sgd" and any(isinstance(p, DTensor) for p in params)
+    if impl == "fused" and sharded_sgd:
+        raise ConfigError("optim.impl=fused: torch has no fused SGD for sharded parameters "
+                         "(distributed.strategy=fsdp); use optim.impl=auto or foreach")
+    if impl != "auto":
+        return impl == "fused"
+    return not sharded_sgd and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
 
 
 def build_optimizer(groups: list[dict[str, Any]], optim: OptimConfig, *, lr: float) -> torch.optim.Optimizer:
@@ -161,7 +167,7 @@ def build_optimizer(groups: list[dict[str, Any]], optim: OptimConfig, *, lr: flo
     the base rate after any batch scaling), fused where possible (it also lets a step be skipped on
     the device through ``found_inf``, see ``engine.step.pipeline``)."""
     name, momentum, impl = optim.name, optim.momentum, optim.impl
-    fused = _use_fused(impl, groups)
+    fused = _use_fused(impl, groups, name)
     kind = {"fused": fused} if fused else {"foreach": impl != "loop"}
     for g in groups:
         g["lr"] = lr * g["lr_mult"]

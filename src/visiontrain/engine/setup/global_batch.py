@@ -21,7 +21,9 @@ checkpoint's data entry):
 - ``none`` (shards: the order depends on processes x workers): nothing is planned; the source
   refuses another number of processes in its own words.
 
-An FSDP checkpoint (sharded) resumes on the number of processes it was written on: refused here.
+An FSDP checkpoint (sharded) resumes on any number of processes from 2: torch's distributed
+checkpoint reshards it as it loads (``engine.state.sharded``). One process shards nothing, and the
+resume's weights check refuses it there.
 
 A run whose accumulation starts after an epoch (``trainer.accum_after_epoch``) has two global
 batches; both are kept by keeping the accumulation and changing the per-process batch.
@@ -89,12 +91,8 @@ def keep_global_batch(cfg: Config, checkpoint: dict[str, Any], world_size: int) 
     asked = BatchSplit(cfg.data.batch_size, world_size, cfg.trainer.accum_steps)
     if asked == was or follows == "none" or not _same_data_and_task(cfg, checkpoint):
         return cfg, None  # shards, or another run's checkpoint: the checks that follow refuse in their own words
-    if fmt.sharded_record(checkpoint) is not None and world_size != was.world_size:
-        if world_size == 1:  # a run that shards nothing: the weights' check refuses it, naming the strategy
-            return cfg, None
-        raise ConfigError(f"resume on {_processes(world_size)}: the checkpoint is sharded over the "
-                          f"{_processes(was.world_size)} of an FSDP run, and resumes on as many; or start a new run "
-                          f"from its weights with --init")
+    if fmt.sharded_record(checkpoint) is not None and world_size == 1:
+        return cfg, None  # one process shards nothing: the weights' check refuses it, naming the strategy
     where = f"resumed on {_processes(world_size)}" + \
         (f" (written on {was.world_size})" if world_size != was.world_size else "")
     two_phases = cfg.trainer.accum_after_epoch > 0
