@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 from dataset_trees import build_png_tree  # noqa: E402
 from visiontrain.data.datasets import ClassificationReader, build_classification_data  # noqa: E402
 from visiontrain.data.datasets.fashion_mnist import DEBIAN_DIR, DatasetFormatError, read_idx  # noqa: E402
+from visiontrain.data.samplers import SeededDataset, sample_seed  # noqa: E402
 from visiontrain.models import SmallCNN, build_model  # noqa: E402
 
 HAVE_FASHION = Path(DEBIAN_DIR, "train-images-idx3-ubyte.gz").is_file()
@@ -177,6 +178,15 @@ def test_fashion_mnist_flip_is_the_plain_batch_with_half_the_images_mirrored():
     torch.manual_seed(7)
     assert all(torch.equal(a, b) for (a, _), (b, _) in zip(got, flip.train.__getitems__(idx)))
     assert torch.equal(flip.val[0][0], plain.val[0][0])  # validation is never mirrored
+    # as training loads it (SeededDataset, the batched seeded_items): each image's coin is its own seed's,
+    # whatever batch it is in, and half of them come up mirrored
+    keys = [(i, sample_seed(7, 0, i)) for i in idx]
+    seeded = SeededDataset(flip.train).__getitems__(keys)
+    halves = SeededDataset(flip.train).__getitems__(keys[1000:]) + SeededDataset(flip.train).__getitems__(keys[:1000])
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(seeded, halves[1000:] + halves[:1000]))
+    flipped = [torch.equal(x, w.flip(-1)) and not torch.equal(x, w) for (x, _), (w, _) in zip(seeded, want)]
+    assert all(f or torch.equal(x, w) for f, (x, _), (w, _) in zip(flipped, seeded, want))
+    assert 900 < sum(flipped) < 1100
     # digits: a mirrored digit is another symbol, so flip mirrors nothing there (as basic drops its flip)
     mirrorless = digits(augment="flip")
     assert not mirrorless.random_train_transforms

@@ -15,8 +15,10 @@ Exact mid-epoch resume, also on another number of processes, needs two things fr
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+import math
+from typing import Any, Iterator, Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
@@ -26,6 +28,29 @@ _MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads nearby (seed, epoch,
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """The seed of sample ``index``'s random transforms in ``epoch`` of a run seeded ``seed``."""
     return ((seed * _MIX + epoch) * _MIX + index) % (2**63 - 1)
+
+
+def follows_split(follows: str, written: tuple[int, int, int], now: tuple[int, int, int]) -> bool:
+    """Whether a sampler whose ``follows_world_size`` is ``follows`` gives each optimizer step the
+    samples it gave under the split ``written`` also under ``now``, each a (per-process batch,
+    processes, micro-batches a step): ``any`` where the global batch is the same, ``accumulation``
+    where the per-process batch is the same too, ``none`` only where nothing changed."""
+    if written == now:
+        return True
+    same_global = math.prod(written) == math.prod(now)
+    return follows == "any" and same_global or follows == "accumulation" and same_global and written[0] == now[0]
+
+
+def seed_coins(seeds: Sequence[int]) -> torch.Tensor:
+    """A fair coin for each seed (bool [n]), a pure function of it: the top bit of splitmix64's
+    finaliser, for a dataset that draws one coin a sample for a whole batch at once (a flip)
+    without making a generator for each."""
+    with np.errstate(over="ignore"):
+        z = np.asarray(seeds, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return torch.from_numpy((z >> np.uint64(63)).astype(bool))
 
 
 #: The same mixing of (seed, epoch, batch position): how a batch was seeded before samples were,

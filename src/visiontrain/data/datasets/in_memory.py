@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 from visiontrain.core._tv_compat import ensure_torchvision
 from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401  (re-exported)
+from visiontrain.data.samplers import seed_coins
 
 AUGMENTS = ("none", "flip", "basic", "imagenet")
 VAL_CROP_RATIO = 0.875  # val: Resize(int(size / 0.875)) then CenterCrop(size)
@@ -200,8 +201,8 @@ class InMemoryClassification(Dataset):
             return items
         idx = torch.as_tensor(indices, dtype=torch.int64)
         x = self._batch(idx)
-        if self.train_spec is not None:  # "flip": each image mirrored with probability 1/2, drawn from its seed
-            flip = torch.cat([torch.rand(1, generator=torch.Generator().manual_seed(seed)) for seed in seeds]) < 0.5
+        if self.train_spec is not None:  # "flip": each image mirrored with probability 1/2, a coin of its seed
+            flip = seed_coins(seeds)
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
         return list(zip(x.unbind(0), self.labels[idx].tolist()))
 

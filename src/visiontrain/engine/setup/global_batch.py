@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 from visiontrain.core.config import Config, ConfigError
+from visiontrain.data.samplers import follows_split
 from visiontrain.rundir import checkpoint_format as fmt
 
 
@@ -123,9 +124,8 @@ def _splits(was: BatchSplit, world_size: int, follows: str, two_phases: bool) ->
     per_process, rest = divmod(was.global_batch, world_size)
     if rest:
         return []
-    splits = [BatchSplit(b, world_size, per_process // b) for b in range(1, per_process + 1) if per_process % b == 0]
-    if follows == "accumulation":  # grouped batches are cut at the per-process batch: it stays
-        splits = [s for s in splits if s.batch_size == was.batch_size]
+    splits = [BatchSplit(b, world_size, per_process // b) for b in range(1, per_process + 1) if per_process % b == 0
+              and follows_split(follows, astuple(was), (b, world_size, per_process // b))]
     if two_phases:  # before accumulation starts a step is one micro-batch: the accumulation stays
         splits = [s for s in splits if s.accum_steps == was.accum_steps]
     return splits

@@ -140,7 +140,7 @@ def build_training(cfg: Config, task: Task, run_dir: Path | None, *, resume: str
     scalars = ScheduledScalars(cfg.schedules, bases, clock, optimizer, model, task, ema)
     notes += [batch_note] if batch_note else []
     notes.append(precision.line())
-    eval_precision = evaluation_precision(cfg.eval.precision, lambda: precision)
+    eval_precision = evaluation_precision(cfg.eval.precision, precision)
     if eval_precision is not FP32:
         notes.append(f"evaluation in {eval_precision.precision}, as eval.precision=train sets")
     if stale:
@@ -164,7 +164,7 @@ def build_evaluation(cfg: Config, task: Task, model: nn.Module, ema_model: nn.Mo
     seed_everything(cfg.seed)
     val = val_loader(task.build_data(), cfg, dist, device)
     ema_model = place_model(ema_model, cfg, dist, device).eval() if ema_model is not None else None
-    precision = evaluation_precision(
-        cfg.eval.precision, lambda: choose_precision(cfg.trainer.precision, device, sharded=uses_fsdp(cfg, dist)))
+    trained = choose_precision(cfg.trainer.precision, device, sharded=uses_fsdp(cfg, dist))
+    precision = evaluation_precision(cfg.eval.precision, trained)
     return EvalRun(cfg, task, dist, device, data_info, place_model(model, cfg, dist, device), ema_model, val,
                    precision)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Mapping
+from typing import Any, ContextManager, Mapping
 
 import torch
 
@@ -122,10 +122,10 @@ def choose_precision(requested: str, device: torch.device, *, sharded: bool = Fa
     return PrecisionChoice("fp32", requested, what)
 
 
-def evaluation_precision(setting: str, trained: Callable[[], PrecisionChoice]) -> PrecisionChoice:
+def evaluation_precision(setting: str, trained: PrecisionChoice) -> PrecisionChoice:
     """What an evaluation computes in: fp32 (``eval.precision: fp32``, the default: the metric is the
-    same whatever ``auto`` picked on this machine), or ``trained()``, the run's resolved
+    same whatever ``auto`` picked on this machine), or ``trained``, the run's resolved
     ``trainer.precision`` (``eval.precision: train``: an evaluation as fast as the training step, for a
     recipe whose metric does not move in 16 bits; a label map's argmax does not, a box's coordinates
-    may). ``trained`` is only called for ``train``."""
-    return trained() if setting == "train" else FP32
+    may)."""
+    return trained if setting == "train" else FP32

@@ -15,7 +15,7 @@ from typing import Any, Iterator, Protocol, runtime_checkable
 
 from torch.utils.data import DataLoader
 
-from visiontrain.data.samplers import ResumableBatchSampler
+from visiontrain.data.samplers import ResumableBatchSampler, follows_split
 
 
 @runtime_checkable
@@ -96,12 +96,10 @@ class LoaderSource:
     def _follows(self, state: dict[str, Any]) -> bool:
         """Whether this sampler gives each optimizer step the samples it had under the written split."""
         s = self.sampler
-        follows = s.follows_world_size
-        if state.get("follows_world_size") != follows or follows == "none" or state.get("seeding") != "sample":
-            return False  # shards, or a checkpoint from before the split could change
-        same_global = state["batch_size"] * state["world_size"] * state["accum_steps"] == \
-            s.batch_size * s.world_size * self.accum_steps
-        return same_global and (follows == "any" or state["batch_size"] == s.batch_size)
+        if state.get("follows_world_size") != s.follows_world_size or state.get("seeding") != "sample":
+            return False  # a checkpoint from before the split could change
+        written = (state["batch_size"], state["world_size"], state["accum_steps"])
+        return follows_split(s.follows_world_size, written, (s.batch_size, s.world_size, self.accum_steps))
 
     def _needs(self) -> str:
         follows = self.sampler.follows_world_size
