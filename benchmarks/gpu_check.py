@@ -1,8 +1,9 @@
 """visiontrain on a GPU: one command that runs every CUDA path and takes the GPU figures.
 
-    python benchmarks/gpu_check.py --out DIR             # on a GPU machine: about 6 minutes on an H100/H200
+    python benchmarks/gpu_check.py --out DIR             # on a GPU machine: about 9 minutes on an H100/H200
     python benchmarks/gpu_check.py --dry-run --out DIR   # the same stages on the CPU, tiny sizes (the suite runs it)
     python benchmarks/gpu_check.py --out DIR --stages tests,fsdp   # again, only these stages
+    python benchmarks/gpu_check.py --out DIR --stages input        # the input pipeline alone: about 3 minutes
 
 Each stage runs in its own process group with its own time budget, so one that fails, hangs or
 takes CUDA down loses only its own figures; each writes its results as they come, and a stage cut
@@ -27,6 +28,10 @@ ones alone after them:
               data cache) through `visiontrain benchmark`: samples/s, data-wait share, peak memory;
               then on its first batch replayed (--synthetic): what the step alone could do, which
               says whether loading (DINO's multi-crop, detection decoding) is the limit
+  input       an ImageNet-style folder of JPEGs (33,000 at 500 x 375, written here in parallel) read by
+              the image-folder source into ResNet-50 at 224 px, bf16: images/s and data-wait share with
+              data.decode=cpu at 0, 4, 8 and 16 workers and data.decode=gpu at 8 and 16, each against the
+              step alone on its first batch replayed (the ceiling); and what trainer.precision=auto picks
 
 Writes DIR/gpu_check.json (every stage: status, seconds, results), DIR/summary.txt (a few lines
 a stage) and DIR/stages.log (every stage's own output).
@@ -319,6 +324,15 @@ def compile_by_tracing_only() -> None:
     torch.compile = functools.partial(torch.compile, backend=DRY_COMPILE_BACKEND)
 
 
+def chosen_cases(cases: list[tuple[str, int, int, bool]], models: str | None) -> list[tuple[str, int, int, bool]]:
+    """The throughput cases ``--models`` names (``vit_base_patch16_224+compiled``: only its compiled
+    case); all of them without it."""
+    if not models:
+        return cases
+    names = set(models.split(","))
+    return [c for c in cases if (f"{c[0]}+compiled" if c[3] else c[0]) in names]
+
+
 def stage_throughput(args: argparse.Namespace, out: Results) -> None:
     import torch
 
@@ -331,7 +345,7 @@ def stage_throughput(args: argparse.Namespace, out: Results) -> None:
     precision = "fp32" if args.dry_run else "bf16"
     steps, warmup = (1, 1) if args.dry_run else (30, 8)
     flops: dict[str, float] = {}
-    for model, size, batch, compiled in THROUGHPUT["dry" if args.dry_run else "gpu"]:
+    for model, size, batch, compiled in chosen_cases(THROUGHPUT["dry" if args.dry_run else "gpu"], args.models):
         need = (60 if compiled else 25) * (0.3 if args.dry_run else 1)  # what a case takes, about
         if left(args) < need:
             out.add({"model": model, "compiled": compiled, "skipped": f"{left(args):.0f} s of the budget left"})
@@ -386,7 +400,7 @@ DRY_REAL_DATA = "classify-fashion"
 
 def stage_recipes(args: argparse.Namespace, out: Results) -> None:
     """Each small recipe as shipped: real data (its loader as written), then its first batch replayed."""
-    real, synthetic = ((1, 1), (1, 1)) if args.dry_run else ((80, 10), (20, 5))
+    real, synthetic = ((1, 1), (1, 1)) if args.dry_run else ((200, 20), (20, 5))
     for recipe in args.recipes.split(",") if args.recipes else SMALL_RECIPES:
         sizes = DRY_SIZES[recipe] if args.dry_run else []
         record: dict[str, Any] = {"recipe": recipe}
@@ -409,6 +423,148 @@ def stage_recipes(args: argparse.Namespace, out: Results) -> None:
         out.add(record)
 
 
+# The input stage: an ImageNet-style folder of JPEGs made here, read by the classification recipe's
+# image-folder source as it ships, ResNet-50 at 224 px in bf16 (the dry run: ResNet-18 at 32 px, fp32).
+INPUT_RUN = ["classify-mobilevit-imagenet", "ema.enabled=false"]
+# (train images, val images, classes, (width, height), processes: None = one a core). 32,000 train
+# images, not fewer: an epoch (125 steps of 256) holds each case's warm-up and window, since an
+# epoch's end restarts every worker's prefetch at once, a stall that ImageNet's 5,000-step epochs
+# spread thin and a short window would not.
+INPUT_SIZES = {
+    "gpu": (32_000, 1_000, 100, (500, 375), None),
+    "dry": (48, 4, 2, (64, 48), 1),
+}
+INPUT_OVERRIDES = {
+    "gpu": ["task.model=resnet50", "data.image_size=224", "data.batch_size=256", "trainer.precision=bf16"],
+    "dry": ["task.model=resnet18", "data.image_size=32", "data.batch_size=8", "trainer.precision=fp32"],
+}
+
+
+@dataclass(frozen=True)
+class InputCase:
+    """One `visiontrain benchmark` run of the input stage. The first synthetic case at the run's
+    precision is the ceiling that the others are divided by: its first batch replayed, so loading
+    drops out."""
+    decode: str                   # data.decode: cpu (PIL in the loader's workers) | gpu (on the device)
+    workers: int                  # data.num_workers
+    steps: int
+    warmup: int
+    need_s: int                   # what it takes with its start-up, about: skipped when less is left
+    synthetic: bool = False
+    precision: str | None = None  # trainer.precision instead of the run's: auto, to record what it picks
+
+
+INPUT_CASES = {
+    # The order: what the stage is for first (a case is skipped when the budget runs short), the
+    # ceiling before all (each ratio as it comes). The warm-ups where workers decode (cpu): 4 x
+    # workers + 2 steps. While the first step runs (cuDNN's autotune) the workers stack up their
+    # prefetch (2 batches a worker), which a timed window would get for free; where loading is the
+    # limit, that many steps eat it first. The steps: 5-10 s timed a case (0 workers: 1,280 images).
+    "gpu": [InputCase("cpu", 0, 40, 10, 15, synthetic=True), InputCase("cpu", 16, 50, 66, 28),
+            InputCase("gpu", 16, 40, 10, 18), InputCase("cpu", 8, 30, 34, 25), InputCase("gpu", 8, 40, 10, 18),
+            InputCase("cpu", 4, 20, 18, 26), InputCase("cpu", 0, 5, 1, 22),
+            InputCase("cpu", 0, 3, 1, 12, synthetic=True, precision="auto")],
+    # each kind of run once, loaded in the training process: the dry run shares 2 cores with the
+    # others. (auto has its own case: on a CPU with AVX512-BF16 it picks bf16, not the cases' fp32)
+    "dry": [InputCase("cpu", 0, 1, 1, 8, synthetic=True), InputCase("cpu", 0, 1, 1, 8), InputCase("gpu", 0, 1, 1, 8),
+            InputCase("cpu", 0, 1, 1, 8, synthetic=True, precision="auto")],
+}
+
+
+def write_jpegs(job: tuple[str, str, int, int, int, int, int]) -> int:
+    """One class's images ``start`` to ``start + count`` of one split, as JPEGs at quality 90: random
+    colours on a coarse grid, upsampled smoothly, plus pixel noise, so that a file is about the size of
+    an ImageNet photo (about 55 kB at 500 x 375) and costs about as much to decode. Every fourth one
+    is portrait, so RandomResizedCrop's geometry varies as on photos. Returns its files' bytes."""
+    import numpy as np
+    from PIL import Image
+
+    root, split, cls, start, count, width, height = job
+    rng = np.random.default_rng([int(split == "train"), cls, start])
+    side = width + height  # one block of noise, each image a window of it: 2.5 ms an image, not 4.5
+    noise = rng.integers(0, 17, (side, side, 3), dtype=np.uint8)
+    folder = Path(root) / split / f"class{cls:03d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    total = 0
+    for i in range(start, start + count):
+        w, h = (height, width) if i % 4 == 3 else (width, height)
+        coarse = rng.integers(0, 240, (h // 16 + 2, w // 16 + 2, 3), dtype=np.uint8)
+        smooth = np.asarray(Image.fromarray(coarse).resize((w, h), Image.BILINEAR))  # no overshoot: at most 239
+        y, x = rng.integers(0, side - h + 1), rng.integers(0, side - w + 1)
+        path = folder / f"{i:05d}.jpg"
+        Image.fromarray(smooth + noise[y:y + h, x:x + w]).save(path, quality=90)
+        total += path.stat().st_size
+    return total
+
+
+def make_image_folder(root: Path, dry_run: bool) -> dict[str, Any]:
+    """ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg, written by a process a core (the GPU
+    machine's 16 write its 33,000 files in seconds: about 3 ms a file), in jobs of at most 50 images
+    so that the processes share them evenly."""
+    import multiprocessing
+
+    train, val, classes, (width, height), processes = INPUT_SIZES["dry" if dry_run else "gpu"]
+    processes = processes or os.cpu_count() or 1
+    jobs = [(str(root), split, c, start, min(50, n // classes - start), width, height)
+            for split, n in (("train", train), ("val", val)) for c in range(classes)
+            for start in range(0, n // classes, 50)]
+    t0 = time.perf_counter()
+    if processes == 1:
+        sizes = list(map(write_jpegs, jobs))
+    else:  # forked: this stage's process has imported nothing but the standard library
+        with multiprocessing.get_context("fork").Pool(processes) as pool:
+            sizes = list(pool.imap_unordered(write_jpegs, jobs))
+    seconds = time.perf_counter() - t0
+    print(f"[gpu_check] input: {train + val} JPEGs written in {seconds:.1f} s by {processes} processes", flush=True)
+    return {"dataset": "imagenet-like", "train_images": train, "val_images": val, "classes": classes,
+            "size": f"{width}x{height}", "portrait_share": 0.25, "processes": processes, "seconds": round(seconds, 1),
+            "mean_kb": round(sum(sizes) / (train + val) / 1e3, 1)}
+
+
+def input_case(case: InputCase, root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One case's record: its figures from `visiontrain benchmark`'s JSON, or its exit and error."""
+    record: dict[str, Any] = {"decode": case.decode, "workers": case.workers, "synthetic": case.synthetic}
+    if case.precision:
+        record["precision_asked"] = case.precision
+    if left(args) < case.need_s:
+        return {**record, "skipped": f"{left(args):.0f} s of the budget left"}
+    overrides = [*INPUT_OVERRIDES["dry" if args.dry_run else "gpu"], f"data.root={root}",
+                 f"data.decode={case.decode}", f"data.num_workers={case.workers}",
+                 *([f"trainer.precision={case.precision}"] if case.precision else [])]
+    cmd = [sys.executable, "-m", "visiontrain", "benchmark", *INPUT_RUN, *overrides, "--steps", str(case.steps),
+           "--warmup", str(case.warmup), *(["--synthetic"] if case.synthetic else [])]
+    t0 = time.time()
+    rc, output = run_logged(cmd, args, min(left(args) - 2, 120))
+    record["seconds"] = round(time.time() - t0, 1)  # start-up included: what need_s guesses
+    r = last_json(output) if rc == 0 else None
+    if not r:
+        return {**record, "exit": rc, "error": output.strip().splitlines()[-3:]}
+    return {**record, "precision": r["precision"], "steps": r["steps"], "warmup": r["warmup"],
+            "images_per_s": round(r["samples_per_s"], 1), "step_ms": round(r["step_ms"], 1),
+            "data_wait_ms": round(r["data_wait_ms"], 1),
+            "data_wait_share": round(r["data_wait_ms"] / max(r["step_ms"], 1e-9), 3),
+            **{k: v for k, v in r.items() if k.startswith("peak_")}}
+
+
+def stage_input(args: argparse.Namespace, out: Results) -> None:
+    """What an ImageNet-style folder of JPEGs gives a ResNet-50 end to end: decoded by PIL in 0 to 16
+    workers, or on the GPU, each against the step alone (the ceiling), and what precision=auto picks.
+    The ceiling replays a batch decoded on the CPU: the step alone. With data.decode=gpu the device's
+    decode is the step's first part (Task.device_transform), so its data wait is the file reads alone
+    and what the decode costs shows as the gap to the ceiling."""
+    root = Path(args.work) / "imagenet-like"
+    out.add(make_image_folder(root, args.dry_run))
+    ceiling = None
+    for case in INPUT_CASES["dry" if args.dry_run else "gpu"]:
+        record = input_case(case, root, args)
+        if case.synthetic and not case.precision and ceiling is None and "images_per_s" in record:
+            ceiling = record["images_per_s"]
+            record["ceiling"] = True
+        if ceiling and "images_per_s" in record and not case.synthetic:
+            record["x_ceiling"] = round(record["images_per_s"] / ceiling, 3)
+        out.add(record)
+
+
 STAGES = {s.name: s for s in [
     # The dry run's budgets are caps for a loaded CI machine (the suite runs it beside another test
     # worker); on an idle 2-core machine the whole dry run takes about 3 minutes.
@@ -418,6 +574,7 @@ STAGES = {s.name: s for s in [
     Stage("profile", True, 45, 120, stage_profile),
     Stage("throughput", True, 180, 400, stage_throughput),
     Stage("recipes", True, 190, 560, stage_recipes),
+    Stage("input", True, 210, 180, stage_input),
 ]}
 
 
@@ -427,7 +584,8 @@ def start(stage: Stage, args: argparse.Namespace, work: Path) -> tuple[subproces
     deadline = time.time() + budget
     cmd = [sys.executable, str(Path(__file__).resolve()), "--stage", stage.name, "--work", str(work),
            "--deadline", str(deadline), *(["--dry-run"] if args.dry_run else []),
-           *(["--data", args.data] if args.data else []), *(["--recipes", args.recipes] if args.recipes else [])]
+           *(["--data", args.data] if args.data else []), *(["--recipes", args.recipes] if args.recipes else []),
+           *(["--models", args.models] if args.models else [])]
     log = open(work / f"{stage.name}.log", "w")  # noqa: SIM115  (closed by finish)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(args), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -458,8 +616,37 @@ def finish(stage: Stage, proc: subprocess.Popen, deadline: float, log: Any, work
     return result
 
 
+def input_lines(records: list[dict[str, Any]]) -> list[str]:
+    """The input stage's few lines: its data, then a row a case (images/s, against the step alone, and
+    the share of a step spent waiting for the next batch), in reading order (the stage runs them in
+    order of need), then what precision=auto picked."""
+    lines, rows, picked = [], ["  decode       workers    img/s  x ceiling  data wait"], []
+    for r in records:
+        if "dataset" in r:
+            lines.append(f"  {r['train_images']} train + {r['val_images']} val JPEGs, {r['classes']} classes, "
+                         f"{r['size']} (a quarter portrait), {r['mean_kb']} kB each, written in {r['seconds']} s "
+                         f"by {r['processes']} process{'es' if r['processes'] > 1 else ''}")
+    cases = sorted((r for r in records if "decode" in r),
+                   key=lambda r: (not r["synthetic"], "precision_asked" in r, r["decode"], r["workers"]))
+    for r in cases:
+        what = (f"step alone{', ' + r['precision_asked'] if 'precision_asked' in r else ''}" if r["synthetic"]
+                else r["decode"])
+        if "images_per_s" not in r:
+            why = f"skipped: {r['skipped']}" if "skipped" in r else f"failed (exit {r.get('exit')})"
+            rows.append(f"  {what:<16} {r['workers']:>3}  {why}")
+            continue
+        if "precision_asked" in r:
+            picked.append(f"  trainer.precision={r['precision_asked']} picked {r['precision']}")
+        ratio = "ceiling" if r.get("ceiling") else r.get("x_ceiling", "")
+        wait = "" if r["synthetic"] else f"{100 * r['data_wait_share']:.0f} %"
+        rows.append(f"  {what:<16} {r['workers']:>3} {r['images_per_s']:>8.0f} {ratio:>10} {wait:>10}".rstrip())
+    return lines + rows + picked
+
+
 def summary_lines(name: str, result: dict[str, Any]) -> list[str]:
     lines = [f"{name}: {result['status']} in {result['seconds']} s"]
+    if name == "input":
+        return lines + input_lines(result["records"])
     for r in result["records"]:
         if name == "throughput" and "engine_over_raw" in r:
             lines.append(f"  {r['model']}{' compiled' if r['compiled'] else ''} {r['image_size']} px batch {r['batch']}: "
@@ -557,6 +744,8 @@ def main() -> None:
     p.add_argument("--stages", help=f"comma-separated subset of: {', '.join(STAGES)}")
     p.add_argument("--data", help="a folder holding FashionMNIST/raw/*.gz (becomes VISIONTRAIN_DATA_CACHE)")
     p.add_argument("--recipes", help=f"the recipes stage's recipes (default: {', '.join(SMALL_RECIPES)})")
+    p.add_argument("--models", help="the throughput stage's cases, comma-separated: MODEL or MODEL+compiled "
+                                    "(default: all)")
     p.add_argument("--budgets", default="", help="seconds per stage instead of the defaults: throughput=150,recipes=60")
     p.add_argument("--stage", help=argparse.SUPPRESS)     # the runner's own call of one stage
     p.add_argument("--work", help=argparse.SUPPRESS)

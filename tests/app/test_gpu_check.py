@@ -16,7 +16,7 @@ def test_the_dry_run_passes_every_stage_and_writes_its_figures(tmp_path):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     stages = result["stages"]
-    assert list(stages) == ["env", "tests", "fsdp", "profile", "throughput", "recipes"]
+    assert list(stages) == ["env", "tests", "fsdp", "profile", "throughput", "recipes", "input"]
     assert {name: s["status"] for name, s in stages.items()} == dict.fromkeys(stages, "ok")
 
     env, = stages["env"]["records"]
@@ -55,6 +55,18 @@ def test_the_dry_run_passes_every_stage_and_writes_its_figures(tmp_path):
     real = recipes["classify-fashion"]  # and one recipe's real-data run, paired with its replay
     assert real["real"]["samples_per_s"] > 0 and 0 <= real["data_wait_share"] <= 1, real
 
+    folder, *runs = stages["input"]["records"]  # the JPEG folder it made, then a record a benchmark run
+    assert folder["train_images"] == 48 and folder["mean_kb"] > 0, folder
+    cases = {(r["decode"], r["workers"], r["synthetic"], r.get("precision_asked")): r for r in runs}
+    assert set(cases) == {("cpu", 0, True, None), ("cpu", 0, False, None), ("gpu", 0, False, None),
+                          ("cpu", 0, True, "auto")}
+    for r in cases.values():
+        assert r["images_per_s"] > 0 and 0 <= r["data_wait_share"] <= 1, r
+    assert cases["cpu", 0, True, None]["ceiling"] is True  # the step alone at the run's fp32: each ratio's base
+    assert cases["cpu", 0, False, None]["x_ceiling"] > 0 and cases["gpu", 0, False, None]["x_ceiling"] > 0
+    assert cases["cpu", 0, True, "auto"]["precision"] in ("fp32", "bf16")  # what auto picks on this CPU
+
     summary = (tmp_path / "summary.txt").read_text()
     assert "throughput: ok" in summary and "ratio" in summary and "data wait" in summary
+    assert "x ceiling" in summary and "trainer.precision=auto picked" in summary
     assert "======== recipes" in (tmp_path / "stages.log").read_text()

@@ -66,15 +66,18 @@ class EvalTransform:
             top = 1.0 if is_float else max_value
             scale = torch.tensor([1.0 / (top * s) for s in self.std]).view(c, 1, 1)
             shift = torch.tensor([-m / s for m, s in zip(self.mean, self.std)]).view(c, 1, 1)
-            return images.float().mul_(scale.to(images.device)).add_(shift.to(images.device))
+            # non_blocking: a copy from pageable memory is staged at once and waits for no kernel (a
+            # blocking one waits for the device's queue: a host sync on data kept on the GPU)
+            return images.float().mul_(scale.to(images.device, non_blocking=True)).add_(
+                shift.to(images.device, non_blocking=True))
         x = images
         if not is_float and not self.geometry_on_uint8:
             x = x.float().mul_(1.0 / max_value)
         x = self.geometry(x)
         if not x.is_floating_point():
             x = x.float().mul_(1.0 / max_value)  # torchvision's ToDtype(float32, scale=True) for 8 bits
-        mean = torch.tensor(self.mean, device=x.device).view(c, 1, 1)
-        std = torch.tensor(self.std, device=x.device).view(c, 1, 1)
+        mean = torch.tensor(self.mean).view(c, 1, 1).to(x.device, non_blocking=True)
+        std = torch.tensor(self.std).view(c, 1, 1).to(x.device, non_blocking=True)
         return x.sub_(mean).div_(std)
 
     def geometry(self, x: Tensor) -> Tensor:

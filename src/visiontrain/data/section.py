@@ -5,7 +5,7 @@ with ``register_kind("data", NAME, ...)``; a key a source does not read is an un
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from visiontrain.core.config import register_section
 from visiontrain.core.typed_config import doc
@@ -16,12 +16,19 @@ from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler
 class DataConfig:
     """What the engine reads of the data section, whatever the source: how to batch and load it."""
 
+    #: The source holds its samples in memory, ready (loading is an index): workers would only copy them
+    in_memory: ClassVar[bool] = False
+
     name: str = doc("dataset: fashion-mnist | digits | image-folder (classification); coco | voc | yolo | "
                     "fashion-mosaic | neon-trees (detection); the other data.* keys are the source's own",
                     "fashion-mnist")
     batch_size: int = doc("batch size per process (per micro-step under accumulation)", 256, minimum=1)
     eval_batch_size: int | None = doc("evaluation batch size (default: 2 x batch_size)", None, minimum=1)
-    num_workers: int = doc("DataLoader worker processes (0 = load in the main process)", 0, minimum=0)
+    num_workers: int | Literal["auto"] = doc(
+        "DataLoader worker processes (0 = load in the main process); auto: from the cores this process may "
+        "use (its CPU affinity, shared by torchrun's processes on the machine) and the device: on a GPU all "
+        "but one core a process (at most 16), on a CPU a quarter of them (at least 1: the step computes on the "
+        "others); 0 for a set held in memory. Said once at start-up", 0, minimum=0)
     pin_memory: bool = doc("pin host memory for faster copies to the GPU", True)
     prefetch_to_device: bool = doc("copy the next batch to the GPU on a side stream while the current step "
                                    "computes (CUDA; nothing to do on the CPU)", True)

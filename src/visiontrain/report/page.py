@@ -31,6 +31,7 @@ from visiontrain.rundir.metrics_file import (COMPUTE_S, DATA_S, EPOCH, ROW_KEYS,
                                              is_number, is_per_class, per_class_tables, value_text)
 from visiontrain.engine.records.plots import write_curves
 from visiontrain.engine.records.provenance import read_provenance
+from visiontrain.engine.records.run_log import INPUT_BOUND, input_bound_hint
 from visiontrain.rundir.run_files import (CONFIG_FILE, MODEL_SUMMARY_FILE, PLOTS_DIR, PROVENANCE_FILE, REPORT_FILE,
                                           SUMMARY_FILE)
 from visiontrain.rundir.write_failure import WriteError, why_not_written
@@ -86,7 +87,8 @@ def build_report(run_dir: str | Path, *, as_trained: bool = False) -> str:
         f'<p class="sub">{escape(str(run_dir.resolve()))} · report written '
         f"{escape(dt.datetime.now().strftime('%Y-%m-%d %H:%M'))}</p>",
         '<div class="grid"><section>', "<h2>Metrics</h2>", _metrics_html(run, metric, mode),
-        "</section><section>", "<h2>Throughput</h2>", _table(_throughput(run)), "</section></div>",
+        "</section><section>", "<h2>Throughput</h2>", _table(_throughput(run)), _input_bound_html(run, config),
+        "</section></div>",
         *_per_class_html(run),
         _model_html(run_dir),
         f"<h2>Plots ({plots})</h2>",
@@ -277,6 +279,18 @@ def _throughput(run: RunRecord) -> list[tuple[str, str]]:
         if value:
             rows.append((key.replace("_", " "), str(value)))
     return rows
+
+
+def _input_bound_html(run: RunRecord, config: dict[str, Any]) -> str:
+    """The run log's hint, when the windows after the first (whose workers' start-up and first batch
+    inflate it) waited for data more than ``INPUT_BOUND`` of their time; nothing otherwise."""
+    windows = [(r[DATA_S], r[COMPUTE_S]) for r in run.train[1:]
+               if is_number(r.get(DATA_S)) and is_number(r.get(COMPUTE_S))]
+    wait_s, total_s = sum(d for d, _ in windows), sum(d + c for d, c in windows)
+    if total_s <= 0 or wait_s <= INPUT_BOUND * total_s:
+        return ""
+    workers = (config.get("data") or {}).get("num_workers", "?")
+    return f'<p class="muted">{escape(input_bound_hint(wait_s / total_s, workers))}</p>'
 
 
 def _model_html(run_dir: Path) -> str:

@@ -4,6 +4,7 @@ mixup / cutmix on the device with a switch-off for the last epochs, top-1 / top-
 ``acc`` as the evaluation's ``top1``; the per-class fractions in [0, 1], as scikit-learn gives them."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from dataclasses import dataclass
@@ -16,10 +17,13 @@ from torch import nn
 from visiontrain.core.config import doc
 from visiontrain.data.datasets import build_classification_data, check_image_files, classification_eval_transform
 from visiontrain.data.datasets.sources import ImageFolderDataConfig, reader_args
+from visiontrain.data.datasets.image_folder import DEFAULT_IMAGE_SIZE
 from visiontrain.data.eval_transform import EvalTransform
+from visiontrain.data.jpeg_decode import DeviceDecoder, EncodedBatch, collate_encoded
 from visiontrain.data.normalize import NormalizeOnDevice
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.protocols.task import ExportSpec, Prediction, Task, TaskConfig, TaskData, register_task
+from visiontrain.engine.setup.data_choices import device_type
 from visiontrain.rundir.metrics_file import PER_CLASS
 from visiontrain.engine.step.eval_loop import EvalData
 from visiontrain.evaluation.confusion import classification_per_class
@@ -113,6 +117,15 @@ def input_metadata(preprocess: dict[str, Any] | None, data: Any, augment: str, s
                                "crop": size}, "scale": pre["scale"], "mean": pre["mean"], "std": pre["std"]}
 
 
+def decodes_on_device(data: Any, trainer_device: str) -> bool:
+    """``data.decode`` resolved (image-folder's key; the other sources decode on the CPU): auto is gpu
+    for the imagenet augmentation on a GPU, where decoding JPEGs on the CPU is what the step waits for."""
+    decode = getattr(data, "decode", "cpu")
+    if decode == "auto":
+        return data.augment == "imagenet" and device_type(trainer_device) == "cuda"
+    return decode == "gpu"
+
+
 class MixSwitchOff(Hook):
     """GluonCV / timm style: no mixing in the last ``mix_off_epochs`` epochs."""
 
@@ -138,7 +151,8 @@ class ClassificationTask(Task):
 
     def build_data(self) -> TaskData:
         d = self.cfg.data
-        data = build_classification_data(d.name, reader_args(d))
+        decoding = decodes_on_device(d, self.cfg.device)
+        data = build_classification_data(d.name, dataclasses.replace(reader_args(d), decode_on_device=decoding))
         if isinstance(d, ImageFolderDataConfig):  # the other sources are in memory: no file to open
             check_image_files(data, on_bad_image=d.image_policy(), max_skipped_share=d.max_skipped_share,
                               check=d.check_images)
@@ -147,9 +161,12 @@ class ClassificationTask(Task):
         info = {"num_classes": data.num_classes, "class_names": data.class_names,
                 "in_channels": data.in_channels, "image_size": data.image_size,
                 "preprocess": data.eval_transform.spec()}
-        return TaskData(data.train, data.val, info, random_transforms=data.random_train_transforms)
+        return TaskData(data.train, data.val, info, random_transforms=data.random_train_transforms,
+                        train_collate=collate_encoded if decoding else None)
 
     def device_transform(self, *, channels_last: bool) -> Callable[[Any], Any] | None:
+        if decodes_on_device(self.cfg.data, self.cfg.device):
+            return DeviceDecoder(self.cfg.data.image_size or DEFAULT_IMAGE_SIZE, channels_last)
         if not reader_args(self.cfg.data).uint8_train:
             return None
 
@@ -212,6 +229,8 @@ class ClassificationTask(Task):
         return metrics
 
     def preview_figures(self, batch: Any) -> dict[str, Any]:
+        if isinstance(batch[0], EncodedBatch):  # data.decode=gpu: decoded here, on the CPU, by the same code
+            batch = DeviceDecoder(self.cfg.data.image_size or DEFAULT_IMAGE_SIZE, say=False)(batch)
         images, labels = batch
         n = min(PREVIEW_IMAGES, len(images))
         mean, std = getattr(self, "normalisation", (None, None))

@@ -23,7 +23,7 @@ import logging
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -36,6 +36,7 @@ from visiontrain.data.datasets.sources import ClassificationReader
 from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.data.image_check import problem_kind, unreadable_images
 from visiontrain.data.images import UnreadableImageError, open_rgb
+from visiontrain.data.jpeg_decode import DecodedImage, EncodedImage, read_for_device
 from visiontrain.data.packed import PackedSamples
 
 DEFAULT_IMAGE_SIZE = 224
@@ -50,11 +51,16 @@ class ImageFolderClassification(Dataset):
     mean, std = IMAGENET_MEAN, IMAGENET_STD  # the normalisation, also for transforms built elsewhere
 
     def __init__(self, samples: Sequence[tuple[str, int]], classes: list[str], *, image_size: int, mode: str,
-                 uint8: bool = False, source: str = "") -> None:
+                 uint8: bool = False, source: str = "", decode_on_device: bool = False) -> None:
         self.samples = samples if isinstance(samples, PackedSamples) else PackedSamples(samples)
         self.source = source  # the split directory, for messages
         self.on_bad_image = "error"  # a file that fails when loaded: data.on_bad_image, set by check_files
         self.uint8 = uint8  # True: no ToDtype/Normalize here; the device does them (NormalizeOnDevice)
+        # data.decode=gpu (mode imagenet): items are the files' bytes and their draws (data.jpeg_decode)
+        self.decode_on_device = decode_on_device
+        if decode_on_device and mode != "imagenet":
+            raise ValueError(f"data.decode=gpu decodes and crops the training images of data.augment=imagenet on "
+                             f"the device; data.augment={mode!r} is done on the CPU (set data.decode=cpu or auto)")
         self.classes = list(classes)
         self.image_size = int(image_size)
         self.mode = mode
@@ -107,9 +113,13 @@ class ImageFolderClassification(Dataset):
         """The decoded RGB PIL image and its label, for transforms built elsewhere (DINO's multi-crop).
         A corrupt or truncated file raises ``UnreadableImageError`` naming it; under ``skip`` the next
         image stands in (the same one every time, so a resumed run loads what it would have)."""
+        return self._first_readable(index, self.decoded_item)
+
+    def _first_readable(self, index: int, load: Callable[[int], tuple[Any, int]]) -> tuple[Any, int]:
+        """``load(index)``, or under ``skip`` that of the next index whose file can be read."""
         for offset in range(len(self)):
             try:
-                return self.decoded_item((index + offset) % len(self))
+                return load((index + offset) % len(self))
             except UnreadableImageError as err:
                 if self.on_bad_image != "skip":
                     raise
@@ -146,7 +156,14 @@ class ImageFolderClassification(Dataset):
                     len(bad), total, listed([self.samples[i][0] for i, _ in bad]))
         self.samples = self.samples.take(i for i in range(total) if i not in dropped)
 
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+    def encoded_item(self, index: int) -> tuple[EncodedImage | DecodedImage, int]:
+        """Sample ``index`` for the device to decode (``data.decode=gpu``)."""
+        path, label = self.samples[index]
+        return read_for_device(path, self.image_size), int(label)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        if self.decode_on_device:
+            return self._first_readable(index, self.encoded_item)
         img, label = self.raw_item(index)
         return self._tf(img).as_subclass(Tensor).contiguous(), label
 
@@ -297,6 +314,6 @@ def build_image_folder(reader: ClassificationReader) -> tuple[Dataset, Dataset, 
     val_samples = balanced_subset(val_samples, limit_val)
     train = ImageFolderClassification(train_samples, classes, image_size=size,
                                       mode="val" if augment == "none" else augment, uint8=reader.uint8_train,
-                                      source=str(train_dir))
+                                      source=str(train_dir), decode_on_device=reader.decode_on_device)
     val = ImageFolderClassification(val_samples, classes, image_size=size, mode="val", source=str(val_dir))
     return train, val, classes, size

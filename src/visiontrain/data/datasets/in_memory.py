@@ -25,6 +25,7 @@ from visiontrain.core._tv_compat import ensure_torchvision
 from visiontrain.data.eval_transform import EvalTransform
 from visiontrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401  (re-exported)
 from visiontrain.data.samplers import seed_coins
+from visiontrain.data.stacked import Stacked
 
 AUGMENTS = ("none", "flip", "basic", "imagenet")
 VAL_CROP_RATIO = 0.875  # val: Resize(int(size / 0.875)) then CenterCrop(size)
@@ -105,6 +106,7 @@ class InMemoryClassification(Dataset):
         # train_spec: {"kind": "flip"} (batched: the deterministic path, then a random mirror per image),
         # {"kind": "basic", "padding": int, "flip": bool} or {"kind": "imagenet", "flip": bool} (per sample)
         self.train_spec = train_spec
+        self.stacked = False  # placed_on: batches come out whole (data.stacked.Stacked), where the images are
         self._random_tf = None
         self._build_transforms()
 
@@ -166,9 +168,13 @@ class InMemoryClassification(Dataset):
 
     def _random_item(self, index: int) -> tuple[Tensor, int]:
         x = self.images[index].float().mul_(1.0 / self.max_value)
-        return self._random_tf(x).contiguous(), int(self.labels[index])
+        label = -1 if self.stacked else int(self.labels[index])  # stacked: labels indexed for the batch
+        return self._random_tf(x).contiguous(), label
 
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        if self.stacked:
+            raise TypeError("a set placed on the device (data.on_device) makes whole batches: "
+                            "load it with __getitems__")
         index = int(index)
         if index < 0:
             index += len(self)
@@ -178,16 +184,16 @@ class InMemoryClassification(Dataset):
             return self._random_item(index)
         return self.__getitems__([index])[0]
 
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Tensor, int]]:
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Tensor, int]] | Stacked:
         if self._random_tf is not None:
             # Per-sample random transforms, in index order (each draws from torch's global RNG).
-            return [self._random_item(int(i)) for i in indices]
-        idx = torch.as_tensor(indices, dtype=torch.int64)
+            return self._items([self._random_item(int(i)) for i in indices], indices)
+        idx = self._index(indices)
         x = self._batch(idx)
         if self.train_spec is not None:  # "flip": each image mirrored with probability 1/2, the batch at once
-            flip = torch.rand(len(idx)) < 0.5
+            flip = (torch.rand(len(indices)) < 0.5).to(x.device, non_blocking=True)
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
-        return list(zip(x.unbind(0), self.labels[idx].tolist()))
+        return self._batch_out(x, idx)
 
     def seeded_items(self, indices: Sequence[int], seeds: Sequence[int]) -> list[tuple[Tensor, int]]:
         """``__getitems__`` as ``SeededDataset`` loads a training batch: sample k's random draws come
@@ -198,13 +204,40 @@ class InMemoryClassification(Dataset):
             for index, seed in zip(indices, seeds):
                 torch.random.default_generator.manual_seed(seed)
                 items.append(self._random_item(int(index)))
-            return items
-        idx = torch.as_tensor(indices, dtype=torch.int64)
+            return self._items(items, indices)
+        idx = self._index(indices)
         x = self._batch(idx)
         if self.train_spec is not None:  # "flip": each image mirrored with probability 1/2, a coin of its seed
-            flip = seed_coins(seeds)
+            flip = seed_coins(seeds).to(x.device, non_blocking=True)
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+        return self._batch_out(x, idx)
+
+    # ------------------------------------------------------------------ on the device (data.on_device)
+    @property
+    def nbytes(self) -> int:
+        return self.images.nbytes + self.labels.nbytes
+
+    def placed_on(self, device: torch.device) -> "InMemoryClassification":
+        """This set with its images and labels in ``device``'s memory, batches made there and handed
+        over whole (:class:`Stacked`). The same samples and draws as here: only where they are made moves."""
+        placed = self.with_data(self.images.to(device), self.labels.to(device))
+        placed.stacked = True
+        return placed
+
+    def _index(self, indices: Sequence[int]) -> Tensor:
+        # non_blocking: an index copied to the GPU from pageable memory is staged at once; a blocking
+        # copy would wait for every kernel queued before it (a host sync each batch)
+        return torch.as_tensor(indices, dtype=torch.int64).to(self.images.device, non_blocking=True)
+
+    def _batch_out(self, x: Tensor, idx: Tensor) -> list[tuple[Tensor, int]] | Stacked:
+        if self.stacked:
+            return Stacked((x, self.labels[idx]))
         return list(zip(x.unbind(0), self.labels[idx].tolist()))
+
+    def _items(self, items: list[tuple[Tensor, int]], indices: Sequence[int]) -> list[tuple[Tensor, int]] | Stacked:
+        if self.stacked:
+            return Stacked((torch.stack([x for x, _ in items]), self.labels[self._index(indices)]))
+        return items
 
     def subset(self, n: int | None) -> "InMemoryClassification":
         """The first ``n`` items as a dataset of the same kind (shares memory); ``None``: self."""

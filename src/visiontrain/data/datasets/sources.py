@@ -5,7 +5,7 @@ unreadable image file does, and may leave the train images uint8 for the device.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from visiontrain.core.config import register_kind
 from visiontrain.core.typed_config import doc
@@ -13,12 +13,23 @@ from visiontrain.data.section import DataConfig, ImageFileKeys, SplitKeys
 
 
 @dataclass
-class DigitsDataConfig(SplitKeys, DataConfig):
-    """digits: in memory, two fixed splits (train and val)."""
+class ClassificationKeys(SplitKeys, DataConfig):
+    """What every classification source reads: the model's input size and the train augmentation."""
 
-    name: str = doc("dataset: digits (scikit-learn's 8 x 8 digits, two fixed splits)", "digits")
     image_size: int | None = doc("model input side; None = the dataset's native size", None, minimum=1)
     augment: str = doc("train augmentation: none | flip | basic | imagenet", "none")
+
+
+@dataclass
+class DigitsDataConfig(ClassificationKeys):
+    """digits: in memory, two fixed splits (train and val)."""
+
+    in_memory: ClassVar[bool] = True
+    name: str = doc("dataset: digits (scikit-learn's 8 x 8 digits, two fixed splits)", "digits")
+    on_device: bool | Literal["auto"] = doc(
+        "keep the whole set on the GPU and prepare its batches there (index, flip, normalise: the step waits "
+        "for no loader); auto: on a GPU when data.num_workers is 0 and the set takes at most a quarter of the "
+        "free memory. The batches, their samples and each sample's augmentation are those of the CPU path", "auto")
 
 
 @dataclass
@@ -31,11 +42,17 @@ class FashionMnistDataConfig(DigitsDataConfig):
 
 
 @dataclass
-class ImageFolderDataConfig(ImageFileKeys, DigitsDataConfig):
+class ImageFolderDataConfig(ImageFileKeys, ClassificationKeys):
     """image-folder: ROOT/<split>/<class>/*.jpg, each image decoded when it is loaded."""
 
     name: str = doc("dataset: image-folder (ROOT/<split>/<class>/*)", "image-folder")
     root: str | None = doc("dataset directory (image-folder: ROOT/train, ROOT/val)", None)
+    decode: Literal["auto", "cpu", "gpu"] = doc(
+        "where the training images' JPEG files are decoded: cpu (PIL, in the loader's workers), or gpu (the "
+        "workers read the files and draw each sample's crop and flip; the device decodes the batch with "
+        "nvJPEG, crops, resizes, flips and normalises it; a file that is not a JPEG, or that nvJPEG cannot "
+        "decode, is decoded on the CPU and counted). Needs data.augment imagenet. auto: gpu on a GPU for "
+        "augment imagenet, else cpu. Evaluation decodes on the CPU either way", "auto")
 
     def image_policy(self) -> str:
         """What an image file that cannot be read does."""
@@ -60,6 +77,7 @@ class ClassificationReader:
     train_split: str = "train"             # an image folder's split directories, or a shard directory's splits
     val_split: str = "val"
     shards: Any = None                     # what data.name=shards reads (ShardsDataConfig.shard_spec)
+    decode_on_device: bool = False         # image-folder's data.decode resolved to gpu (the task resolves it)
 
 
 def reader_args(data: DataConfig) -> ClassificationReader:

@@ -173,6 +173,7 @@ class Checkpointer(Part):
             SAMPLES_PER_S: lp.samples_seen / max(p.trained_s, 1e-9), "final": dict(self.last_eval),
             "best": dict(self.best.best) if self.best else {}, "metric": self.metric, "mode": self.mode,
             "skipped_steps": lp.skipped, "fp16_overflow_skips": lp.overflow_skipped,
+            "data_wait_share": lp.data_wait_share(),
             "ended": p.end_reason(self.max_steps), "precision": r.precision.record(),
         }
         write_run_file(r.run_dir, SUMMARY_FILE, dumps_json(summary, indent=2))

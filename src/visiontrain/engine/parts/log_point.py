@@ -6,6 +6,11 @@ with the lr, throughput, data-wait share and ETA. At an epoch's end the rows sin
 point are read too, and the epoch's means printed as a table. The evaluator and the checkpointer
 call :meth:`LogPoint.check_finite` first, so nothing is evaluated or saved after a bad step.
 
+The data-wait share (the window's seconds spent waiting for the loader over its length) is on each
+line, and over all the run's logged windows in summary.json (``data_wait_share``). The first window
+whose share is above ``INPUT_BOUND`` adds one line (once a launch) saying which setting to raise; a
+launch's first window never does, its workers' start-up and first batch inflate it.
+
 ``LogPoint.due`` is the one statement of "is this a log point": the stop check asks it too, to
 know where the ranks agree on a stop signal.
 """
@@ -20,7 +25,7 @@ import torch
 from visiontrain.engine.parallel.distributed import all_reduce_mean
 from visiontrain.engine.protocols.cadence import Cadence
 from visiontrain.engine.protocols.part import Part, Progress
-from visiontrain.engine.records.run_log import RunLogger
+from visiontrain.engine.records.run_log import INPUT_BOUND, RunLogger, input_bound_hint
 from visiontrain.engine.setup.training import TrainingRun
 from visiontrain.engine.step.accumulation import samples_per_step
 from visiontrain.engine.step.guards import check_rows
@@ -33,9 +38,11 @@ class LogPoint(Part):
     name = "log_point"
 
     def __init__(self, settings: TrainerConfig, run: TrainingRun, progress: Progress, recorder: StepRecorder,
-                 log: RunLogger, *, samples_at: Callable[[int], int]) -> None:
+                 log: RunLogger, *, samples_at: Callable[[int], int],
+                 workers: Callable[[], Any] = lambda: "?") -> None:
         """``samples_at(epoch)``: the samples one optimizer step trains on in that epoch, over every
-        process (``samples_per_step``), for the throughput."""
+        process (``samples_per_step``), for the throughput. ``workers()``: data.num_workers as the run
+        resolved it, read when the input-bound hint is written (it may be resolved after this)."""
         self.settings, self.progress, self.recorder, self.scalars = settings, progress, recorder, run.scalars
         self.samples_at = samples_at
         self.ckpt_dir = run.ckpt_dir  # named in a non-finite error: what the run can go back to
@@ -47,18 +54,24 @@ class LogPoint(Part):
         self.epoch_means = EpochMeans()
         self.skipped = self.overflow_skipped = 0
         self.samples_seen = 0  # in this process (for throughput), counted at log points
+        self.workers = workers
+        # seconds waiting for data, and in all, of the logged windows: over the run, resumes included
+        self.wait_s = self.logged_s = 0.0
         self.start()
 
     @classmethod
     def for_run(cls, trainer: Any) -> "LogPoint":
         run = trainer.run
         return cls(trainer.cfg.trainer, run, trainer.progress, trainer.recorder, trainer.log,
-                   samples_at=lambda epoch: samples_per_step(trainer.cfg, run.dist.world_size, epoch))
+                   samples_at=lambda epoch: samples_per_step(trainer.cfg, run.dist.world_size, epoch),
+                   workers=lambda: getattr(trainer.cfg.data, "num_workers", "?"))
 
     def start(self) -> None:
         """At the start of fit: the throughput window and the ETA count from here."""
         self.t_window = self.t_start = time.perf_counter()
         self.start_step, self.progress.data_s = self.progress.step, 0.0
+        # this launch's windows: its first (workers starting, the first batch) says nothing about the input
+        self.windows, self.hinted = 0, False
 
     def due(self, step: int, epoch_end: bool) -> bool:
         return epoch_end or self.cadence.due(self.progress, epoch_end)
@@ -99,12 +112,25 @@ class LogPoint(Part):
         if self.device.type == "cuda":
             values["gpu_peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         self.log.log(TRAIN, p.step, p.epoch, values)
+        self.wait_s, self.logged_s = self.wait_s + data_s, self.logged_s + window_s
+        self.windows += 1
+        if self.windows > 1 and not self.hinted and data_s > INPUT_BOUND * window_s:
+            self.hinted = True
+            self.log.print(input_bound_hint(data_s / window_s, self.workers()))
+
+    def data_wait_share(self) -> float | None:
+        """The share of the logged windows' time spent waiting for data, over the run (None before
+        the first): summary.json's ``data_wait_share``, which the checkpointer writes."""
+        return round(self.wait_s / self.logged_s, 4) if self.logged_s > 0 else None
 
     def state_dict(self) -> dict[str, Any]:
         return {"pending": self.pending.state_dict(), "epoch": self.epoch_means.state_dict(),
-                "skipped": self.skipped, "overflow_skipped": self.overflow_skipped}
+                "skipped": self.skipped, "overflow_skipped": self.overflow_skipped,
+                "wait_s": self.wait_s, "logged_s": self.logged_s}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.pending.load_state_dict(state["pending"])
         self.epoch_means.load_state_dict(state["epoch"])
         self.skipped, self.overflow_skipped = int(state["skipped"]), int(state["overflow_skipped"])
+        # a checkpoint from before these were kept: the share counts the windows logged since the resume
+        self.wait_s, self.logged_s = float(state.get("wait_s", 0.0)), float(state.get("logged_s", 0.0))

@@ -33,6 +33,7 @@ from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.protocols.task import Task
 from visiontrain.engine.records.plots import save_figure
 from visiontrain.engine.records.run_log import RunLogger, dumps_json
+from visiontrain.engine.setup.data_choices import choose_workers, device_type
 from visiontrain.engine.setup.loaders import train_loader, train_sampler
 from visiontrain.engine.setup.placement import seed_everything
 from visiontrain.engine.setup.training import TrainingRun
@@ -195,6 +196,7 @@ def first_look(run: TrainingRun, task: Task, log: RunLogger, *, plots: bool, sum
 def preview(cfg: Config, task: Task, out_dir: Path) -> list[Path]:
     """``visiontrain preview``: the figures a fresh run of ``cfg`` draws at its start, without a model
     or a process group: the same seed, data, sampler and first batch (of a single-process run)."""
+    choose_workers(cfg, device_type(cfg.trainer.device))  # a shard source's order follows the workers
     seed_everything(cfg.seed)  # as engine.setup.training.build_training does before build_data
     data = task.build_data()
     if isinstance(data.train, TrainSource):

@@ -1,7 +1,8 @@
 """What a run writes as it goes: metrics.jsonl, the console, and what it hands its trackers.
 
-On a terminal the console is a rich progress bar (epoch, step, loss, lr, samples/s, ETA); when
-stdout is not a terminal (CI, a log file) it is one plain line per log point. Only rank 0 writes.
+On a terminal the console is a rich progress bar (epoch, step, loss, lr, samples/s, the share of the
+log window spent waiting for data, ETA); when stdout is not a terminal (CI, a log file) it is one plain
+line per log point. Only rank 0 writes.
 What a metrics.jsonl row holds, and the one reader of the file, are in ``metrics_file``.
 ``RunLogger.log`` is the one funnel for metrics: every event also goes to each of its trackers
 (``engine.records.tracking``: TensorBoard, MLflow), which start and end with the run, not with the
@@ -33,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from visiontrain.engine.protocols.hooks import Hook
-from visiontrain.rundir.metrics_file import (SAMPLES_PER_S, UNDEFINED, is_per_class, make_row, model_key,
-                                             per_class_tables, rewind)
+from visiontrain.rundir.metrics_file import (COMPUTE_S, DATA_S, SAMPLES_PER_S, UNDEFINED, is_per_class, make_row,
+                                             model_key, per_class_tables, rewind)
 from visiontrain.engine.records.tracking import Tracker
 from visiontrain.rundir.run_files import METRICS_FILE
 from visiontrain.rundir.write_failure import WriteError, why_not_written
@@ -49,6 +50,9 @@ WHOLE = frozenset({SAMPLES_PER_S, "skipped_steps", "fp16_overflow_skips"})
 SCIENTIFIC = frozenset({"lr", "weight_decay"})
 #: A per-class table of more classes than this is printed as its ``LOWEST_ROWS`` lowest rows.
 MAX_CLASS_ROWS, LOWEST_ROWS = 100, 20
+#: A log window waiting for data more than this share of its time is input-bound: the run says so once
+#: (``input_bound_hint``; ``engine.parts.log_point``), and so does its report.
+INPUT_BOUND = 0.2
 #: A class name longer than this is cut in the console table (never in the files).
 NAME_WIDTH = 28
 #: What a per-class table shows for a value that is not defined (a class without ground truth): an em dash.
@@ -166,6 +170,23 @@ def plain_line(text: str, now: float | None = None) -> str:
     return "\n".join([f"{stamp} {first}", *(pad + line for line in rest)])
 
 
+def data_wait_item(values: dict[str, Any]) -> list[str]:
+    """``data 34%``: the share of a train row's window spent waiting for the loader, so an input-bound
+    run shows on its log line (none without the window's times)."""
+    data_s, compute_s = values.get(DATA_S), values.get(COMPUTE_S)
+    if not isinstance(data_s, (int, float)) or not isinstance(compute_s, (int, float)):
+        return []
+    return [f"data {100 * data_s / max(data_s + compute_s, 1e-12):.0f}%"]
+
+
+def input_bound_hint(share: float, workers: Any) -> str:
+    """The one line a run whose loader holds the step back gets: what to raise, and how to see what
+    the step alone can do (a synthetic benchmark replays one batch: no loading)."""
+    return (f"waiting for data {100 * share:.0f} % of the step time: raise data.num_workers (now {workers}), "
+            f"or set data.cache=ram / data.normalize_on_device=true where the source has them; "
+            f"`visiontrain benchmark RECIPE --synthetic` shows what the step alone can do")
+
+
 def format_eta(seconds: float) -> str:
     if not math.isfinite(seconds) or seconds < 0:
         return "?"
@@ -208,7 +229,7 @@ class RunLogger:
             tracker.log(kind, step, epoch, values)
         if kind == "train":
             info = "  ".join(format_items({k: values[k] for k in ("total", "lr", SAMPLES_PER_S)
-                                           if k in values}))
+                                           if k in values}) + data_wait_item(values))
             eta = f"eta {format_eta(values.get('eta_s', float('nan')))}"
             if self._bar is not None:
                 self._bar.update(self._task, completed=step, epoch=epoch, info=info)

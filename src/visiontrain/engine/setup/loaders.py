@@ -2,6 +2,7 @@
 evaluation loader, and how DataLoader workers start."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -16,6 +17,8 @@ from visiontrain.core.config import Config
 from visiontrain.core.process_tree import WORKER_PARENT_ENV, start_worker
 from visiontrain.data.samplers import GroupedBatchSampler, ResumableBatchSampler, SeededDataset
 from visiontrain.data.section import DataConfig
+from visiontrain.data.stacked import keep_stacked
+from visiontrain.engine.setup.data_choices import choose_workers, free_device_memory, keeps_on_device
 from visiontrain.engine.parallel.distributed import DistInfo
 from visiontrain.engine.setup.worker_check import check_sendable_to_workers
 from visiontrain.engine.step.source import LoaderSource, TrainSource
@@ -38,22 +41,32 @@ def loaders(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device) -
     """The training source and the evaluation loader of a task's ``TaskData``: its own source when
     ``data.train`` is one, else the map-style dataset through the resumable batch sampler (grouped
     by aspect ratio when the task gives groups)."""
-    d: DataConfig = cfg.data
+    d: DataConfig = resolved_data(cfg, device, dist_info)
     context = worker_context(d.worker_start) if d.num_workers > 0 else None
     if isinstance(data.train, TrainSource):
         return data.train, val_loader(data, cfg, dist_info, device, context=context)
+    data = place_on_device(data, cfg, device, say=dist_info.is_main)
     sampler = train_sampler(data, cfg, dist_info)
     if isinstance(sampler, GroupedBatchSampler) and dist_info.is_main and (left_out := sampler.left_out_message()):
         log.info("%s", left_out)  # said once: grouping drops each orientation's leftovers
-    workers = Workers(d.num_workers, pins(cfg, device), d.persistent_workers, context)
-    train = train_loader(data.train, sampler, random_transforms=data.random_transforms, collate=data.train_collate,
-                         workers=workers)
-    val = val_loader(data, cfg, dist_info, device, context=context)
+    workers = Workers(d.num_workers, pins(cfg, device, data), d.persistent_workers, context)
+    train = train_loader(data.train, sampler, random_transforms=data.random_transforms,
+                         collate=keep_stacked(data.train_collate), workers=workers)
+    val = val_loader(data, cfg, dist_info, device, context=context, placed=True)
     if d.num_workers > 0:  # what each worker will be sent, exactly as the loader holds it
         check_sendable_to_workers(d.worker_start, {
             "training dataset": train.dataset, "training collate function": train.collate_fn,
             "worker init function": train.worker_init_fn})
     return LoaderSource(sampler, train, cfg.trainer.accum_steps), val
+
+
+def resolved_data(cfg: Config, device: torch.device, dist_info: DistInfo) -> DataConfig:
+    """The data section with ``data.num_workers=auto`` made a number: already done at a run's start
+    (``engine.setup.training.start_process``, which says it); here for loaders built without one."""
+    line = choose_workers(cfg, device.type)
+    if line and dist_info.is_main:
+        log.info("%s", line)
+    return cfg.data
 
 
 def train_sampler(data: Any, cfg: Config, dist_info: DistInfo) -> ResumableBatchSampler:
@@ -63,14 +76,17 @@ def train_sampler(data: Any, cfg: Config, dist_info: DistInfo) -> ResumableBatch
                                   world_size=dist_info.world_size)
 
 
-def val_loader(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device, *, context: Any = None
-               ) -> DataLoader:
-    """The evaluation loader of a task's ``TaskData`` (all that ``validate`` builds of the data)."""
-    d: DataConfig = cfg.data
+def val_loader(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device, *, context: Any = None,
+               placed: bool = False) -> DataLoader:
+    """The evaluation loader of a task's ``TaskData`` (all that ``validate`` builds of the data);
+    ``placed``: ``data`` has been through :func:`place_on_device` already."""
+    d: DataConfig = resolved_data(cfg, device, dist_info)
     if d.num_workers > 0 and context is None:
         context = worker_context(d.worker_start)
-    val = eval_loader(data.val, d.eval_batch(), collate=data.eval_collate, dist_info=dist_info,
-                      workers=Workers(d.num_workers, pins(cfg, device), context=context))
+    if not placed:
+        data = place_on_device(data, cfg, device, say=dist_info.is_main)
+    val = eval_loader(data.val, d.eval_batch(), collate=keep_stacked(data.eval_collate), dist_info=dist_info,
+                      workers=Workers(d.num_workers, pins(cfg, device, data), context=context))
     if d.num_workers > 0:
         check_sendable_to_workers(d.worker_start, {
             "validation dataset": val.dataset, "validation collate function": val.collate_fn,
@@ -78,9 +94,25 @@ def val_loader(data: Any, cfg: Config, dist_info: DistInfo, device: torch.device
     return val
 
 
-def pins(cfg: Config, device: torch.device) -> bool:
-    """Pinned host memory: only where a copy to a GPU follows."""
-    return cfg.data.pin_memory and device.type == "cuda"
+def pins(cfg: Config, device: torch.device, data: Any = None) -> bool:
+    """Pinned host memory: only where a copy to a GPU follows (not for a set already there)."""
+    on_device = data is not None and getattr(data.train, "stacked", False)
+    return cfg.data.pin_memory and device.type == "cuda" and not on_device
+
+
+def place_on_device(data: Any, cfg: Config, device: torch.device, *, say: bool) -> Any:
+    """``data`` with its splits in ``device``'s memory where ``data.on_device`` (a key of the sources
+    held in memory) chooses it, and the datasets can be placed (``placed_on``); else as it is."""
+    setting = getattr(cfg.data, "on_device", False)
+    if not setting or not hasattr(data.train, "placed_on"):
+        return data
+    nbytes = data.train.nbytes + data.val.nbytes
+    if not keeps_on_device(setting, device, cfg.data.num_workers, nbytes, free_device_memory(device)):
+        return data
+    if say:
+        log.info("data.on_device: the %s training and %s validation samples (%.0f MB) kept on %s; batches are "
+                 "made there", f"{len(data.train):,}", f"{len(data.val):,}", nbytes / 1e6, device)
+    return dataclasses.replace(data, train=data.train.placed_on(device), val=data.val.placed_on(device))
 
 
 #: What the forkserver imports once, before it forks any worker: then a worker starts in

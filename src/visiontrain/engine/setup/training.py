@@ -7,6 +7,7 @@ optimizer) so that a run is a function of its config: one seed gives one set of 
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from visiontrain.engine.optim.scalars import ScheduledScalars
 from visiontrain.engine.optim.schedules import StepClock, scale_lr_by_batch
 from visiontrain.engine.parallel.distributed import DistInfo, convert_sync_bn, init_distributed
 from visiontrain.engine.protocols.task import Task, check_needs
+from visiontrain.engine.setup.data_choices import choose_workers, device_type
 from visiontrain.engine.setup.loaders import loaders, val_loader
 from visiontrain.engine.setup.placement import distribute, pick_device, seed_everything, uses_fsdp
 from visiontrain.engine.setup.worker_check import refuse_unguarded_main
@@ -34,6 +36,8 @@ from visiontrain.engine.step.precision import FP32, PrecisionChoice, choose_prec
 from visiontrain.engine.step.source import TrainSource
 from visiontrain.models.freezing import freeze_parameters
 from visiontrain.rundir.run_files import CHECKPOINTS_DIR
+
+log = logging.getLogger("visiontrain")
 
 
 @dataclass
@@ -79,13 +83,16 @@ class TrainingRun(EvalRun):
 def start_process(cfg: Config) -> tuple[DistInfo, torch.device]:
     """Threads, the process group (under torchrun) and this rank's device; first, before anything is
     written, a script whose DataLoader workers would run its training again is refused."""
+    t = cfg.trainer
+    kind = device_type(t.device)
+    workers_line = choose_workers(cfg, kind)  # data.num_workers=auto
     if cfg.data.num_workers > 0:
         refuse_unguarded_main(cfg.data.worker_start, cfg.data.num_workers)
-    t = cfg.trainer
     if t.threads:
         torch.set_num_threads(t.threads)
-    cuda = t.device.startswith("cuda") or (t.device == "auto" and torch.cuda.is_available())
-    dist = init_distributed("cuda" if cuda else "cpu")
+    dist = init_distributed(kind)
+    if workers_line and dist.is_main:
+        log.info("%s", workers_line)
     return dist, pick_device(t.device, dist)
 
 
