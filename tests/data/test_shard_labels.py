@@ -280,7 +280,8 @@ def test_grouped_shards_keep_each_workers_stream_and_say_what_an_epoch_leaves_ou
     with caplog.at_level(logging.INFO, logger="visiontrain"):
         sampler = cfg.data.batch_sampler(len(train), groups, seed=0, rank=0, world_size=1)
     assert caplog.messages == [sampler.left_out_message()] and "leaves 4 out of each epoch" in caplog.messages[0]
-    assert sampler.order_state() == {"order": "shards", "streams": 2, "shuffle_buffer": 1000, "aspect_groups": 2}
+    assert sampler.order_state() == {"order": "shards", "streams": 2, "order_processes": 1, "shuffle_buffer": 1000,
+                                     "aspect_groups": 2}
     sampler.set_epoch(0)
     batches = [[i for i, _ in b] for b in sampler]  # (index, seed): the detector's random transforms
     assert len(batches) == sampler.batches_per_epoch == 6 and all(len({groups[i] for i in b}) == 1 for b in batches)

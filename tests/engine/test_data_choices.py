@@ -63,3 +63,9 @@ def test_decode_auto_is_gpu_for_the_imagenet_crop_on_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert decodes_on_device(forced.data, "auto") and not decodes_on_device(imagenet.data, "auto")
     assert not decodes_on_device(C.load_config("classify-fashion", []).data, "cuda")  # no files to decode
+    shards = C.load_config("classify-mobilevit-imagenet", ["data.name=shards", "data.shards=s3://b/p"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not decodes_on_device(shards.data, "auto")  # a shard's members are decoded on the CPU path
+    with pytest.raises(ConfigError, match="data.decode=gpu reads image files from data.name=image-folder"):
+        decodes_on_device(C.load_config("classify-mobilevit-imagenet", ["data.name=shards", "data.decode=gpu"]).data,
+                          "auto")

@@ -82,7 +82,21 @@ def test_a_sharded_checkpoint_is_planned_on_two_processes_or_more_and_left_to_th
     assert keep_global_batch(cfg, sharded, 1) == (cfg, None)      # weights check refuses it, naming the strategy
 
 
-def test_shards_and_a_task_source_are_left_to_the_source():
+def test_shards_follow_the_divisors_of_the_processes_their_order_is_cut_for():
+    shards = written(6, 2, follows="canonical")
+    shards[fmt.DATA]["order_processes"] = 6  # data.order_processes=6: resumable on 1, 2, 3 and 6 processes
+    assert plan(shards, 3, data__batch_size=6) == ((4, 1), "resumed on 3 processes (written on 2): data.batch_size "
+                                                           "6 -> 4: global batch 12 kept")
+    assert plan(shards, 1, data__batch_size=6)[0] == (12, 1)  # not 6 x 2: the accumulation stays
+    with pytest.raises(ConfigError) as info:
+        plan(shards, 4, data__batch_size=6)
+    assert str(info.value).endswith(
+        "which 4 processes cannot make: its shards' order is cut for 6 processes (data.order_processes), so the "
+        "processes must divide it and trainer.accum_steps stays 1. Resume on 1, 2, 3, 6 processes, or start a "
+        "new run from its weights with --init")
+
+
+def test_shards_grouped_by_aspect_and_a_task_source_are_left_to_the_source():
     cfg = toy_config(data__batch_size=8)
     assert keep_global_batch(cfg, written(8, 2, follows="none"), 1) == (cfg, None)
     assert keep_global_batch(cfg, {fmt.DATA: {"steps": 3}}, 1) == (cfg, None)

@@ -24,22 +24,27 @@ from safetensors.torch import load_file
 
 from ledger_task import read_ledger
 from procs import finish, kill_everything, popen
+from shard_helpers import digits_shards
 
 LEDGER_TASK = Path(__file__).parents[1] / "support" / "ledger_task.py"
 EPOCHS = 6  # of 48 samples
 
 
-def write_recipe(path: Path, ledger: Path, step_sleep: float, strategy: str) -> Path:
-    """6 samples a process x 2 micro-batches a step: a global batch of 12 on one process.
+def write_recipe(path: Path, ledger: Path, step_sleep: float, strategy: str, shards: Path | None = None) -> Path:
+    """6 samples a process x 2 micro-batches a step: a global batch of 12 on one process; from
+    ``shards``: 12 samples a process x 1 (their order follows the processes, not the accumulation).
     ``step_sleep``: each micro-batch waits, so that a kill lands mid-run (the straight run: 0)."""
+    data = {"batch_size": 6, "num_workers": 0} if shards is None else {
+        "name": "shards", "shards": str(shards), "limit_train": 48, "order_processes": 6, "batch_size": 12,
+        "num_workers": 0}
     recipe = {"seed": 3, "task": {"name": "ledger", "samples": 48, "ledger": str(ledger), "step_sleep": step_sleep},
-              "data": {"batch_size": 6, "num_workers": 0},
+              "data": data,
               "optim": {"name": "sgd", "lr": 0.01, "momentum": 0.9},
               "schedules": {"lr": {"shape": "cosine", "warmup": 4}},
               # fp32: the engine's tests compute the same on a CPU with native bf16 and without; no plots
               # (2 s of CPU a run, not the subject)
-              "trainer": {"epochs": EPOCHS, "accum_steps": 2, "log_every": 1, "precision": "fp32",
-                          "progress": "plain", "plots": False},
+              "trainer": {"epochs": EPOCHS, "accum_steps": 2 if shards is None else 1, "log_every": 1,
+                          "precision": "fp32", "progress": "plain", "plots": False},
               "distributed": {"strategy": strategy},
               "eval": {"every": 2}, "checkpoint": {"every": 2, "unit": "steps"}}
     path.write_text(yaml.safe_dump(recipe))
@@ -72,7 +77,8 @@ def trained(ledger: Path) -> list[tuple[int, int, float]]:
     return sorted((row["epoch"], index, draw) for row in read_ledger(ledger) for index, draw in row["samples"])
 
 
-def killed_and_resumed(tmp_path: Path, sizes: tuple[int, ...], strategy: str) -> tuple[list[str], str]:
+def killed_and_resumed(tmp_path: Path, sizes: tuple[int, ...], strategy: str, shards: Path | None = None,
+                       workers: tuple[int, ...] | None = None) -> tuple[list[str], str]:
     """The run straight through on ``sizes[0]`` processes, and killed with SIGKILL at a random step on
     each of the others in turn but the last, which trains to the end, each resumed with
     ``--resume auto``. Returns each resume's line about the global batch, and what to name in a
@@ -81,13 +87,14 @@ def killed_and_resumed(tmp_path: Path, sizes: tuple[int, ...], strategy: str) ->
     seed = int(os.environ.get("VISIONTRAIN_TEST_KILL_SEED", time.time_ns() % 10_000))
     rng, where = random.Random(seed), f"kill seed {seed}"  # the seed is in every failure's message
     straight_ledger, ledger = tmp_path / "straight-ledger", tmp_path / "ledger"
-    straight = fit(write_recipe(tmp_path / "straight.yaml", straight_ledger, 0.0, strategy), tmp_path / "straight",
-                   sizes[0])
-    recipe, run_dir = write_recipe(tmp_path / "ledger.yaml", ledger, 0.1, strategy), tmp_path / "chain"
+    straight = fit(write_recipe(tmp_path / "straight.yaml", straight_ledger, 0.0, strategy, shards),
+                   tmp_path / "straight", sizes[0])
+    recipe, run_dir = write_recipe(tmp_path / "ledger.yaml", ledger, 0.1, strategy, shards), tmp_path / "chain"
     said = []
     for k, nproc in enumerate(sizes):
         start = steps_written(ledger)
-        proc = fit(recipe, run_dir, nproc, *(["--resume", "auto"] if start else []))
+        extra = [f"data.num_workers={workers[k]}"] if workers else []  # the subject of the shards' chain
+        proc = fit(recipe, run_dir, nproc, *extra, *(["--resume", "auto"] if start else []))
         if k < len(sizes) - 1:
             kill_at_step(proc, ledger, start + 3 + rng.randint(0, 2))
         out, err = finish(proc, 300)
@@ -127,3 +134,14 @@ def test_a_sharded_run_resumed_on_2_3_2_processes_reshards_and_trains_each_sampl
     assert said == ["resumed on 3 processes (written on 2): data.batch_size 6 -> 4: global batch 24 kept",
                     "resumed on 2 processes (written on 3): global batch 24 kept (data.batch_size=6 on 2 "
                     "processes x trainer.accum_steps=2)"], f"{where}: {said}"
+
+
+def test_a_run_from_shards_resumed_on_1_2_3_1_processes_trains_each_sample_once(tmp_path, tmp_path_factory):
+    """data.name=shards with data.order_processes=6: each resume reads the order the checkpoint was
+    cut for, on other processes and other workers (0, 1, 0, 1), and keeps the global batch of 12."""
+    shards, _ = digits_shards(tmp_path_factory)
+    said, where = killed_and_resumed(tmp_path, (1, 2, 3, 1), "ddp", shards, workers=(0, 1, 0, 1))
+    assert said == ["resumed on 2 processes (written on 1): data.batch_size 12 -> 6: global batch 12 kept",
+                    "resumed on 3 processes (written on 2): data.batch_size 12 -> 4: global batch 12 kept",
+                    "resumed on 1 process (written on 3): global batch 12 kept (data.batch_size=12 on 1 "
+                    "process x trainer.accum_steps=1)"], f"{where}: {said}"

@@ -30,14 +30,19 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     return ((seed * _MIX + epoch) * _MIX + index) % (2**63 - 1)
 
 
-def follows_split(follows: str, written: tuple[int, int, int], now: tuple[int, int, int]) -> bool:
+def follows_split(follows: str, written: tuple[int, int, int], now: tuple[int, int, int],
+                  order_processes: int | None = None) -> bool:
     """Whether a sampler whose ``follows_world_size`` is ``follows`` gives each optimizer step the
     samples it gave under the split ``written`` also under ``now``, each a (per-process batch,
     processes, micro-batches a step): ``any`` where the global batch is the same, ``accumulation``
-    where the per-process batch is the same too, ``none`` only where nothing changed."""
+    where the per-process batch is the same too, ``canonical`` (shards, their order cut for
+    ``order_processes``) where the accumulation and the global micro-batch are the same and the
+    processes divide ``order_processes``, ``none`` only where nothing changed."""
     if written == now:
         return True
     same_global = math.prod(written) == math.prod(now)
+    if follows == "canonical":
+        return same_global and written[2] == now[2] and bool(order_processes) and order_processes % now[1] == 0
     return follows == "any" and same_global or follows == "accumulation" and same_global and written[0] == now[0]
 
 

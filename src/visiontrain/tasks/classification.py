@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from visiontrain.core.config import doc
+from visiontrain.core.config import ConfigError, doc
 from visiontrain.data.datasets import build_classification_data, check_image_files, classification_eval_transform
 from visiontrain.data.datasets.sources import ImageFolderDataConfig, reader_args
 from visiontrain.data.datasets.image_folder import DEFAULT_IMAGE_SIZE
@@ -121,6 +121,11 @@ def decodes_on_device(data: Any, trainer_device: str) -> bool:
     """``data.decode`` resolved (image-folder's key; the other sources decode on the CPU): auto is gpu
     for the imagenet augmentation on a GPU, where decoding JPEGs on the CPU is what the step waits for."""
     decode = getattr(data, "decode", "cpu")
+    if data.name != "image-folder":  # shards inherit the key: their members are read on the CPU path
+        if decode == "gpu":
+            raise ConfigError(f"data.decode=gpu reads image files from data.name=image-folder; data.name="
+                              f"{data.name} decodes on the CPU (set data.decode=auto or cpu)")
+        return False
     if decode == "auto":
         return data.augment == "imagenet" and device_type(trainer_device) == "cuda"
     return decode == "gpu"

@@ -27,6 +27,11 @@ class ShardsDataConfig(DetectionDataConfig, ImageFolderDataConfig):
     name: str = doc("dataset: shards (the tar shards of `visiontrain shard`, at data.shards)", "shards")
     shards: str | None = doc("the shards' directory or URL (s3://bucket/prefix, gs://..., https://...; fsspec, "
                              "with the storage's usual credentials), holding index.json", None)
+    order_processes: int | None = doc(
+        "the number of processes an epoch's order is cut for: a resume runs exactly on any number of processes "
+        "that divides it (12: on 1, 2, 3, 4, 6 or 12), with the per-process batch that keeps the global batch. "
+        "It must divide data.batch_size x processes. null: this run's number of processes. Kept in the "
+        "checkpoints: a resume reads the order it was written with", None, minimum=1)
     shuffle_buffer: int = doc("samples a worker shuffles among as it reads its shards (shards themselves are read "
                               "in a shuffled order each epoch); 0 or 1 reads them in their order", 1000, minimum=0)
 
@@ -51,7 +56,7 @@ class ShardsDataConfig(DetectionDataConfig, ImageFolderDataConfig):
                              f"split {self.train_split!r} gives {sum(sizes):,}")
         sampler = ShardBatchSampler(sizes, self.batch_size, seed=seed, buffer=self.shuffle_buffer,
                                     streams=max(1, self.num_workers), rank=rank, world_size=world_size,
-                                    group_ids=group_ids)
+                                    group_ids=group_ids, order_processes=self.order_processes)
         if rank == 0 and (left_out := sampler.left_out_message()):
             log.info("%s", left_out)
         return sampler

@@ -18,8 +18,10 @@ checkpoint's data entry):
   more memory than configured);
 - ``accumulation`` (batches grouped by aspect ratio): a group's batches are cut at the per-process
   batch, so it stays and only the accumulation changes;
-- ``none`` (shards: the order depends on processes x workers): nothing is planned; the source
-  refuses another number of processes in its own words.
+- ``canonical`` (shards: the epoch's order is cut for ``data.order_processes`` processes, in the
+  checkpoint): the accumulation stays, and the processes must divide that number;
+- ``none`` (shards grouped by aspect ratio: a group's batches are cut per process): nothing is
+  planned; the source refuses another number of processes in its own words.
 
 An FSDP checkpoint (sharded) resumes on any number of processes from 2: torch's distributed
 checkpoint reshards it as it loads (``engine.state.sharded``). One process shards nothing, and the
@@ -60,7 +62,18 @@ def _processes(n: int) -> str:
     return f"{n} process" if n == 1 else f"{n} processes"
 
 
-def written_split(checkpoint: dict[str, Any]) -> tuple[BatchSplit, str] | None:
+@dataclass(frozen=True)
+class Follows:
+    """How a data source may follow another number of processes (``data.samplers.follows_split``):
+    its ``follows_world_size``, and the processes a canonical (shards') order is cut for."""
+    kind: str
+    order_processes: int | None = None
+
+    def allows(self, was: BatchSplit, now: BatchSplit) -> bool:
+        return follows_split(self.kind, astuple(was), astuple(now), self.order_processes)
+
+
+def written_split(checkpoint: dict[str, Any]) -> tuple[BatchSplit, Follows] | None:
     """The split a checkpoint was written with, and how its data source may follow another number of
     processes; None for a checkpoint whose source records no batch size (a task's own source)."""
     data = fmt.entry(checkpoint, fmt.DATA) or {}
@@ -69,7 +82,7 @@ def written_split(checkpoint: dict[str, Any]) -> tuple[BatchSplit, str] | None:
     trainer = (fmt.config_of(checkpoint) or {}).get("trainer") or {}
     accum = data.get("accum_steps") or trainer.get("accum_steps") or 1
     split = BatchSplit(int(data["batch_size"]), int(data.get("world_size") or 1), int(accum))
-    return split, str(data.get("follows_world_size", "none"))
+    return split, Follows(str(data.get("follows_world_size", "none")), data.get("order_processes"))
 
 
 def keep_global_batch_on_resume(cfg: Config, source: str | None, world_size: int) -> tuple[Config, str | None]:
@@ -90,7 +103,7 @@ def keep_global_batch(cfg: Config, checkpoint: dict[str, Any], world_size: int) 
         return cfg, None
     was, follows = written
     asked = BatchSplit(cfg.data.batch_size, world_size, cfg.trainer.accum_steps)
-    if asked == was or follows == "none" or not _same_data_and_task(cfg, checkpoint):
+    if asked == was or follows.kind == "none" or not _same_data_and_task(cfg, checkpoint):
         return cfg, None  # shards, or another run's checkpoint: the checks that follow refuse in their own words
     if fmt.sharded_record(checkpoint) is not None and world_size == 1:
         return cfg, None  # one process shards nothing: the weights' check refuses it, naming the strategy
@@ -118,20 +131,20 @@ def _same_data_and_task(cfg: Config, checkpoint: dict[str, Any]) -> bool:
     return all((theirs.get(section) or {}).get("name") == getattr(cfg, section).name for section in ("task", "data"))
 
 
-def _splits(was: BatchSplit, world_size: int, follows: str, two_phases: bool) -> list[BatchSplit]:
+def _splits(was: BatchSplit, world_size: int, follows: Follows, two_phases: bool) -> list[BatchSplit]:
     """Every (per-process batch, accumulation) that makes ``was``'s global batch on ``world_size``
     processes, as the data source and the accumulation schedule allow."""
     per_process, rest = divmod(was.global_batch, world_size)
     if rest:
         return []
     splits = [BatchSplit(b, world_size, per_process // b) for b in range(1, per_process + 1) if per_process % b == 0
-              and follows_split(follows, astuple(was), (b, world_size, per_process // b))]
+              and follows.allows(was, BatchSplit(b, world_size, per_process // b))]
     if two_phases:  # before accumulation starts a step is one micro-batch: the accumulation stays
         splits = [s for s in splits if s.accum_steps == was.accum_steps]
     return splits
 
 
-def _choose(was: BatchSplit, asked: BatchSplit, follows: str, two_phases: bool) -> BatchSplit | None:
+def _choose(was: BatchSplit, asked: BatchSplit, follows: Follows, two_phases: bool) -> BatchSplit | None:
     """The largest per-process batch not above the configured one; else the smallest above it."""
     splits = _splits(was, asked.world_size, follows, two_phases)
     fitting = [s for s in splits if s.batch_size <= asked.batch_size]
@@ -140,10 +153,13 @@ def _choose(was: BatchSplit, asked: BatchSplit, follows: str, two_phases: bool) 
     return min(splits, key=lambda s: s.batch_size) if splits else None
 
 
-def _refusal(was: BatchSplit, world_size: int, follows: str, two_phases: bool) -> str:
+def _refusal(was: BatchSplit, world_size: int, follows: Follows, two_phases: bool) -> str:
     workable = [w for w in range(1, was.global_batch + 1) if _splits(was, w, follows, two_phases)]
     why = {"accumulation": "its batches are grouped by aspect ratio, so the per-process batch stays "
-                           f"{was.batch_size} and only trainer.accum_steps may change"}.get(follows, "")
+                           f"{was.batch_size} and only trainer.accum_steps may change",
+           "canonical": f"its shards' order is cut for {follows.order_processes} processes "
+                        f"(data.order_processes), so the processes must divide it and trainer.accum_steps stays "
+                        f"{was.accum_steps}"}.get(follows.kind, "")
     if two_phases:
         why = (why + "; " if why else "") + "trainer.accum_after_epoch is set, so trainer.accum_steps stays " \
                                              f"{was.accum_steps} and only data.batch_size may change"

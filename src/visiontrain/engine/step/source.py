@@ -80,6 +80,8 @@ class LoaderSource:
         (``order_state``) differs: the position inside an epoch is counted in optimizer steps, each one
         piece of the epoch's order. ``engine.setup.global_batch`` has chosen the split before."""
         s = self.sampler
+        if hasattr(s, "adopt_order"):  # an order cut for the written run's numbers (shards): read as written
+            s.adopt_order(state)
         size, world = int(state.get("batch_size") or s.batch_size), int(state.get("world_size") or 1)
         accum = int(state.get("accum_steps") or self.accum_steps)
         if (size, world, accum) != (s.batch_size, s.world_size, self.accum_steps) and not self._follows(state):
@@ -99,12 +101,17 @@ class LoaderSource:
         if state.get("follows_world_size") != s.follows_world_size or state.get("seeding") != "sample":
             return False  # a checkpoint from before the split could change
         written = (state["batch_size"], state["world_size"], state["accum_steps"])
-        return follows_split(s.follows_world_size, written, (s.batch_size, s.world_size, self.accum_steps))
+        return follows_split(s.follows_world_size, written, (s.batch_size, s.world_size, self.accum_steps),
+                             state.get("order_processes"))
 
     def _needs(self) -> str:
         follows = self.sampler.follows_world_size
         if follows == "none":
             return "all three unchanged (the position inside the epoch is counted in batches)"
+        if follows == "canonical":
+            return ("trainer.accum_steps and the global micro-batch (data.batch_size x processes) unchanged, on a "
+                    f"number of processes that divides the {self.sampler.order_processes} its shards' order is cut "
+                    f"for (data.order_processes)")
         kept = "the global batch kept" + (" and data.batch_size unchanged" if follows == "accumulation" else "")
         return f"{kept} (the position inside the epoch is counted in optimizer steps)"
 
