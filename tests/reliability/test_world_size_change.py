@@ -127,13 +127,16 @@ def test_killed_and_resumed_on_1_2_3_1_processes_trains_each_sample_once_as_the_
                     "process x trainer.accum_steps=2)"], f"{where}: {said}"
 
 
-def test_a_sharded_run_resumed_on_2_3_2_processes_reshards_and_trains_each_sample_once(tmp_path):
+def test_a_sharded_run_resumed_on_1_2_3_1_processes_reshards_and_trains_each_sample_once(tmp_path):
     """FSDP: each resume reads the sharded checkpoint into another number of shards (torch's
-    distributed checkpoint reshards on load); the global batch here is 24 (6 x 2 processes x 2)."""
-    said, where = killed_and_resumed(tmp_path, (2, 3, 2), "fsdp")
-    assert said == ["resumed on 3 processes (written on 2): data.batch_size 6 -> 4: global batch 24 kept",
-                    "resumed on 2 processes (written on 3): global batch 24 kept (data.batch_size=6 on 2 "
-                    "processes x trainer.accum_steps=2)"], f"{where}: {said}"
+    distributed checkpoint reshards on load); on one process FSDP shards nothing and its checkpoints
+    keep the sharded format (one shard a tensor), read whole there and resharded on two."""
+    said, where = killed_and_resumed(tmp_path, (1, 2, 3, 1), "fsdp")
+    assert said == ["resumed on 2 processes (written on 1): trainer.accum_steps 2 -> 1: global batch 12 kept",
+                    "resumed on 3 processes (written on 2): data.batch_size 6 -> 4, trainer.accum_steps 2 -> 1: "
+                    "global batch 12 kept",
+                    "resumed on 1 process (written on 3): global batch 12 kept (data.batch_size=6 on 1 "
+                    "process x trainer.accum_steps=2)"], f"{where}: {said}"
 
 
 def test_a_run_from_shards_resumed_on_1_2_3_1_processes_trains_each_sample_once(tmp_path, tmp_path_factory):

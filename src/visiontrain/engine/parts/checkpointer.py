@@ -18,7 +18,7 @@ from typing import Any, Callable, Literal
 from visiontrain.core.config import config_to_dict, register_section
 from visiontrain.core.typed_config import doc
 from visiontrain.engine.parallel.distributed import broadcast_object, sync_buffers
-from visiontrain.engine.parallel.fsdp import full_state_dict
+from visiontrain.engine.parallel.fsdp import full_state_dict, is_sharded
 from visiontrain.engine.parts.evaluator import checkpoint_metric
 from visiontrain.engine.protocols.cadence import Cadence
 from visiontrain.engine.protocols.part import Part, Progress
@@ -94,7 +94,8 @@ class Checkpointer(Part):
         model, EMA and optimizer (engine.fsdp), and the dict names their directory instead."""
         r, p = self.built, self.progress
         check_weights([r.raw_model] + ([r.ema_model] if r.ema_model is not None else []), p.step,
-                      self.weights_ok_at, reduce=r.sharded is not None, ckpt_dir=self.dir)  # host sync (checkpoint)
+                      self.weights_ok_at, reduce=r.sharded is not None and r.dist.enabled,
+                      ckpt_dir=self.dir)  # host sync (checkpoint)
         self.weights_ok_at = p.step
         return self.states.compose(self.config, r.data_info)
 
@@ -162,8 +163,9 @@ class Checkpointer(Part):
         self.save_last()
         r, p, lp = self.built, self.progress, self.trainer.parts["log_point"]
         for name, module in (("model", r.raw_model), ("model_ema", r.ema_model)):
-            if module is not None and r.run_dir is not None and (r.dist.is_main or r.sharded):
-                weights = full_state_dict(module) if r.sharded else module.state_dict()  # FSDP: a gather
+            sharded = is_sharded(list(module.parameters())) if module is not None else False
+            if module is not None and r.run_dir is not None and (r.dist.is_main or sharded):
+                weights = full_state_dict(module) if sharded else module.state_dict()  # FSDP: a gather
                 if r.dist.is_main:
                     save_safetensors(weights, r.run_dir / f"{name}.safetensors")
         if not r.writes:

@@ -29,6 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from visiontrain.core.config import Config
 from visiontrain.engine.parallel.distributed import DistInfo
+from visiontrain.engine.parallel.fsdp import is_sharded
 from visiontrain.engine.protocols.hooks import Hook
 from visiontrain.engine.protocols.task import Task
 from visiontrain.engine.records.plots import save_figure
@@ -187,7 +188,8 @@ def first_look(run: TrainingRun, task: Task, log: RunLogger, *, plots: bool, sum
         except Exception as err:  # noqa: BLE001  (a view of the run, not part of it)
             log.print(f"warning: preview plots not drawn: {type(err).__name__}: {err}")
     if summary:
-        result = summarize_model(run.raw_model, task, items, collate, run.device, sharded=run.sharded is not None)
+        sharded = is_sharded(list(run.raw_model.parameters()))  # FSDP on several processes
+        result = summarize_model(run.raw_model, task, items, collate, run.device, sharded=sharded)
         log.print("\n".join(result.lines()))
         if run.writes:
             write_run_file(run.run_dir, MODEL_SUMMARY_FILE, dumps_json(result.to_dict(), indent=2))

@@ -23,9 +23,9 @@ checkpoint's data entry):
 - ``none`` (shards grouped by aspect ratio: a group's batches are cut per process): nothing is
   planned; the source refuses another number of processes in its own words.
 
-An FSDP checkpoint (sharded) resumes on any number of processes from 2: torch's distributed
-checkpoint reshards it as it loads (``engine.state.sharded``). One process shards nothing, and the
-resume's weights check refuses it there.
+An FSDP checkpoint (sharded) resumes on any number of processes: torch's distributed checkpoint
+reshards it as it loads (``engine.state.sharded``); on one process FSDP shards nothing, and its
+checkpoints keep the sharded format, so the run can go back to several.
 
 A run whose accumulation starts after an epoch (``trainer.accum_after_epoch``) has two global
 batches; both are kept by keeping the accumulation and changing the per-process batch.
@@ -105,8 +105,6 @@ def keep_global_batch(cfg: Config, checkpoint: dict[str, Any], world_size: int) 
     asked = BatchSplit(cfg.data.batch_size, world_size, cfg.trainer.accum_steps)
     if asked == was or follows.kind == "none" or not _same_data_and_task(cfg, checkpoint):
         return cfg, None  # shards, or another run's checkpoint: the checks that follow refuse in their own words
-    if fmt.sharded_record(checkpoint) is not None and world_size == 1:
-        return cfg, None  # one process shards nothing: the weights' check refuses it, naming the strategy
     where = f"resumed on {_processes(world_size)}" + \
         (f" (written on {was.world_size})" if world_size != was.world_size else "")
     two_phases = cfg.trainer.accum_after_epoch > 0

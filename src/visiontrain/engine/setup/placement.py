@@ -43,10 +43,14 @@ def uses_fsdp(cfg: Config, dist_info: DistInfo) -> bool:
 
 def distribute(model: nn.Module, ema: Any, cfg: Config, task: Any, dist_info: DistInfo, device: torch.device,
                ckpt_dir: Any) -> tuple[nn.Module, ShardedCheckpoints | None, list[str] | None]:
-    """The module the step calls, the sharded checkpoints (FSDP only) and the FSDP unit names.
-    FSDP shards ``model`` (and the EMA copy) in place: build the optimizer after this."""
+    """The module the step calls, the sharded checkpoints (``distributed.strategy=fsdp``) and the FSDP
+    unit names. FSDP shards ``model`` (and the EMA copy) in place: build the optimizer after this.
+    On one process FSDP shards nothing, but its checkpoints keep their sharded format (one shard
+    a tensor), so a run moves between one process and several in either direction."""
     if not uses_fsdp(cfg, dist_info):
-        return wrap_ddp(model, dist_info, device, find_unused_parameters=task.find_unused_parameters), None, None
+        wrapped = wrap_ddp(model, dist_info, device, find_unused_parameters=task.find_unused_parameters)
+        one_shard = ShardedCheckpoints(ckpt_dir, dist_info) if cfg.distributed.strategy == "fsdp" else None
+        return wrapped, one_shard, None
     units = shard_model(model, dist_info, device, cfg.distributed, [ema.module] if ema is not None else [])
     return model, ShardedCheckpoints(ckpt_dir, dist_info), units
 

@@ -70,7 +70,8 @@ class ShardedCheckpoints:
             if self.info.is_main:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
-            dist.barrier()  # the fresh directory exists before any rank writes into it
+            if self.info.enabled:
+                dist.barrier()  # the fresh directory exists before any rank writes into it
             try:
                 dcp.save(tensors, checkpoint_id=tmp)
             except Exception as err:  # DCP reports any rank's failure (a full disk, ...) on every rank
@@ -111,7 +112,7 @@ class ShardedCheckpoints:
         set_model_state_dict(model, tensors["model"])
         if record["optimizer"]:
             set_optimizer_state_dict(model, optimizer, {"state": tensors["optim"],
-                                                        "param_groups": record["param_groups"]})
+                                                        "param_groups": own_kernels(record["param_groups"], optimizer)})
         if ema is not None:
             set_model_state_dict(ema, tensors["ema"])
             ema_.updates = int(state[fmt.EMA]["updates"])
@@ -130,6 +131,17 @@ class ShardedCheckpoints:
             if entry.is_dir() and (entry.name.startswith(".step-") or
                                    (DCP_DIR.match(entry.name) and entry.name not in named)):
                 shutil.rmtree(entry, ignore_errors=True)
+
+
+#: The param-group keys that choose the optimizer's kernels, not its arithmetic
+KERNEL_KEYS = ("fused", "foreach")
+
+
+def own_kernels(groups: list[dict[str, Any]], optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """The written param groups with this run's kernel choice: a checkpoint of one process (fused
+    SGD) resumed sharded, where fused SGD has no DTensor rule (foreach), or the other way round."""
+    return [{**saved, **{k: own[k] for k in KERNEL_KEYS if k in own}}
+            for saved, own in zip(groups, optimizer.param_groups)]
 
 
 def dcp_path(pointer_dir: Path, record: dict[str, Any]) -> Path:
