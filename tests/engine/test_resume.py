@@ -50,16 +50,16 @@ def test_mid_epoch_resume_is_bit_exact(tmp_path, workers, deterministic):
 
 @pytest.mark.cuda
 def test_a_set_kept_on_the_device_resumes_bit_exact(tmp_path, deterministic):
-    """data.on_device=true: the set's batches are indexed, flipped and normalised where it lies (on
-    the CPU here, through the same code; on a GPU in its memory), each flip a coin of the sample's seed."""
-    cfg = C.load_config("classify-fashion", [
-        "data.name=digits", "data.batch_size=32", "data.augment=flip", "data.on_device=true",
+    """data.on_device=true: the set's batches are made where it lies (on the CPU here, through the
+    same code; on a GPU in its memory), each sample's crop drawn from its own seed."""
+    cfg = C.load_config("classify-fashion", [  # digits: "basic" crops each sample (a mirrored digit is another)
+        "data.name=digits", "data.batch_size=32", "data.augment=basic", "data.on_device=true",
         "task.mixup_alpha=0.2", "task.drop_rate=0.3", "trainer.epochs=2", "trainer.log_every=7",
         "checkpoint.every=5", "checkpoint.unit=steps", "optim.lr=0.002"])
     assert cfg.data.num_workers == "auto"  # as shipped: auto gives 0 for a set held in memory
     full, resumed = fit_and_crash_resume(cfg, tmp_path, crash_at=50, position=(50, 1, 6))
     assert resumed.step == full.step == 88
-    placed = full.run.source.loader.dataset.dataset  # under the SeededDataset
+    placed = full.run.source.loader.dataset.dataset  # under the SeededDataset: random transforms
     assert placed.stacked and placed.images.device == full.run.device
     assert_bit_identical(state_of(full), state_of(resumed))
 

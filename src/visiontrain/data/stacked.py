@@ -25,3 +25,11 @@ def _collate(collate: Callable[[list[Any]], Any] | None, items: Any) -> Any:
 def keep_stacked(collate: Callable[[list[Any]], Any] | None) -> Callable[[Any], Any]:
     """``collate`` (None: torch's default), except that a :class:`Stacked` batch passes through."""
     return partial(_collate, collate)
+
+
+def as_samples(items: Any) -> Any:
+    """A :class:`Stacked` batch as the list of its samples (``(image, label)`` each), what a caller
+    that takes the first few samples of a batch expects; anything else as it is."""
+    if isinstance(items, Stacked):
+        return list(zip(*(t.unbind(0) for t in items)))
+    return items

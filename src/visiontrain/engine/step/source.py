@@ -16,6 +16,7 @@ from typing import Any, Iterator, Protocol, runtime_checkable
 from torch.utils.data import DataLoader
 
 from visiontrain.data.samplers import ResumableBatchSampler, follows_split
+from visiontrain.data.stacked import as_samples
 
 
 @runtime_checkable
@@ -63,7 +64,7 @@ class LoaderSource:
         torch's fetcher does; ``SeededDataset`` forks torch's RNG while it loads."""
         keys = next(iter(self.loader.batch_sampler))[:limit]
         getitems = getattr(self.loader.dataset, "__getitems__", None)
-        return getitems(keys) if getitems else [self.loader.dataset[k] for k in keys]
+        return as_samples(getitems(keys)) if getitems else [self.loader.dataset[k] for k in keys]
 
     def collate(self, items: list[Any]) -> Any:
         return self.loader.collate_fn(items)
