@@ -13,10 +13,12 @@ import torch
 from PIL import Image
 
 from devices import ON_CUDA, TEST_DEVICE
+from resume_checks import assert_bit_identical, fit_and_crash_resume, state_of
+from visiontrain.core import config as C
 from visiontrain.data.datasets.image_folder import ImageFolderClassification, build_image_folder
 from visiontrain.data.datasets.sources import ClassificationReader
 from visiontrain.data.images import UnreadableImageError
-from visiontrain.data.jpeg_decode import DecodedImage, DeviceDecoder, EncodedImage, collate_encoded
+from visiontrain.data.jpeg_decode import DecodedImage, DeviceDecoder, EncodedBatch, EncodedImage, collate_encoded
 from visiontrain.data.normalize import NormalizeOnDevice
 
 SIZE = 48
@@ -125,21 +127,38 @@ def test_an_unreadable_file_is_named(tmp_path, files):
     assert isinstance(device[0][0], (EncodedImage, DecodedImage))
 
 
-def test_evaluation_is_the_cpu_paths_exactly(files):
-    """data.decode only changes the training images: validation items are made by the CPU path."""
-    root = os.path.dirname(files[0][0])
-    # an image folder of the fixture's files: two classes, the same files in train and val
-    for split in ("train", "val"):
-        for c in ("a", "b"):
-            os.makedirs(f"{root}/{split}/{c}", exist_ok=True)
-    for i, (path, label) in enumerate(files[:6]):
+@pytest.fixture(scope="module")
+def folder(files) -> str:
+    """An image folder of the fixture's first 12 files (JPEGs and the grey one): the same files in
+    train and val, two classes."""
+    root = os.path.join(os.path.dirname(files[0][0]), "folder")
+    for i, (path, label) in enumerate(files[:12]):
         for split in ("train", "val"):
-            dest = f"{root}/{split}/{'ab'[label]}/{i}.jpg"
-            if not os.path.exists(dest):
-                os.link(path, dest)
-    cpu = build_image_folder(ClassificationReader(root=root, image_size=SIZE, augment="imagenet"))
-    device = build_image_folder(ClassificationReader(root=root, image_size=SIZE, augment="imagenet",
+            os.makedirs(f"{root}/{split}/{'ab'[label]}", exist_ok=True)
+            os.link(path, f"{root}/{split}/{'ab'[label]}/{i}.jpg")
+    return root
+
+
+def test_evaluation_is_the_cpu_paths_exactly(folder):
+    """data.decode only changes the training images: validation items are made by the CPU path."""
+    cpu = build_image_folder(ClassificationReader(root=folder, image_size=SIZE, augment="imagenet"))
+    device = build_image_folder(ClassificationReader(root=folder, image_size=SIZE, augment="imagenet",
                                                      decode_on_device=True))
     assert device[0].decode_on_device and not device[1].decode_on_device
     for i in range(len(cpu[1])):
         assert torch.equal(cpu[1][i][0], device[1][i][0])
+
+
+def test_a_run_decoding_on_the_device_resumes_bit_exact(folder, tmp_path):
+    """The same files in the same order, each with its seed's crop and flip: a run killed mid-epoch
+    and resumed ends with the straight run's weights. The imagenet recipe at a small size (ResNet-18,
+    32 px, 12 images), the decode done on the CPU through the device path."""
+    cfg = C.load_config("classify-mobilevit-imagenet", [
+        f"data.root={folder}", "data.decode=gpu", "task.model=resnet18", "data.image_size=32", "data.batch_size=4",
+        "trainer.epochs=2", "trainer.log_every=1", "checkpoint.every=2", "checkpoint.unit=steps",
+        "data.num_workers=0",  # the worker start (forkserver) is tests/data/test_worker_start.py's subject
+        "trainer.precision=fp32",  # the comparison is within one run's precision; fp32 on any CPU
+        "trainer.plots=false"])  # the figures at the end: seconds of CPU a run, not the subject
+    full, resumed = fit_and_crash_resume(cfg, tmp_path, crash_at=4, position=(4, 1, 1))
+    assert isinstance(full.run.source.loader.collate_fn(full.run.source.first_items())[0], EncodedBatch)
+    assert_bit_identical(state_of(full), state_of(resumed))
