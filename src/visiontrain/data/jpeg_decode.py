@@ -94,13 +94,13 @@ def read_for_device(path: str, size: int) -> EncodedImage | DecodedImage:
         raise UnreadableImageError(f"image file {path} does not exist") from None
     except (OSError, SyntaxError, ValueError) as err:
         raise UnreadableImageError(f"image file {path} cannot be read: {err}") from None
-    if on_device:
-        box = crop_box(height, width)
-        flip = bool(torch.rand(1).item() < 0.5)  # RandomHorizontalFlip's draw
+    image = None if on_device else _to_tensor(open_rgb(path))  # upright: the frame the CPU path crops
+    if image is not None:
+        height, width = image.shape[-2:]
+    box = crop_box(height, width)
+    flip = bool(torch.rand(1).item() < 0.5)  # RandomHorizontalFlip's draw, after the crop's
+    if image is None:
         return EncodedImage(torch.frombuffer(bytearray(data), dtype=torch.uint8), box, flip, path)
-    image = _to_tensor(open_rgb(path))  # upright: the box is drawn in the frame the CPU path crops
-    box = crop_box(image.shape[-2], image.shape[-1])
-    flip = bool(torch.rand(1).item() < 0.5)
     return DecodedImage(crop_resize(image, box, size), flip)
 
 
@@ -146,17 +146,19 @@ class DeviceDecoder:
 
         try:
             return decode_jpeg([it.data for it in items], mode=ImageReadMode.RGB, device=device)
+        except RuntimeError:  # one file nvJPEG refuses fails the whole batch: each on its own
+            return [self._decode_one(item, device) for item in items]
+
+    def _decode_one(self, item: EncodedImage, device: torch.device) -> Tensor:
+        """One JPEG on ``device``, or (refused by nvJPEG) decoded on the host with PIL and counted."""
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        try:
+            return decode_jpeg(item.data, mode=ImageReadMode.RGB, device=device)
         except RuntimeError:
-            pass
-        images = []
-        for item in items:
-            try:
-                images.append(decode_jpeg(item.data, mode=ImageReadMode.RGB, device=device))
-            except RuntimeError:
-                pixels = _to_tensor(decode_rgb(item.data.numpy().tobytes(), f"image file {item.path}"))
-                images.append(pixels.to(device, non_blocking=True))
-                self.on_host += 1
-        return images
+            self.on_host += 1
+            pixels = _to_tensor(decode_rgb(item.data.numpy().tobytes(), f"image file {item.path}"))
+            return pixels.to(device, non_blocking=True)
 
     def _count(self, samples: int, decoded_in_workers: int) -> None:
         """Counts the samples not decoded on the device, and says so the first time and each time

@@ -38,11 +38,10 @@ class LogPoint(Part):
     name = "log_point"
 
     def __init__(self, settings: TrainerConfig, run: TrainingRun, progress: Progress, recorder: StepRecorder,
-                 log: RunLogger, *, samples_at: Callable[[int], int],
-                 workers: Callable[[], Any] = lambda: "?") -> None:
+                 log: RunLogger, *, samples_at: Callable[[int], int], workers: Any = "?") -> None:
         """``samples_at(epoch)``: the samples one optimizer step trains on in that epoch, over every
-        process (``samples_per_step``), for the throughput. ``workers()``: data.num_workers as the run
-        resolved it, read when the input-bound hint is written (it may be resolved after this)."""
+        process (``samples_per_step``), for the throughput. ``workers``: data.num_workers as the run
+        resolved it (named by the input-bound hint)."""
         self.settings, self.progress, self.recorder, self.scalars = settings, progress, recorder, run.scalars
         self.samples_at = samples_at
         self.ckpt_dir = run.ckpt_dir  # named in a non-finite error: what the run can go back to
@@ -64,7 +63,7 @@ class LogPoint(Part):
         run = trainer.run
         return cls(trainer.cfg.trainer, run, trainer.progress, trainer.recorder, trainer.log,
                    samples_at=lambda epoch: samples_per_step(trainer.cfg, run.dist.world_size, epoch),
-                   workers=lambda: getattr(trainer.cfg.data, "num_workers", "?"))
+                   workers=getattr(trainer.cfg.data, "num_workers", "?"))  # auto: resolved at the run's start
 
     def start(self) -> None:
         """At the start of fit: the throughput window and the ETA count from here."""
@@ -116,7 +115,7 @@ class LogPoint(Part):
         self.windows += 1
         if self.windows > 1 and not self.hinted and data_s > INPUT_BOUND * window_s:
             self.hinted = True
-            self.log.print(input_bound_hint(data_s / window_s, self.workers()))
+            self.log.print(input_bound_hint(data_s / window_s, self.workers))
 
     def data_wait_share(self) -> float | None:
         """The share of the logged windows' time spent waiting for data, over the run (None before
