@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import json
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -159,6 +160,8 @@ def test_a_registered_part_runs_on_its_cadence_and_resumes_where_it_was(tmp_path
     resumed = Trainer(cfg, ToyTask(cfg), tmp_path / "cut", resume=str(tmp_path / "cut" / "checkpoints" / "last.pt"))
     resumed.fit()
     assert resumed.weight_trail.trail == full.weight_trail.trail
+    for run in ("full", "cut"):  # the part's own key of summary.json, the records before the kill counted
+        assert json.loads((tmp_path / run / "summary.json").read_text())["weight_trail_records"] == 6
 
 
 def test_a_part_s_own_section_is_set_by_a_recipe_and_an_override_listed_and_checked(tmp_path, weight_trail):

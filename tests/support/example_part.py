@@ -8,7 +8,8 @@ fixture)::
 
 The trainer, the checkpointer and core/config.py stay as they are. Its section is a recipe's
 ``weight_trail:`` (``weight_trail.every=4`` on the command line), listed by ``show-config --docs``;
-its record is in every checkpoint under ``weight_trail`` and continues on resume.
+its record is in every checkpoint under ``weight_trail`` and continues on resume, and its count is a key
+of summary.json.
 """
 from __future__ import annotations
 
@@ -50,6 +51,10 @@ class WeightTrail(Part):
     def run(self, epoch_end: bool = False) -> None:
         total = torch.stack([p.detach().sum() for p in self.model.parameters()]).sum()
         self.trail.append((self.trainer.step, total.item()))  # host sync (every N steps)
+
+    def summary(self) -> dict[str, Any]:
+        """Its key of summary.json: the records over the whole run (a resumed run's included)."""
+        return {"weight_trail_records": len(self.trail)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps": [s for s, _ in self.trail], "sums": [v for _, v in self.trail]}

@@ -27,6 +27,9 @@ def test_the_network_gives_logits_at_the_input_size_from_features_at_the_stride(
     with torch.no_grad():
         out, features = model(x), model.backbone(x)
     assert out["out"].shape == (1, 5, 64, 96) and ("aux" in out) == aux
+    # the summary and the report name the network by its class
+    assert type(model).__name__ == {"deeplabv3": "DeepLabV3", "fcn": "FCN", "deeplabv3plus": "DeepLabV3Plus",
+                                    "fpn": "SemanticFPN"}[head]
     stages = features["out"] if isinstance(features["out"], dict) else {"high": features["out"]}
     assert list(stages.values())[-1].shape[-2:] == (64 // stride, 96 // stride)  # the last stage
     if head != "deeplabv3" and head != "fcn":  # DeepLabV3+'s decoder and the FPN take the first stage too, stride 4

@@ -19,6 +19,8 @@ import postgres_server
 from mlflow_histories import histories
 from procs import alive, descendants, finish, kill_everything, popen, run_cli, wait_for
 from visiontrain.app import cli
+from visiontrain.core.cores import affinity, shares
+from visiontrain.engine.records.provenance import read_provenance
 
 # digits: the offline dataset on which a trial takes seconds. Batches of 16 make a trial long enough
 # (about 180 steps) for a tuner to stop it part-way (the pruning and kill tests need that).
@@ -178,6 +180,9 @@ def test_four_trials_at_once_lose_nothing_in_the_study_mlflow_store(tmp_path):
     client = MlflowClient(tracking_uri=f"sqlite:///{study / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("study").experiment_id])
     assert sorted(r.info.run_name for r in runs) == [f"trial-{n:04d}" for n in range(4)]
+    # each job's trial ran on its share of the tuner's cores (its affinity), not on all of them
+    usable = sorted(read_provenance(study / "trials" / r.info.run_name)["launches"][-1]["usable_cores"] for r in runs)
+    assert usable == sorted(len(s) for s in shares(affinity(), 4))
     for run in runs:
         run_dir = study / "trials" / run.info.run_name
         assert "MLflow" not in (run_dir / "fit.log").read_text()  # no warning: the tracker never gave up

@@ -118,6 +118,15 @@ class FpnHead(nn.Module):
         return self.fusion(list(self.fpn(features).values()))
 
 
+class DeepLabV3Plus(DeepLabV3):
+    """torchvision's ``DeepLabV3`` model (the trunk's stages, the head, logits at the input's size) with
+    ``PlusHead``: a class of its own so that the model summary and the report name the network."""
+
+
+class SemanticFPN(DeepLabV3):
+    """torchvision's ``DeepLabV3`` model with ``FpnHead``: named for the same reason as ``DeepLabV3Plus``."""
+
+
 class Stages(nn.Module):
     """The trunk's stages a head takes together, for torchvision's ``DeepLabV3``: ``{"out": {name:
     stage, ...}, "aux": stage 3}``, so that it hands its classifier them all (DeepLabV3+'s two, the
@@ -166,12 +175,12 @@ def build_segmenter(spec: SegmenterSpec, num_classes: int) -> nn.Module:
     aux = FCNHead(channels // 2, num_classes) if spec.aux_head else None
     if spec.head == "deeplabv3plus":
         head = PlusHead(channels, channels // 8, num_classes, spec.atrous_rates)
-        return DeepLabV3(Stages(trunk, {"layer1": "low", "layer4": "high"}, spec.aux_head), head, aux)
+        return DeepLabV3Plus(Stages(trunk, {"layer1": "low", "layer4": "high"}, spec.aux_head), head, aux)
     if spec.head == "fpn":
         stages = {f"layer{k}": str(k) for k in range(1, 5)}
         head = FpnHead([channels // 8, channels // 4, channels // 2, channels], num_classes, spec.fpn_channels,
                        spec.head_width)
-        return DeepLabV3(Stages(trunk, stages, spec.aux_head), head, aux)
+        return SemanticFPN(Stages(trunk, stages, spec.aux_head), head, aux)
     layers = {"layer4": "out", **({"layer3": "aux"} if spec.aux_head else {})}
     body = IntermediateLayerGetter(trunk, return_layers=layers)
     if spec.head == "fcn":

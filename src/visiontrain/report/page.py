@@ -310,6 +310,12 @@ def _model_html(run_dir: Path) -> str:
             f"<table>{head}{rows}</table>")
 
 
+def cpus(launch: dict[str, Any]) -> str:
+    """The machine's CPUs, and the cores the run was allowed where fewer (a cpuset, a tune job's share)."""
+    total, usable = launch.get("cpu_count"), launch.get("usable_cores")
+    return f"{total} CPUs" + (f", {usable} of them usable by the run" if usable not in (None, total) else "")
+
+
 def _provenance_html(run_dir: Path) -> str:
     """Where the run came from (provenance.json): each launch, and the last one's code and machine."""
     try:
@@ -323,7 +329,7 @@ def _provenance_html(run_dir: Path) -> str:
     rows = [*((f"{launch.get('started')} at step {launch.get('step')}", launch.get("command")) for launch in launches),
             ("recipe", last.get("recipe")),
             ("git commit", f"{git['commit']}{' (dirty)' if git.get('dirty') else ''}" if git else "not a git checkout"),
-            ("host", f"{last.get('host')}: {last.get('platform')}, {last.get('cpu_count')} CPUs"),
+            ("host", f"{last.get('host')}: {last.get('platform')}, {cpus(last)}"),
             ("GPUs", ", ".join(last.get("gpus") or []) or "none"),
             ("versions", ", ".join(f"{k} {v}" for k, v in (last.get("versions") or {}).items()))]
     body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in rows)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from visiontrain.core import config as C
+from visiontrain.core.cores import affinity, shares
 from visiontrain.core.redact import redact_url, scrub
 from visiontrain.core.stop_signals import STOP_SIGNALS, Preempted
 from visiontrain.engine.protocols.task import registered_task
@@ -303,7 +304,7 @@ def next_trial(search: Search) -> Any | None:
         return trial
 
 
-def run_one(search: Search, trial: Any, threads: int | None) -> Outcome:
+def run_one(search: Search, trial: Any, cores: list[int] | None) -> Outcome:
     """Draw the trial's parameters, run it, tell the study how it ended."""
     s = search.settings
     params = {p.key: p.suggest(trial) for p in search.space}
@@ -316,7 +317,7 @@ def run_one(search: Search, trial: Any, threads: int | None) -> Outcome:
     log.info(f"visiontrain: trial {n} {resumed}in {run_dir}: {' '.join(override(k, v) for k, v in params.items())}")
     wait_free(run_dir, search.stopping)
     overrides = [*search.overrides, *(override(k, v) for k, v in params.items())]
-    process = TrialProcess(fit_command(s.recipe, overrides, run_dir, s.imports), run_dir, trial_env(threads))
+    process = TrialProcess(fit_command(s.recipe, overrides, run_dir, s.imports), run_dir, trial_env(cores), cores)
     metric = search.objective.metric
     watch = Watch(trial, run_dir, search.objective,
                   lambda step, v: log.info(f"visiontrain: trial {n}: step {step}: {metric} {v:.6g}"))
@@ -378,14 +379,15 @@ def tell(search: Search, trial: Any, outcome: Outcome) -> None:
         search.stopping.set()
 
 
-def work(search: Search, threads: int | None) -> None:
-    """One job: trials one after another until the study has its trials or the tuner stops."""
+def work(search: Search, cores: list[int] | None) -> None:
+    """One job: trials one after another, on the job's ``cores``, until the study has its trials or the
+    tuner stops."""
     try:
         while not search.stopping.is_set():
             trial = next_trial(search)
             if trial is None:
                 return
-            run_one(search, trial, threads)
+            run_one(search, trial, cores)
     except Exception as err:  # noqa: BLE001 - the main thread reports it and stops the other jobs
         search.errors.append(f"{type(err).__name__}: {err}")
         search.stopping.set()
@@ -395,7 +397,9 @@ def run_search(search: Search) -> None:
     """Run ``--jobs`` jobs until the study has its trials; a stop signal stops every trial (each writes
     its last.pt and is enqueued to be resumed) and then raises Preempted."""
     jobs = search.settings.jobs
-    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+    # Each job's trials run on cores of their own (their affinity), so what a fit chooses from its cores
+    # (threads, data.num_workers=auto) is its share: four trials of a 16-core machine take 4 each, not 16.
+    cores = shares(affinity(), jobs) if jobs > 1 else [None]
 
     def stop(signum: int, _frame: Any) -> None:
         search.signum = signum
@@ -403,7 +407,7 @@ def run_search(search: Search) -> None:
 
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     try:
-        workers = [threading.Thread(target=work, args=(search, threads), name=f"visiontrain-tune-{i}")
+        workers = [threading.Thread(target=work, args=(search, cores[i]), name=f"visiontrain-tune-{i}")
                    for i in range(jobs)]
         for w in workers:
             w.start()

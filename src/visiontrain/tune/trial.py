@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import math
 import os
 import signal
@@ -87,6 +88,7 @@ class TrialProcess:
     command: list[str]
     run_dir: Path
     env: dict[str, str]
+    cores: list[int] | None = None
 
     def start(self) -> subprocess.Popen:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -94,7 +96,7 @@ class TrialProcess:
             # A session of its own: a Ctrl-C in the tuner's terminal reaches the tuner only, which stops
             # each trial (SIGTERM) and marks it for resuming.
             return subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                    start_new_session=True, preexec_fn=_term_with_parent)
+                                    start_new_session=True, preexec_fn=functools.partial(_in_child, self.cores))
 
     def last_line(self) -> str:
         """The fit's last line of output: the error a failed trial ended with."""
@@ -105,10 +107,13 @@ class TrialProcess:
         return lines[-1].strip() if lines else ""
 
 
-def _term_with_parent() -> None:
-    """In the trial's process before it runs: SIGTERM (a checkpoint, then exit) when the tuner dies."""
+def _in_child(cores: list[int] | None) -> None:
+    """In the trial's process before it runs: SIGTERM (a checkpoint, then exit) when the tuner dies,
+    and the job's cores as its affinity (its DataLoader workers inherit it)."""
     if _LIBC is not None:
         _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if cores is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
 
 
 def fit_command(recipe: str, overrides: list[str], run_dir: Path, imports: list[str]) -> list[str]:
@@ -117,11 +122,12 @@ def fit_command(recipe: str, overrides: list[str], run_dir: Path, imports: list[
             *overrides, "trainer.progress=plain", "--run-dir", str(run_dir), "--resume", "auto"]
 
 
-def trial_env(threads: int | None) -> dict[str, str]:
-    """The tuner's environment, with each trial's share of the CPU threads when several run at once."""
+def trial_env(cores: list[int] | None) -> dict[str, str]:
+    """The tuner's environment, with a thread for each of the trial's cores when several trials run at
+    once (torch's default is the machine's physical cores, whatever the affinity)."""
     env = dict(os.environ)
-    if threads:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    if cores:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(len(cores))
     return env
 
 

@@ -30,7 +30,7 @@ from visiontrain.engine.state.run_dir import config_changes
 from visiontrain.engine.state.weights import check_resume_compatible, save_safetensors
 from visiontrain.engine.step.guards import check_weights
 from visiontrain.rundir import checkpoint_format as fmt
-from visiontrain.rundir.metrics_file import SAMPLES_PER_S, ema_key, is_per_class, model_scalars
+from visiontrain.rundir.metrics_file import ema_key, is_per_class, model_scalars
 from visiontrain.rundir.run_files import LAST_CHECKPOINT, SUMMARY_FILE
 
 
@@ -161,7 +161,7 @@ class Checkpointer(Part):
     def finish(self) -> dict[str, Any]:
         """The last checkpoint, the final weights as safetensors (FSDP: gathered), summary.json."""
         self.save_last()
-        r, p, lp = self.built, self.progress, self.trainer.parts["log_point"]
+        r, p = self.built, self.progress
         for name, module in (("model", r.raw_model), ("model_ema", r.ema_model)):
             sharded = is_sharded(list(module.parameters())) if module is not None else False
             if module is not None and r.run_dir is not None and (r.dist.is_main or sharded):
@@ -172,12 +172,13 @@ class Checkpointer(Part):
             return {}
         summary = {
             "steps": p.step, "epochs": p.epoch, "wall_s": round(p.wall_before + p.trained_s, 3),
-            SAMPLES_PER_S: lp.samples_seen / max(p.trained_s, 1e-9), "final": dict(self.last_eval),
-            "best": dict(self.best.best) if self.best else {}, "metric": self.metric, "mode": self.mode,
-            "skipped_steps": lp.skipped, "fp16_overflow_skips": lp.overflow_skipped,
-            "data_wait_share": lp.data_wait_share(),
+            "final": dict(self.last_eval), "best": dict(self.best.best) if self.best else {},
+            "metric": self.metric, "mode": self.mode,
             "ended": p.end_reason(self.max_steps), "precision": r.precision.record(),
         }
+        for part in self.trainer.parts.values():  # each part's own measures (the log point's throughput...)
+            if isinstance(part, Part):
+                summary.update(part.summary())
         write_run_file(r.run_dir, SUMMARY_FILE, dumps_json(summary, indent=2))
         self.log.table("final", {**summary["final"], "wall_s": summary["wall_s"]})
         return summary

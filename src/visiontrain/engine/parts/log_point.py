@@ -119,8 +119,15 @@ class LogPoint(Part):
 
     def data_wait_share(self) -> float | None:
         """The share of the logged windows' time spent waiting for data, over the run (None before
-        the first): summary.json's ``data_wait_share``, which the checkpointer writes."""
+        the first)."""
         return round(self.wait_s / self.logged_s, 4) if self.logged_s > 0 else None
+
+    def summary(self) -> dict[str, Any]:
+        """This launch's throughput in this process, the steps skipped over the run (a non-finite loss,
+        an fp16 overflow) and the run's share of time waiting for data."""
+        return {SAMPLES_PER_S: self.samples_seen / max(self.trainer.progress.trained_s, 1e-9),
+                "skipped_steps": self.skipped, "fp16_overflow_skips": self.overflow_skipped,
+                "data_wait_share": self.data_wait_share()}
 
     def state_dict(self) -> dict[str, Any]:
         return {"pending": self.pending.state_dict(), "epoch": self.epoch_means.state_dict(),

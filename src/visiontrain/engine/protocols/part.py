@@ -45,6 +45,13 @@ class Part(Hook):
         summary ``fit`` returns."""
         return None
 
+    def summary(self) -> dict[str, Any]:
+        """The keys this part adds to RUN_DIR/summary.json: what it measured over the whole run (a
+        resumed run's earlier launches included, through its state). The checkpointer asks every
+        part at the run's end and writes the file; a new measure is a key of its own part, not a
+        line in the checkpointer."""
+        return {}
+
 
 class PeriodicHook(Part):
     """A hook with a ``cadence`` (a user's, a task's) as a part: its ``periodic()`` runs when due."""

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import visiontrain
+from visiontrain.core.cores import usable_cores
 from visiontrain.rundir.run_files import PROVENANCE_FILE
 
 #: Versions every launch records; a tracker adds its own package (``Tracker.packages``).
@@ -95,7 +96,7 @@ def describe_launch(launch: Launch, starting: Starting, *, packages: tuple[str, 
         "cwd": os.getcwd(), "git": git_state(Path.cwd()),
         "versions": package_versions((*PACKAGES, *packages)),
         "host": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-        "gpus": gpu_names(), "world_size": s.world_size, "precision": s.precision,
+        "usable_cores": usable_cores(), "gpus": gpu_names(), "world_size": s.world_size, "precision": s.precision,
     }
 
 

@@ -18,20 +18,12 @@ from typing import Any
 import torch
 
 from visiontrain.core.config import Config, ConfigError
+from visiontrain.core.cores import usable_cores
 
 #: The most workers auto gives one process
 MAX_AUTO_WORKERS = 16
 #: The largest share of the GPU's free memory an in-memory set may take to be kept there
 ON_DEVICE_SHARE = 0.25
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity: a container's or SLURM's cpuset), not the
-    machine's count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows: no affinity call
-        return os.cpu_count() or 1
 
 
 def device_type(trainer_device: str) -> str:
@@ -64,7 +56,8 @@ def choose_workers(cfg: Config, device_type: str) -> str | None:
         why = f"data.name={d.name} is held in memory"
     else:
         shared = f", shared by {local} processes" if local > 1 else ""
-        why = f"{cores} cores{shared}, {'a GPU' if device_type == 'cuda' else 'the step on the CPU'}"
+        where = "a GPU" if device_type == "cuda" else "the step on the CPU"
+        why = f"{cores} core{'s' if cores > 1 else ''}{shared}, {where}"
     return f"data.num_workers=auto: {d.num_workers} ({why})"
 
 
