@@ -189,6 +189,22 @@ def test_a_launch_ends_with_the_failed_rank_s_own_status(capsys):
     assert line.startswith("visiontrain: error: rank 1 (pid 123) was killed by SIGKILL") and "--resume auto" in line
 
 
+def test_rank_0_of_a_restartable_torchrun_run_names_the_store_setting_an_elastic_join_needs():
+    """torch 2.13's agents share one store across rendezvous rounds by default, and a machine joining
+    after a loss then waits until the rendezvous times out: rank 0 of the first round says so in one
+    line where torchrun may start the ranks again and the setting is missing, and nowhere else."""
+    from visiontrain.app.launch import elastic_store_hint
+
+    elastic = {"TORCHELASTIC_RUN_ID": "r", "TORCHELASTIC_MAX_RESTARTS": "3", "RANK": "0",
+               "TORCHELASTIC_RESTART_COUNT": "0"}
+    line = elastic_store_hint(elastic)
+    assert line is not None and "(--max-restarts 3)" in line and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in line
+    for other in ({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}, {"RANK": "1"}, {"TORCHELASTIC_RESTART_COUNT": "1"},
+                  {"TORCHELASTIC_MAX_RESTARTS": "0"}):
+        assert elastic_store_hint({**elastic, **other}) is None, other
+    assert elastic_store_hint({"RANK": "0"}) is None  # not under torchrun
+
+
 def test_the_ranks_import_a_user_s_script_not_the_console_script(monkeypatch, tmp_path):
     """`fit --nproc` makes each rank import the script that ran the CLI, so that its task registers.
     Started as the `visiontrain` console script (a file that imports cli.main and calls it), the

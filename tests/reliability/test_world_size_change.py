@@ -8,13 +8,18 @@ accumulation itself to keep the global batch of 12. The samples of the whole cha
 resume trained again left out, are those of a straight run on one process: each (epoch, sample)
 exactly once, with the same draw. The same for a sharded (FSDP) run (on one process it shards
 nothing and keeps the sharded checkpoint format), and for a run from shards, whose order is cut for
-``data.order_processes=6`` and which changes its workers at each resume too.
+``data.order_processes=6`` and which changes its workers at each resume too. And for an elastic
+torchrun run (``--nnodes 1:2``) that loses an agent and gains one without a restart of the command.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import signal
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,14 +30,15 @@ import yaml
 from safetensors.torch import load_file
 
 from ledger_task import read_ledger
-from procs import finish, kill_everything, popen
+from procs import descendants, finish, kill_everything, popen
 from shard_helpers import digits_shards
 
 LEDGER_TASK = Path(__file__).parents[1] / "support" / "ledger_task.py"
 EPOCHS = 6  # of 48 samples
 
 
-def write_recipe(path: Path, ledger: Path, step_sleep: float, strategy: str, shards: Path | None = None) -> Path:
+def write_recipe(path: Path, ledger: Path, step_sleep: float, strategy: str, shards: Path | None = None,
+                 accum: int = 2) -> Path:
     """6 samples a process x 2 micro-batches a step: a global batch of 12 on one process; from
     ``shards``: 12 samples a process x 1 (their order follows the processes, not the accumulation).
     ``step_sleep``: each micro-batch waits, so that a kill lands mid-run (the straight run: 0)."""
@@ -45,7 +51,7 @@ def write_recipe(path: Path, ledger: Path, step_sleep: float, strategy: str, sha
               "schedules": {"lr": {"shape": "cosine", "warmup": 4}},
               # fp32: the engine's tests compute the same on a CPU with native bf16 and without; no plots
               # (2 s of CPU a run, not the subject)
-              "trainer": {"epochs": EPOCHS, "accum_steps": 2 if shards is None else 1, "log_every": 1,
+              "trainer": {"epochs": EPOCHS, "accum_steps": accum if shards is None else 1, "log_every": 1,
                           "precision": "fp32", "progress": "plain", "plots": False},
               "distributed": {"strategy": strategy},
               "eval": {"every": 2}, "checkpoint": {"every": 2, "unit": "steps"}}
@@ -143,3 +149,112 @@ def test_a_run_from_shards_resumed_on_1_3_1_processes_trains_each_sample_once(tm
     assert said == ["resumed on 3 processes (written on 1): data.batch_size 12 -> 4: global batch 12 kept",
                     "resumed on 1 process (written on 3): global batch 12 kept (data.batch_size=12 on 1 "
                     "process x trainer.accum_steps=1)"], f"{where}: {said}"
+
+
+# ---------------------------------------------------------------------------- an elastic torchrun run
+def agent(recipe: Path, run_dir: Path, port: int, log: Path, host: bool) -> subprocess.Popen:
+    """One elastic agent of the run, as a user starts one on each machine: ``torchrun --nnodes 1:2``
+    with the c10d rendezvous, restarting its rank up to 3 times, each rank ``fit ... --resume auto``.
+
+    - ``host``: whether this agent serves the rendezvous' store. On one machine every agent is at the
+      endpoint's address, and the first to bind the port would serve it; the c10d rendezvous does not
+      survive the loss of that agent, so the one the test keeps is named.
+    - TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (docs/distributed.md): with torch 2.13's default, an agent
+      that stays rank 0 across rounds never publishes the new round's store address, and a node
+      joining after a scale-down waits for it until the rendezvous times out.
+    - The last call is 6 s, not 30: the first round waits that long for the second agent (started with
+      the first), a scale-down as long for none to come."""
+    conf = f"is_host={str(host).lower()},last_call_timeout=6,join_timeout=120"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc-per-node", "1",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "ledger",
+               "--rdzv-conf", conf, "--max-restarts", "3",
+               "--log-dir", str(log.parent / "torchrun-logs"),  # not a new /tmp/torchelastic_* an agent
+               "-m", "visiontrain", "--import", str(LEDGER_TASK), "fit", str(recipe), "--run-dir", str(run_dir),
+               "--resume", "auto"]
+    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    with open(log, "ab") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def ended(procs: list[subprocess.Popen], timeout: float) -> None:
+    """Wait for ``procs``; past ``timeout`` SIGKILL them and every process below them."""
+    deadline = time.monotonic() + timeout
+    try:
+        for proc in procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for proc in procs:
+            for pid in [*descendants(proc.pid), proc.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+
+
+def test_an_elastic_torchrun_run_loses_a_node_and_gains_one_training_each_sample_once(tmp_path):
+    """Two agents with ``--nnodes 1:2`` train on 2 processes; one agent is SIGKILLed with its rank; the
+    other's rank fails on the lost peer, its agent restarts it on 1 process from the last checkpoint
+    (the global batch of 24 kept by accumulation); a new agent joins and the run goes on, and ends,
+    on 2. Every sample of every epoch is trained once with the straight run's draw, and each change
+    of processes is said in one line."""
+    ledger, run_dir, port = tmp_path / "ledger", tmp_path / "run", free_port()
+    # the straight run: 1 process x 6 samples x 4 micro-batches, the global batch of the elastic run's
+    # first round (2 processes x 6 x 2)
+    straight = fit(write_recipe(tmp_path / "straight.yaml", tmp_path / "straight-ledger", 0.0, "ddp", accum=4),
+                   tmp_path / "straight", 1)
+    recipe = write_recipe(tmp_path / "elastic.yaml", ledger, 0.3, "ddp")
+    logs = [tmp_path / f"agent-{name}.log" for name in "abc"]
+    first, second = agent(recipe, run_dir, port, logs[0], True), agent(recipe, run_dir, port, logs[1], False)
+    procs = [first, second]
+    try:
+        wait_until(lambda: steps_written(ledger) >= 3, "3 steps on 2 processes", procs)
+        for pid in [*descendants(second.pid), second.pid]:  # the machine is gone: its agent and its rank
+            os.kill(pid, signal.SIGKILL)
+        second.wait(timeout=60)
+        wait_until(lambda: 1 in worlds(ledger), "a step on 1 process", [first])
+        procs.append(agent(recipe, run_dir, port, logs[2], False))
+        ended([first, procs[2]], 300)
+    finally:
+        ended(procs, 0)
+    assert first.returncode == 0 and procs[2].returncode == 0, logs[0].read_text()[-3000:]
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (torch" not in logs[0].read_text()  # it is set: no hint
+    _, straight_err = finish(straight, 300)
+    assert straight.returncode == 0, straight_err[-3000:]
+
+    want, got = trained(tmp_path / "straight-ledger"), trained(ledger)
+    assert len(want) == EPOCHS * 48 and got == want, f"{len(got)} samples trained, {len(want)} in the straight run"
+    rounds = [world for world, _ in sorted({(r["world"], r["launch"]) for r in read_ledger(ledger)},
+                                           key=lambda wl: first_time(ledger, wl[1]))]
+    assert rounds == [2, 1, 2], rounds
+    said = [line.split(" ", 2)[-1] for line in (logs[0].read_text() + logs[2].read_text()).splitlines()
+            if "kept" in line]
+    assert said == ["resumed on 1 process (written on 2): trainer.accum_steps 2 -> 4: global batch 24 kept",
+                    "resumed on 2 processes (written on 1): global batch 24 kept (data.batch_size=6 on 2 processes x "
+                    "trainer.accum_steps=2)"], said
+    a, b = (load_file(str(d / "model.safetensors")) for d in (tmp_path / "straight", run_dir))
+    for name in a:  # the tolerance of the chains above, for the same reason
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6)
+
+
+def wait_until(condition, what: str, procs: list[subprocess.Popen], timeout: float = 180.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        if any(p.poll() is not None for p in procs):
+            pytest.fail(f"an agent ended before {what}")
+        if time.monotonic() > end:
+            pytest.fail(f"no {what} after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def worlds(ledger: Path) -> set[int]:
+    return {json.loads(line)["world"] for f in ledger.glob("*.jsonl") for line in f.read_text().splitlines()
+            if line.endswith("}")}
+
+
+def first_time(ledger: Path, launch: str) -> float:
+    return min(r["time"] for r in read_ledger(ledger) if r["launch"] == launch)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

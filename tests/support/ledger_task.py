@@ -112,9 +112,11 @@ class LedgerWriter(Hook):
 
 register_task("ledger", LedgerTask, LedgerConfig)
 
-#: What tells one launch of the run from the next: torchrun's run id (one for every rank of a
-#: launch), or the process of a run without torchrun.
-LAUNCH = os.environ.get("TORCHELASTIC_RUN_ID") or f"pid-{os.getpid()}"
+#: What tells one launch of the run from the next: torchrun's run id and the round's store port (the
+#: same for every rank of a round; an elastic run's agents restart their ranks under one run id), or
+#: the process of a run without torchrun.
+LAUNCH = f"{os.environ['TORCHELASTIC_RUN_ID']}:{os.environ.get('MASTER_PORT')}" \
+    if "TORCHELASTIC_RUN_ID" in os.environ else f"pid-{os.getpid()}"
 
 
 def read_ledger(folder: Path) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from visiontrain.app.launch import end_with_launcher, run_torchrun
+from visiontrain.app.launch import elastic_store_hint, end_with_launcher, run_torchrun
 from visiontrain.core import config as C
 from visiontrain.core.exit_codes import EXIT_USAGE
 from visiontrain.core.stop_signals import Preempted, ignore_stop_signals
@@ -78,6 +78,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     torchrun = args.nproc is not None and args.nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1
     rank0 = os.environ.get("RANK", "0") == "0"
     end_with_launcher()  # a rank of torchrun: end with its agent, however that one dies
+    if (hint := elastic_store_hint(dict(os.environ))) is not None:
+        print(hint, file=sys.stderr)
     # rank 0's trackers (MLflow): a missing package or a bad URI is an error now, before any process starts
     trackers = make_trackers(cfg, run_dir, args.recipe)
     load_hooks(cfg.trainer.hooks)  # a trainer.hooks entry that is no hook, too

@@ -16,6 +16,8 @@ from visiontrain.core.process_tree import LAUNCHER_PID_ENV, end_with_parent, exp
 
 #: The user's command line, passed to the ranks a ``--nproc`` launch starts (their own differs).
 COMMAND_ENV = "VISIONTRAIN_COMMAND"
+#: Read by torchrun's agent: each rendezvous round publishes its own store address (docs/distributed.md).
+UNSHARED_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 def command_line(argv: list[str]) -> str:
@@ -105,3 +107,18 @@ def end_with_launcher() -> None:
     which would go on training and writing the run dir beside the next attempt."""
     if "TORCHELASTIC_RUN_ID" in os.environ:
         end_with_parent(expected_pid(LAUNCHER_PID_ENV))
+
+
+def elastic_store_hint(env: dict[str, str]) -> str | None:
+    """The line for rank 0 of the first round of a torchrun run whose agents may start their ranks
+    again (``--max-restarts`` above 0) without ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: with torch
+    2.13 a machine that joins after another was lost waits on the rendezvous until it times out
+    (pytorch#147064). The ranks see the agent's environment, so they can tell; None otherwise."""
+    restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    if "TORCHELASTIC_RUN_ID" not in env or not restarts.isdigit() or int(restarts) == 0 \
+            or env.get(UNSHARED_STORE_ENV) == "1" or env.get("RANK", "0") != "0" \
+            or env.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return None
+    return (f"visiontrain: torchrun may start the ranks again (--max-restarts {restarts}), but a machine that "
+            f"joins after another was lost will wait on the rendezvous until it times out unless every agent "
+            f"runs with {UNSHARED_STORE_ENV}=1 (torch's shared rendezvous store; docs/distributed.md, \"Elastic\")")
