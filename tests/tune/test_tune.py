@@ -197,7 +197,9 @@ def test_four_trials_at_once_lose_nothing_in_the_study_mlflow_store(tmp_path):
 def test_a_sigkilled_tuner_is_continued_by_the_same_command(tmp_path):
     space = space_file(tmp_path, SPACE)
     study = tmp_path / "study"
-    args = tune_args(study, space, 3, "--seed", "0", "--pruner", "none")  # every trial runs to its end
+    # every trial runs to its end; 6 epochs, not 2: the tuner is killed after trial 1's first evaluation,
+    # and on a fast machine the 89 steps of a second epoch took less than that kill (the trial had ended)
+    args = tune_args(study, space, 3, "--seed", "0", "--pruner", "none", "trainer.epochs=6")
     tuner = start_tuner(args)
     second = study / "trials" / "trial-0001"
     wait_for(lambda: any(s > 0 for s in eval_steps(second)), "trial 1's first evaluation", tuner)
